@@ -1,0 +1,166 @@
+//! The one error type users of kube-persist see.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in kube-persist, with the context needed to act on it:
+/// which store path, which object, which resourceVersion.
+///
+/// ```
+/// # fn demo() -> Result<(), kube_persist::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = kube_persist::Db::open(dir.path())?;
+/// // A second handle on the same directory is refused with a clear error naming the path.
+/// match kube_persist::Db::open(dir.path()) {
+///     Err(kube_persist::Error::Locked { path }) => assert_eq!(path, dir.path()),
+///     other => panic!("expected Locked, got {other:?}"),
+/// }
+/// # drop(db); Ok(()) }
+/// # demo().unwrap();
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another process (or another handle in this process) holds the store's lock.
+    #[error("store at {} is locked by another process (only one process may open a store directory)", path.display())]
+    Locked {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// The store's files are damaged. Remove the directory to start over; the next start relists.
+    #[error("store at {} is corrupt ({detail}); remove the directory to start over, the next start relists", path.display())]
+    Corrupt {
+        /// The store directory.
+        path: PathBuf,
+        /// What was found to be damaged.
+        detail: String,
+    },
+    /// The disk holding the store is full. Writes resume once space returns.
+    #[error("disk full while writing the store at {}", path.display())]
+    DiskFull {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// The store directory or its files cannot be read or written.
+    #[error("cannot access the store at {}: {source}", path.display())]
+    Io {
+        /// The store directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The storage engine reported an unexpected failure.
+    #[error("storage engine failure in the store at {}: {detail}", path.display())]
+    Storage {
+        /// The store directory.
+        path: PathBuf,
+        /// The engine's message.
+        detail: String,
+    },
+    /// A stored object's JSON body no longer decodes into the requested type.
+    #[error("stored object {key} in {} does not decode: {source}", path.display())]
+    Decode {
+        /// The store directory.
+        path: PathBuf,
+        /// The object's key (`namespace/name`).
+        key: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request to the Kubernetes API failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done (request and resourceVersion).
+        context: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server answered with something that is not a valid list or watch response.
+    #[error("malformed response for {context}: {detail}")]
+    Protocol {
+        /// Which request.
+        context: String,
+        /// What is wrong with the answer.
+        detail: String,
+    },
+    /// The watch stream reported an error `Status` (other than `410 Gone`, which triggers a relist).
+    #[error("watch of {url} from resourceVersion {resource_version} failed: {code} {reason}: {message}")]
+    WatchStatus {
+        /// The watched resource URL.
+        url: String,
+        /// The resourceVersion the watch started from.
+        resource_version: String,
+        /// HTTP-style status code.
+        code: u16,
+        /// Status reason.
+        reason: String,
+        /// Status message.
+        message: String,
+    },
+    /// The store was opened with an invalid argument (e.g. an empty stream name).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Convenience alias for results in this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Map a sled error to a user-facing error naming the store path.
+    pub(crate) fn from_sled(path: &std::path::Path, err: sled::Error) -> Self {
+        let path = path.to_path_buf();
+        match err {
+            sled::Error::Io(io) => Self::from_io(path, io),
+            sled::Error::Corruption { at, .. } => Error::Corrupt {
+                path,
+                detail: match at {
+                    Some(at) => format!("engine detected corruption at {at:?}"),
+                    None => "engine detected corruption".to_string(),
+                },
+            },
+            sled::Error::CollectionNotFound(name) => Error::Storage {
+                path,
+                detail: format!("tree {:?} not found", String::from_utf8_lossy(&name)),
+            },
+            sled::Error::Unsupported(detail) | sled::Error::ReportableBug(detail) => {
+                Error::Storage { path, detail }
+            }
+        }
+    }
+
+    /// Map an I/O error to the most specific variant.
+    pub(crate) fn from_io(path: PathBuf, io: std::io::Error) -> Self {
+        const ENOSPC: i32 = 28;
+        const EDQUOT: i32 = 122;
+        let msg = io.to_string();
+        if msg.contains("could not acquire lock") || io.kind() == std::io::ErrorKind::WouldBlock {
+            Error::Locked { path }
+        } else if io.kind() == std::io::ErrorKind::StorageFull
+            || matches!(io.raw_os_error(), Some(ENOSPC) | Some(EDQUOT))
+            || msg.contains("No space left on device")
+        {
+            Error::DiskFull { path }
+        } else if io.kind() == std::io::ErrorKind::UnexpectedEof
+            || io.kind() == std::io::ErrorKind::InvalidData
+        {
+            Error::Corrupt { path, detail: msg }
+        } else {
+            Error::Io { path, source: io }
+        }
+    }
+
+    /// Whether retrying later may succeed (network, server or disk-space trouble),
+    /// as opposed to a configuration or corruption problem that needs a human.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::DiskFull { .. }
+                | Error::Kube { .. }
+                | Error::Protocol { .. }
+                | Error::WatchStatus { .. }
+                | Error::Io { .. }
+        )
+    }
+}

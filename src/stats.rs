@@ -1,0 +1,77 @@
+//! Counters a user can read to see what the store and its watcher did.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A snapshot of a stream's counters since the process opened it.
+///
+/// ```
+/// let stats = kube_persist::Stats::default();
+/// assert_eq!(stats.objects_written, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Objects written to disk (new or changed).
+    pub objects_written: u64,
+    /// Listed or replayed objects skipped because the stored resourceVersion was the same.
+    pub objects_unchanged: u64,
+    /// Objects removed from disk (watch deletions and relist sweeps).
+    pub objects_deleted: u64,
+    /// LIST requests that returned a page.
+    pub list_pages: u64,
+    /// Atomic batches committed.
+    pub batches: u64,
+    /// Watch events applied (bookmarks excluded).
+    pub watch_events: u64,
+    /// Bookmarks that moved the checkpoint.
+    pub bookmarks: u64,
+    /// Lists started after the store had been complete once (410 Gone, expired continue token).
+    pub relists: u64,
+    /// Starts that resumed from a stored checkpoint without listing.
+    pub resumes: u64,
+    /// Objects or events from the server that were skipped because they could not be decoded.
+    pub bad_objects: u64,
+    /// Errors seen (each followed by a retry with backoff).
+    pub errors: u64,
+    /// Times the store was wiped because it was opened with a different identity.
+    pub identity_resets: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) objects_written: AtomicU64,
+    pub(crate) objects_unchanged: AtomicU64,
+    pub(crate) objects_deleted: AtomicU64,
+    pub(crate) list_pages: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) watch_events: AtomicU64,
+    pub(crate) bookmarks: AtomicU64,
+    pub(crate) relists: AtomicU64,
+    pub(crate) resumes: AtomicU64,
+    pub(crate) bad_objects: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) identity_resets: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            objects_written: self.objects_written.load(Relaxed),
+            objects_unchanged: self.objects_unchanged.load(Relaxed),
+            objects_deleted: self.objects_deleted.load(Relaxed),
+            list_pages: self.list_pages.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            watch_events: self.watch_events.load(Relaxed),
+            bookmarks: self.bookmarks.load(Relaxed),
+            relists: self.relists.load(Relaxed),
+            resumes: self.resumes.load(Relaxed),
+            bad_objects: self.bad_objects.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            identity_resets: self.identity_resets.load(Relaxed),
+        }
+    }
+}

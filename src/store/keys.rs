@@ -1,0 +1,78 @@
+//! Key layout inside one stream's keyspace.
+//!
+//! ```text
+//! o<namespace>\0<name>   object record (namespace is empty for cluster-scoped kinds)
+//! s<namespace>\0<name>   "seen unchanged" mark, only while a relist is in progress
+//! m<name>                store metadata (state, identity)
+//! ```
+//! Keys order by namespace, then name, so one namespace is one prefix scan.
+
+pub(crate) const OBJECT: u8 = b'o';
+pub(crate) const SEEN: u8 = b's';
+pub(crate) const STATE_KEY: &[u8] = b"mstate";
+pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
+
+/// The suffix shared by an object's record and mark: `namespace \0 name`.
+pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
+    let ns = namespace.unwrap_or("");
+    let mut k = Vec::with_capacity(ns.len() + name.len() + 1);
+    k.extend_from_slice(ns.as_bytes());
+    k.push(0);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// Prefix `tag` to a suffix.
+pub(crate) fn tagged(tag: u8, suffix: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(suffix.len() + 1);
+    k.push(tag);
+    k.extend_from_slice(suffix);
+    k
+}
+
+/// The `[start, end)` range of all keys with `tag`, optionally within one namespace.
+pub(crate) fn range(tag: u8, namespace: Option<&str>) -> (Vec<u8>, Vec<u8>) {
+    match namespace {
+        None => (vec![tag], vec![tag + 1]),
+        Some(ns) => {
+            let mut start = vec![tag];
+            start.extend_from_slice(ns.as_bytes());
+            start.push(0);
+            let mut end = start.clone();
+            *end.last_mut().expect("non-empty") = 1;
+            (start, end)
+        }
+    }
+}
+
+/// Human-readable `namespace/name` (or `name`) for a key suffix, for logs and errors.
+pub(crate) fn display(suffix: &[u8]) -> String {
+    let s = String::from_utf8_lossy(suffix);
+    match s.split_once('\0') {
+        Some(("", name)) => name.to_string(),
+        Some((ns, name)) => format!("{ns}/{name}"),
+        None => s.into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_range_contains_only_that_namespace() {
+        let (start, end) = range(OBJECT, Some("a"));
+        let inside = tagged(OBJECT, &object_suffix(Some("a"), "zzz"));
+        let other = tagged(OBJECT, &object_suffix(Some("a-b"), "x"));
+        let other2 = tagged(OBJECT, &object_suffix(Some("ab"), "x"));
+        assert!(start <= inside && inside < end);
+        assert!(!(start <= other && other < end));
+        assert!(!(start <= other2 && other2 < end));
+    }
+
+    #[test]
+    fn display_names_objects() {
+        assert_eq!(display(&object_suffix(Some("ns"), "a")), "ns/a");
+        assert_eq!(display(&object_suffix(None, "node-1")), "node-1");
+    }
+}

@@ -1,0 +1,274 @@
+//! The on-disk side: one sled database per directory, one keyspace (tree) per watched
+//! stream, an atomic [`writer`] and a concurrent [`Reader`].
+
+mod engine;
+mod keys;
+pub(crate) mod reader;
+pub(crate) mod record;
+pub(crate) mod writer;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) use engine::Backend;
+use engine::{SledTree, WriteBatch};
+pub(crate) use keys::object_suffix;
+use record::{Identity, State};
+
+use crate::error::{Error, Result};
+
+/// How durable each committed batch is.
+///
+/// Atomicity does not depend on this: after a crash the store is always at some committed
+/// batch boundary, with its checkpoint. Durability only decides how recent that boundary is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Flush to disk in the background at this interval (sled's `flush_every_ms`). A crash
+    /// loses at most this window, which the watch replays from the older checkpoint.
+    Periodic(Duration),
+    /// fsync after every batch: nothing acknowledged is ever lost, at a large cost in throughput.
+    EveryBatch,
+}
+
+/// Options for [`Db::open_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_persist::{DbConfig, Durability};
+/// let cfg = DbConfig::default()
+///     .cache_capacity(16 << 20)
+///     .durability(Durability::Periodic(Duration::from_millis(200)));
+/// assert_eq!(cfg.cache_capacity_bytes(), 16 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    cache_capacity: u64,
+    durability: Durability,
+}
+
+impl Default for DbConfig {
+    fn default() -> Self {
+        DbConfig {
+            cache_capacity: 8 << 20,
+            durability: Durability::Periodic(Duration::from_millis(500)),
+        }
+    }
+}
+
+impl DbConfig {
+    /// Bytes of sled page cache (default 8 MiB). Larger speeds up reads, costs RSS.
+    pub fn cache_capacity(mut self, bytes: u64) -> Self {
+        self.cache_capacity = bytes;
+        self
+    }
+
+    /// How durable each batch is (default: periodic flush every 500 ms).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The configured cache capacity in bytes.
+    pub fn cache_capacity_bytes(&self) -> u64 {
+        self.cache_capacity
+    }
+}
+
+/// A store directory: one sled database holding any number of named streams.
+///
+/// Only one process may open a directory at a time; a second gets [`Error::Locked`].
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = kube_persist::Db::open(dir.path().join("cache"))?;
+/// assert!(db.path().ends_with("cache"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<DbInner>,
+}
+
+struct DbInner {
+    sled: sled::Db,
+    path: PathBuf,
+    config: DbConfig,
+    open_streams: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("path", &self.inner.path)
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Db {
+    /// Open (or create) the store directory at `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Db> {
+        Db::open_with(path, DbConfig::default())
+    }
+
+    /// Open (or create) the store directory at `path`.
+    ///
+    /// The directory is created with mode 0700: cached objects are cluster data.
+    pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
+        let path = path.as_ref().to_path_buf();
+        create_private_dir(&path).map_err(|e| Error::from_io(path.clone(), e))?;
+        let flush_every_ms = match config.durability {
+            Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
+            Durability::EveryBatch => None,
+        };
+        let sled = sled::Config::new()
+            .path(&path)
+            .cache_capacity(config.cache_capacity)
+            .mode(sled::Mode::LowSpace)
+            .flush_every_ms(flush_every_ms)
+            .open()
+            .map_err(|e| Error::from_sled(&path, e))?;
+        tracing::info!(path = %path.display(), recovered = sled.was_recovered(), "store opened");
+        Ok(Db {
+            inner: Arc::new(DbInner {
+                sled,
+                path,
+                config,
+                open_streams: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Flush everything written so far to disk.
+    pub fn flush(&self) -> Result<()> {
+        self.inner
+            .sled
+            .flush()
+            .map(|_| ())
+            .map_err(|e| Error::from_sled(&self.inner.path, e))
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        self.inner
+            .sled
+            .size_on_disk()
+            .map_err(|e| Error::from_sled(&self.inner.path, e))
+    }
+
+    /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
+    /// different identity is wiped (and the reason logged): it must not be resumed.
+    pub(crate) fn open_stream(&self, name: &str, identity: &Identity) -> Result<OpenStream> {
+        if name.is_empty() {
+            return Err(Error::Config("stream name must not be empty".into()));
+        }
+        {
+            let mut open = self.inner.open_streams.lock().unwrap_or_else(|p| p.into_inner());
+            if !open.insert(name.to_string()) {
+                return Err(Error::Config(format!(
+                    "stream {name:?} is already open in this process (one writer per stream)"
+                )));
+            }
+        }
+        let lease = StreamLease {
+            db: self.inner.clone(),
+            name: name.to_string(),
+        };
+        let path = &self.inner.path;
+        let tree = self
+            .inner
+            .sled
+            .open_tree(format!("stream/{name}"))
+            .map_err(|e| Error::from_sled(path, e))?;
+        let flush_every_batch = self.inner.config.durability == Durability::EveryBatch;
+        let backend: Arc<dyn Backend> = Arc::new(SledTree::new(tree, path, flush_every_batch));
+
+        let corrupt = |what: &str, detail: String| Error::Corrupt {
+            path: path.clone(),
+            detail: format!("stream {name:?}: {what}: {detail}"),
+        };
+        let stored_identity = match backend.get(keys::IDENTITY_KEY)? {
+            Some(b) => Some(record::decode::<Identity>(&b).map_err(|d| corrupt("identity", d))?),
+            None => None,
+        };
+        let mut reset = None;
+        let state = match stored_identity {
+            Some(stored) if stored == *identity => match backend.get(keys::STATE_KEY)? {
+                Some(b) => record::decode::<State>(&b).map_err(|d| corrupt("state", d))?,
+                None => State::default(),
+            },
+            other => {
+                if let Some(stored) = other {
+                    let why = stored.difference(identity);
+                    tracing::warn!(stream = name, path = %path.display(), changed = %why,
+                        "store identity changed: starting clean instead of resuming");
+                    reset = Some(why);
+                }
+                backend.clear()?;
+                let state = State::default();
+                let mut b = WriteBatch::default();
+                b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
+                b.put(keys::STATE_KEY.to_vec(), record::encode(&state));
+                backend.apply(b)?;
+                state
+            }
+        };
+        Ok(OpenStream {
+            backend,
+            state,
+            reset,
+            lease,
+        })
+    }
+}
+
+/// A stream's keyspace as opened, with its stored state.
+pub(crate) struct OpenStream {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) state: State,
+    /// Why the store was wiped on open, if it was.
+    pub(crate) reset: Option<String>,
+    pub(crate) lease: StreamLease,
+}
+
+/// Holds a stream name as "open" until dropped.
+pub(crate) struct StreamLease {
+    db: Arc<DbInner>,
+    name: String,
+}
+
+impl Drop for StreamLease {
+    fn drop(&mut self) {
+        let mut open = self.db.open_streams.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(&self.name);
+    }
+}
+
+/// What readers can see of the writer's progress.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Status {
+    pub(crate) ready: bool,
+    pub(crate) live: bool,
+    pub(crate) count: u64,
+    pub(crate) checkpoint: Option<String>,
+}
+
+fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if path.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+}

@@ -1,0 +1,203 @@
+//! Concurrent, disk-backed reads of one stream.
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kube::Resource;
+use kube::runtime::reflector::ObjectRef;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::engine::{Backend, Entry};
+use super::keys::{self, OBJECT};
+use super::record::{self, Record};
+use super::Status;
+use crate::error::{Error, Result};
+use crate::stats::{Counters, Stats};
+
+/// Read access to one persistent stream, from any number of tasks while the watcher writes.
+///
+/// Reads go to disk (through sled's page cache) and decode the stored JSON into `K`;
+/// nothing holds the whole collection in memory. Disk or decode failures are errors,
+/// never a silent `None`.
+///
+/// Readers see each committed batch whole: during a relist, every object is either its
+/// old or its new version; the store is never emptied.
+///
+/// ```no_run
+/// # async fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) -> Result<(), kube_persist::Error> {
+/// use kube::runtime::reflector::ObjectRef;
+/// reader.wait_until_ready().await?;
+/// if let Some(pod) = reader.get(&ObjectRef::new("web-0").within("default"))? {
+///     println!("{:?}", pod.spec.as_ref().and_then(|s| s.node_name.as_ref()));
+/// }
+/// for pod in reader.iter_namespace("default") {
+///     let pod = pod?;
+///     println!("{}", pod.metadata.name.unwrap_or_default());
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Reader<K> {
+    backend: Arc<dyn Backend>,
+    path: Arc<PathBuf>,
+    status: watch::Receiver<Status>,
+    stats: Arc<Counters>,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for Reader<K> {
+    fn clone(&self) -> Self {
+        Reader {
+            backend: self.backend.clone(),
+            path: self.path.clone(),
+            status: self.status.clone(),
+            stats: self.stats.clone(),
+            _k: PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Reader<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("path", &self.path)
+            .field("status", &*self.status.borrow())
+            .finish()
+    }
+}
+
+impl<K> Reader<K>
+where
+    K: Resource + DeserializeOwned,
+{
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        path: PathBuf,
+        status: watch::Receiver<Status>,
+        stats: Arc<Counters>,
+    ) -> Self {
+        Reader {
+            backend,
+            path: Arc::new(path),
+            status,
+            stats,
+            _k: PhantomData,
+        }
+    }
+
+    /// The stored object for `obj_ref`, if any.
+    pub fn get(&self, obj_ref: &ObjectRef<K>) -> Result<Option<Arc<K>>> {
+        self.get_named(obj_ref.namespace.as_deref(), &obj_ref.name)
+    }
+
+    /// The stored object with this namespace (`None` for cluster-scoped kinds) and name.
+    pub fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>> {
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        match self.backend.get(&key)? {
+            Some(v) => decode_entry(&self.path, &key, &v).map(|k| Some(Arc::new(k))),
+            None => Ok(None),
+        }
+    }
+
+    /// Number of stored objects (kept in the checkpoint record, no scan).
+    pub fn len(&self) -> u64 {
+        self.status.borrow().count
+    }
+
+    /// Whether the store holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// All stored objects, ordered by namespace then name, read lazily from disk.
+    pub fn iter(&self) -> Iter<K> {
+        let (start, end) = keys::range(OBJECT, None);
+        self.iter_range(&start, &end)
+    }
+
+    /// The stored objects of one namespace (one prefix scan), ordered by name.
+    pub fn iter_namespace(&self, namespace: &str) -> Iter<K> {
+        let (start, end) = keys::range(OBJECT, Some(namespace));
+        self.iter_range(&start, &end)
+    }
+
+    fn iter_range(&self, start: &[u8], end: &[u8]) -> Iter<K> {
+        Iter {
+            inner: self.backend.range(start, end),
+            path: self.path.clone(),
+            _k: PhantomData,
+        }
+    }
+
+    /// The resourceVersion at which the store was last complete, if it ever was.
+    pub fn checkpoint(&self) -> Option<String> {
+        self.status.borrow().checkpoint.clone()
+    }
+
+    /// Whether a consistent snapshot is on disk (at once after a warm open; after the first
+    /// complete list otherwise).
+    pub fn is_ready(&self) -> bool {
+        self.status.borrow().ready
+    }
+
+    /// Whether the watch is currently connected and applying events.
+    pub fn is_live(&self) -> bool {
+        self.status.borrow().live
+    }
+
+    /// Resolves once a consistent snapshot is on disk: immediately after a warm open,
+    /// after the first complete list otherwise. Fails if the watcher was dropped before.
+    pub async fn wait_until_ready(&self) -> Result<()> {
+        self.wait_for(|s| s.ready).await
+    }
+
+    /// Resolves once the watch is connected (after a resume: the store is up to date again).
+    pub async fn wait_until_live(&self) -> Result<()> {
+        self.wait_for(|s| s.live).await
+    }
+
+    async fn wait_for(&self, f: impl Fn(&Status) -> bool) -> Result<()> {
+        let mut rx = self.status.clone();
+        rx.wait_for(|s| f(s)).await.map(|_| ()).map_err(|_| {
+            Error::Config(format!(
+                "the watcher of the store at {} was dropped before it got there",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// Counters of the stream's watcher and writer.
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot()
+    }
+}
+
+/// Lazy iterator over stored objects; see [`Reader::iter`].
+pub struct Iter<K> {
+    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
+    path: Arc<PathBuf>,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K: DeserializeOwned> Iterator for Iter<K> {
+    type Item = Result<K>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let entry = self.inner.next()?;
+        Some(entry.and_then(|(k, v)| decode_entry(&self.path, &k, &v)))
+    }
+}
+
+fn decode_entry<K: DeserializeOwned>(path: &std::path::Path, key: &[u8], value: &[u8]) -> Result<K> {
+    let display = || keys::display(&key[1..]);
+    let rec: Record = record::decode(value).map_err(|detail| Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("record {}: {detail}", display()),
+    })?;
+    serde_json::from_slice(&rec.body).map_err(|source| Error::Decode {
+        path: path.to_path_buf(),
+        key: display(),
+        source,
+    })
+}

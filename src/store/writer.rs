@@ -1,0 +1,324 @@
+//! The single writer of one stream: turns list pages, watch bursts and sweeps into
+//! atomic batches that always carry the new [`State`] (the checkpoint) with the data.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::engine::{Backend, WriteBatch};
+use super::keys::{self, OBJECT, SEEN, STATE_KEY};
+use super::record::{self, Phase, Record, State};
+use super::Status;
+use crate::error::{Error, Result};
+use crate::stats::Counters;
+
+/// An object as received from the server, reduced to what the store needs.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    pub(crate) suffix: Vec<u8>,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
+    pub(crate) body: Vec<u8>,
+}
+
+/// One write to apply.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// Create or update (skipped when the stored resourceVersion is the same).
+    Put(Incoming),
+    /// Remove; `body` is the last state as the server sent it.
+    Delete { suffix: Vec<u8>, body: Vec<u8> },
+}
+
+/// What a committed batch changed, with the JSON body, for the event stream.
+#[derive(Debug)]
+pub(crate) enum Change {
+    Created(Vec<u8>),
+    Updated(Vec<u8>),
+    Deleted(Vec<u8>),
+}
+
+/// How far a list has got after a page.
+pub(crate) enum ListProgress {
+    /// More pages follow; the token (if any) continues the list.
+    More(Option<String>),
+    /// The list is complete at this resourceVersion.
+    Done(String),
+}
+
+pub(crate) struct Writer {
+    backend: Arc<dyn Backend>,
+    path: PathBuf,
+    state: State,
+    status: watch::Sender<Status>,
+    stats: Arc<Counters>,
+}
+
+impl Writer {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        path: PathBuf,
+        state: State,
+        status: watch::Sender<Status>,
+        stats: Arc<Counters>,
+    ) -> Self {
+        Writer {
+            backend,
+            path,
+            state,
+            status,
+            stats,
+        }
+    }
+
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Mark the watch as connected (or not), for `Reader::wait_until_live`.
+    pub(crate) fn set_live(&self, live: bool) {
+        self.status.send_if_modified(|s| std::mem::replace(&mut s.live, live) != live);
+    }
+
+    /// Start a (re)list with a new epoch. Objects not seen in it are swept at the end.
+    pub(crate) fn begin_list(&mut self) -> Result<()> {
+        let mut next = self.state.clone();
+        next.epoch += 1;
+        next.phase = Phase::Listing {
+            continue_token: None,
+            sweep: self.state.count > 0,
+        };
+        if self.state.last_synced.is_some() {
+            Counters::add(&self.stats.relists, 1);
+        }
+        tracing::info!(epoch = next.epoch, sweep = self.state.count > 0, "list started");
+        self.commit(Vec::new(), next, false).map(|_| ())
+    }
+
+    /// Write one list page (or one batch of streaming-list events) in one atomic batch.
+    pub(crate) fn list_page(
+        &mut self,
+        objects: Vec<Incoming>,
+        progress: ListProgress,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
+        let sweep = match &self.state.phase {
+            Phase::Listing { sweep, .. } => *sweep,
+            other => {
+                return Err(Error::Storage {
+                    path: self.path.clone(),
+                    detail: format!("list page written outside a list (phase {other:?})"),
+                });
+            }
+        };
+        let mut next = self.state.clone();
+        next.phase = match progress {
+            ListProgress::More(continue_token) => Phase::Listing {
+                continue_token,
+                sweep,
+            },
+            ListProgress::Done(resource_version) if sweep => Phase::Sweeping {
+                resource_version,
+                after: None,
+            },
+            ListProgress::Done(resource_version) => {
+                next.last_synced = Some(resource_version.clone());
+                Phase::Synced { resource_version }
+            }
+        };
+        let ops = objects.into_iter().map(Op::Put).collect();
+        self.commit(ops, next, emit)
+    }
+
+    /// Apply a burst of watch events and move the checkpoint to `resource_version`.
+    pub(crate) fn watch_burst(
+        &mut self,
+        ops: Vec<Op>,
+        resource_version: String,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
+        let mut next = self.state.clone();
+        next.last_synced = Some(resource_version.clone());
+        next.phase = Phase::Synced { resource_version };
+        self.commit(ops, next, emit)
+    }
+
+    /// Remove up to `limit` objects not seen in the current epoch. Returns the deletions
+    /// and whether the sweep is complete (then the store is synced at the list's version).
+    pub(crate) fn sweep_step(&mut self, limit: usize, emit: bool) -> Result<(Vec<Change>, bool)> {
+        let Phase::Sweeping {
+            resource_version,
+            after,
+        } = self.state.phase.clone()
+        else {
+            return Ok((Vec::new(), true));
+        };
+        let epoch = self.state.epoch;
+        let (start, end) = keys::range(OBJECT, None);
+        let from = match after {
+            Some(mut c) => {
+                c.push(0); // first key after the cursor
+                c
+            }
+            None => start,
+        };
+        let mut batch = WriteBatch::default();
+        let mut changes = Vec::new();
+        let mut deleted = 0u64;
+        let mut scanned = 0usize;
+        let mut last = None;
+        for entry in self.backend.range(&from, &end).take(limit) {
+            let (key, value) = entry?;
+            scanned += 1;
+            let rec: Record = self.decode_record(&key, &value)?;
+            let suffix = &key[1..];
+            let mark_key = keys::tagged(SEEN, suffix);
+            let marked = match self.backend.get(&mark_key)? {
+                Some(m) => {
+                    batch.delete(mark_key);
+                    m == epoch.to_be_bytes()
+                }
+                None => false,
+            };
+            if rec.epoch != epoch && !marked {
+                tracing::debug!(object = %keys::display(suffix), "swept: absent from the new list");
+                batch.delete(key.clone());
+                deleted += 1;
+                if emit {
+                    changes.push(Change::Deleted(rec.body));
+                }
+            }
+            last = Some(key);
+        }
+        let done = scanned < limit;
+        let mut next = self.state.clone();
+        next.count = next.count.saturating_sub(deleted);
+        if done {
+            // Marks whose object vanished cannot exist (they are removed with it), but a
+            // store written by an interrupted older version might hold some: clear them.
+            let (ms, me) = keys::range(SEEN, None);
+            for entry in self.backend.range(&ms, &me) {
+                batch.delete(entry?.0);
+            }
+            tracing::info!(resource_version = %resource_version, "sweep complete, store synced");
+            next.last_synced = Some(resource_version.clone());
+            next.phase = Phase::Synced { resource_version };
+        } else {
+            next.phase = Phase::Sweeping {
+                resource_version,
+                after: last,
+            };
+        }
+        Counters::add(&self.stats.objects_deleted, deleted);
+        self.write(batch, next)?;
+        Ok((changes, done))
+    }
+
+    fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Record> {
+        record::decode(value).map_err(|detail| Error::Corrupt {
+            path: self.path.clone(),
+            detail: format!("record {}: {detail}", keys::display(&key[1..])),
+        })
+    }
+
+    /// Apply `ops` and the next state in ONE atomic batch.
+    fn commit(&mut self, ops: Vec<Op>, mut next: State, emit: bool) -> Result<Vec<Change>> {
+        // Unchanged objects of an older epoch get a mark so the sweep keeps them.
+        let mark_unchanged = matches!(self.state.phase, Phase::Listing { sweep: true, .. });
+        let epoch = next.epoch;
+        let mut batch = WriteBatch::default();
+        let mut changes = Vec::new();
+        // Versions written earlier in this batch (a burst may touch one object twice).
+        let mut pending: HashMap<Vec<u8>, Option<(String, u64)>> = HashMap::new();
+        let (mut written, mut unchanged, mut removed) = (0u64, 0u64, 0u64);
+        for op in ops {
+            let suffix = match &op {
+                Op::Put(o) => &o.suffix,
+                Op::Delete { suffix, .. } => suffix,
+            };
+            let key = keys::tagged(OBJECT, suffix);
+            let existing = match pending.get(suffix) {
+                Some(p) => p.clone(),
+                None => match self.backend.get(&key)? {
+                    Some(v) => {
+                        let r = self.decode_record(&key, &v)?;
+                        Some((r.resource_version, r.epoch))
+                    }
+                    None => None,
+                },
+            };
+            match op {
+                Op::Put(o) => {
+                    if let Some((rv, rec_epoch)) = &existing {
+                        if *rv == o.resource_version {
+                            unchanged += 1;
+                            if mark_unchanged && *rec_epoch != epoch {
+                                batch.put(keys::tagged(SEEN, &o.suffix), epoch.to_be_bytes().to_vec());
+                            }
+                            continue;
+                        }
+                    } else {
+                        next.count += 1;
+                    }
+                    written += 1;
+                    pending.insert(o.suffix.clone(), Some((o.resource_version.clone(), epoch)));
+                    let rec = Record {
+                        resource_version: o.resource_version,
+                        uid: o.uid,
+                        epoch,
+                        body: o.body,
+                    };
+                    batch.put(key, record::encode(&rec));
+                    if emit {
+                        changes.push(if existing.is_some() {
+                            Change::Updated(rec.body)
+                        } else {
+                            Change::Created(rec.body)
+                        });
+                    }
+                }
+                Op::Delete { suffix, body } => {
+                    if existing.is_none() {
+                        continue; // replayed deletion: already gone
+                    }
+                    next.count = next.count.saturating_sub(1);
+                    removed += 1;
+                    batch.delete(keys::tagged(SEEN, &suffix));
+                    batch.delete(key);
+                    pending.insert(suffix, None);
+                    if emit {
+                        changes.push(Change::Deleted(body));
+                    }
+                }
+            }
+        }
+        self.write(batch, next)?;
+        Counters::add(&self.stats.objects_written, written);
+        Counters::add(&self.stats.objects_unchanged, unchanged);
+        Counters::add(&self.stats.objects_deleted, removed);
+        Ok(changes)
+    }
+
+    fn write(&mut self, mut batch: WriteBatch, next: State) -> Result<()> {
+        batch.put(STATE_KEY.to_vec(), record::encode(&next));
+        let ops = batch.len();
+        self.backend.apply(batch)?;
+        Counters::add(&self.stats.batches, 1);
+        tracing::trace!(ops, phase = ?next.phase, "batch committed");
+        self.state = next;
+        self.publish();
+        Ok(())
+    }
+
+    /// Tell readers about the current state.
+    pub(crate) fn publish(&self) {
+        let state = &self.state;
+        self.status.send_modify(|s| {
+            s.count = state.count;
+            s.checkpoint = state.last_synced.clone();
+            s.ready = state.last_synced.is_some();
+        });
+    }
+}

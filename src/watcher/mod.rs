@@ -1,0 +1,240 @@
+//! The persistent watcher: lists and watches one collection and drives the store's writer.
+
+mod backoff;
+mod config;
+mod machine;
+mod raw;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use futures::Stream;
+use kube::Resource;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use serde::de::DeserializeOwned;
+
+pub use config::{Config, Transform};
+use machine::{Machine, RawEvent};
+
+use crate::error::Result;
+use crate::stats::Counters;
+use crate::store::record::{FORMAT_VERSION, Identity};
+use crate::store::writer::Writer;
+use crate::store::{Db, Status, StreamLease};
+use crate::{Reader, store};
+
+/// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
+///
+/// Events report exact changes of the store: a relist after `410 Gone` yields `Apply` only
+/// for objects that changed and `Delete` for objects that disappeared, not a flood of re-adds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<K> {
+    /// The store was opened on a valid checkpoint and resumes watching from it: no LIST.
+    /// The stored objects are the state at `resource_version`; changes since then follow.
+    Resumed {
+        /// The checkpoint the watch resumes from.
+        resource_version: String,
+    },
+    /// The first list of an empty store started.
+    Init,
+    /// An object of the first list.
+    InitApply(K),
+    /// The first list is complete and on disk.
+    InitDone,
+    /// An object was created or changed (watch event, or a change found by a relist).
+    Apply(K),
+    /// An object was deleted (watch event, or absent from a relist).
+    Delete(K),
+}
+
+/// Drives one persistent stream: lists, watches, relists and writes to disk.
+///
+/// Poll it as a [`Stream`] of [`Event`]s with [`Watcher::stream`], or let it run without
+/// decoding events with [`Watcher::run`]. Either way, every page and every burst of watch
+/// events is committed to disk in one atomic batch with the checkpoint.
+pub struct Watcher<K> {
+    machine: Machine,
+    _lease: StreamLease,
+    path: std::path::PathBuf,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K> std::fmt::Debug for Watcher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl<K> Watcher<K>
+where
+    K: Resource + DeserializeOwned + Send + 'static,
+{
+    /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
+    /// the stream goes on after each, retrying with jittered exponential backoff.
+    pub fn stream(mut self) -> impl Stream<Item = Result<Event<K>>> + Send {
+        self.machine.set_emit(true);
+        futures::stream::unfold(self, |mut w| async move {
+            loop {
+                if let Some(raw) = w.machine.pending.pop_front() {
+                    if let Some(ev) = w.decode(raw) {
+                        return Some((Ok(ev), w));
+                    }
+                    continue;
+                }
+                if let Err(e) = w.machine.step().await {
+                    return Some((Err(e), w));
+                }
+            }
+        })
+    }
+
+    /// Keep the store in sync forever, without producing events. Errors are logged and
+    /// retried with backoff. Spawn it, and read through the [`Reader`].
+    pub async fn run(mut self) {
+        self.machine.set_emit(false);
+        loop {
+            // Errors are logged (with the backoff delay) inside `step`.
+            let _ = self.machine.step().await;
+        }
+    }
+
+    fn decode(&self, raw: RawEvent) -> Option<Event<K>> {
+        let obj = |body: Vec<u8>| match serde_json::from_slice::<K>(&body) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
+                None
+            }
+        };
+        Some(match raw {
+            RawEvent::Resumed(resource_version) => Event::Resumed { resource_version },
+            RawEvent::Init => Event::Init,
+            RawEvent::InitDone => Event::InitDone,
+            RawEvent::InitApply(b) => Event::InitApply(obj(b)?),
+            RawEvent::Apply(b) => Event::Apply(obj(b)?),
+            RawEvent::Delete(b) => Event::Delete(obj(b)?),
+        })
+    }
+}
+
+fn validate_as<K: DeserializeOwned>(body: &[u8]) -> std::result::Result<(), serde_json::Error> {
+    serde_json::from_slice::<K>(body).map(|_| ())
+}
+
+impl Db {
+    /// Open the persistent stream `name` for the collection of `api`, returning its
+    /// [`Reader`] and the [`Watcher`] that fills it.
+    ///
+    /// If the stream was stored before with the same identity (kind, URL, selectors,
+    /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::{Api, Client};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), kube_persist::Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// println!("{} pods cached", reader.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn store<K>(&self, name: &str, api: Api<K>, config: Config) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + 'static,
+        K::DynamicType: Default,
+    {
+        self.store_with(name, api, config, &K::DynamicType::default())
+    }
+
+    /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
+    pub fn store_with<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+        dyntype: &K::DynamicType,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + 'static,
+    {
+        let url = api.resource_url().to_string();
+        let identity = identity::<K>(&url, &config, dyntype, false);
+        let validate = config.validate.then_some(validate_as::<K> as raw::Validator);
+        self.open_pair(name, api.into_client(), url, config, identity, validate, false)
+    }
+
+    /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
+    /// annotations, owners, versions) instead of whole objects, like kube-runtime's
+    /// `metadata_watcher`.
+    pub fn metadata_store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+    ) -> Result<(Reader<PartialObjectMeta<K>>, Watcher<PartialObjectMeta<K>>)>
+    where
+        K: Resource + Send + 'static,
+        K::DynamicType: Default,
+    {
+        let url = api.resource_url().to_string();
+        let identity = identity::<K>(&url, &config, &K::DynamicType::default(), true);
+        let validate = config
+            .validate
+            .then_some(validate_as::<PartialObjectMeta<K>> as raw::Validator);
+        self.open_pair(name, api.into_client(), url, config, identity, validate, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_pair<K>(
+        &self,
+        name: &str,
+        client: kube::Client,
+        url: String,
+        config: Config,
+        identity: Identity,
+        validate: Option<raw::Validator>,
+        metadata_only: bool,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned,
+    {
+        let opened = self.open_stream(name, &identity)?;
+        let stats = Arc::new(Counters::default());
+        if opened.reset.is_some() {
+            Counters::add(&stats.identity_resets, 1);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(Status::default());
+        let path = self.path().to_path_buf();
+        let writer = Writer::new(opened.backend.clone(), path.clone(), opened.state, tx, stats.clone());
+        let reader = store::reader::Reader::new(opened.backend, path.clone(), rx, stats.clone());
+        writer.publish();
+        let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
+        Ok((
+            reader,
+            Watcher {
+                machine,
+                _lease: opened.lease,
+                path,
+                _k: PhantomData,
+            },
+        ))
+    }
+}
+
+fn identity<K: Resource>(url: &str, cfg: &Config, dt: &K::DynamicType, metadata_only: bool) -> Identity {
+    Identity {
+        format_version: FORMAT_VERSION,
+        api_version: K::api_version(dt).into_owned(),
+        kind: K::kind(dt).into_owned(),
+        url: url.to_string(),
+        label_selector: cfg.label_selector.clone(),
+        field_selector: cfg.field_selector.clone(),
+        metadata_only,
+        transform: cfg.transform.as_ref().map(|t| t.0.clone()),
+    }
+}

@@ -1,0 +1,363 @@
+//! Routing and handlers for the Kubernetes API paths.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::object::{self, StoredObject};
+use crate::resource::{ResourceType, Verb};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::shared::Shared;
+use crate::state::Filter;
+use crate::status::{ApiError, json_response};
+use crate::{admin, watch};
+
+/// Parsed query string.
+pub(crate) type Params = HashMap<String, String>;
+
+/// The router: everything goes through one fallback handler that parses paths itself.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(dispatch).with_state(shared)
+}
+
+/// What a request path designates.
+#[derive(Debug)]
+enum Target {
+    Collection { ty: usize, ns: Option<String> },
+    Object { ty: usize, ns: String, name: String },
+}
+
+fn not_found_path(path: &str) -> ApiError {
+    ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+}
+
+fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+    let Some(token) = &shared.opts.token else { return true };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t.trim() == token)
+}
+
+async fn dispatch(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&shared, &headers) {
+        return ApiError::new(401, "Unauthorized", "Unauthorized").into_response();
+    }
+    let params: Params = match Query::try_from_uri(&uri) {
+        Ok(Query(p)) => p,
+        Err(e) => return ApiError::bad_request(format!("invalid query string: {e}")).into_response(),
+    };
+    let path = uri.path();
+    if path.starts_with("/testkit/") {
+        return admin::handle(shared, &method, path, &params).await;
+    }
+    match api(shared, &method, path, &params, &headers, body).await {
+        Ok(res) => res,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn resolve(shared: &Shared, path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.trim_start_matches('/').trim_end_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(not_found_path(path)),
+    };
+    let st = shared.state();
+    let find = |plural: &str| st.lookup(group, version, plural).ok_or_else(|| not_found_path(path));
+    let scoped = |ty: usize| st.resource_type(ty).namespaced;
+    let target = match rest {
+        [plural] => Target::Collection { ty: find(plural)?, ns: None },
+        [plural, name] => {
+            let ty = find(plural)?;
+            if scoped(ty) || name.is_empty() {
+                return Err(not_found_path(path));
+            }
+            Target::Object { ty, ns: String::new(), name: name.to_string() }
+        }
+        ["namespaces", ns, plural] => {
+            let ty = find(plural)?;
+            if !scoped(ty) || ns.is_empty() {
+                return Err(not_found_path(path));
+            }
+            Target::Collection { ty, ns: Some(ns.to_string()) }
+        }
+        ["namespaces", ns, plural, name] => {
+            let ty = find(plural)?;
+            if !scoped(ty) || ns.is_empty() || name.is_empty() {
+                return Err(not_found_path(path));
+            }
+            Target::Object { ty, ns: ns.to_string(), name: name.to_string() }
+        }
+        _ => return Err(not_found_path(path)),
+    };
+    Ok(target)
+}
+
+fn is_watch(params: &Params) -> bool {
+    params.get("watch").is_some_and(|w| w == "true" || w == "1")
+}
+
+/// Whether the client asked for `PartialObjectMetadata(List)`.
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("as=PartialObjectMetadata"))
+}
+
+async fn api(
+    shared: Arc<Shared>,
+    method: &Method,
+    path: &str,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let target = resolve(&shared, path)?;
+    let verb = match (&target, method) {
+        (Target::Collection { .. }, &Method::GET) if is_watch(params) => Verb::Watch,
+        (Target::Collection { .. }, &Method::GET) => Verb::List,
+        (Target::Collection { .. }, &Method::POST) => Verb::Create,
+        (Target::Object { .. }, &Method::GET) => Verb::Get,
+        (Target::Object { .. }, &Method::PUT) => Verb::Update,
+        (Target::Object { .. }, &Method::DELETE) => Verb::Delete,
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("the server does not allow this method on the requested resource ({method} {path})"),
+            ));
+        }
+    };
+    shared.counters.incr(verb);
+    if let Some(err) = shared.faults().take_failure(verb) {
+        return Err(err);
+    }
+    let meta_only = wants_metadata(headers);
+    match target {
+        Target::Collection { ty, ns } => {
+            let filter = Filter {
+                namespace: ns.clone(),
+                labels: LabelSelector::parse(params.get("labelSelector").map_or("", |s| s))?,
+                fields: FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))?,
+            };
+            match verb {
+                Verb::Watch => watch::start(shared, ty, filter, params, meta_only),
+                Verb::List => list(shared, ty, filter, params, meta_only).await,
+                _ => create(&shared, ty, ns.as_deref(), &body),
+            }
+        }
+        Target::Object { ty, ns, name } => match verb {
+            Verb::Get => {
+                let (obj, rt) = {
+                    let st = shared.state();
+                    (st.get(ty, &ns, &name), st.resource_type(ty).clone())
+                };
+                let obj = obj.ok_or_else(|| ApiError::not_found(&rt.qualified(), &name))?;
+                Ok(json_response(StatusCode::OK, render(&obj, meta_only).to_vec()))
+            }
+            Verb::Update => replace(&shared, ty, &ns, &name, &body),
+            _ => {
+                let (obj, rt) = shared.write(|st| (st.delete(ty, &ns, &name), st.resource_type(ty).clone()));
+                let obj = obj.ok_or_else(|| ApiError::not_found(&rt.qualified(), &name))?;
+                Ok(json_response(StatusCode::OK, obj.json.to_vec()))
+            }
+        },
+    }
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn create(shared: &Shared, ty: usize, ns: Option<&str>, body: &Bytes) -> Result<Response, ApiError> {
+    let rt = shared.state().resource_type(ty).clone();
+    let p = object::prepare(&rt, parse_body(body)?, ns)?;
+    let obj = shared.write(|st| st.create(ty, p))?;
+    Ok(json_response(StatusCode::CREATED, obj.json.to_vec()))
+}
+
+fn replace(shared: &Shared, ty: usize, ns: &str, name: &str, body: &Bytes) -> Result<Response, ApiError> {
+    let rt = shared.state().resource_type(ty).clone();
+    let p = object::prepare(&rt, parse_body(body)?, (!ns.is_empty()).then_some(ns))?;
+    if p.name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            p.name
+        )));
+    }
+    let obj = shared.write(|st| st.replace(ty, p, true))?;
+    Ok(json_response(StatusCode::OK, obj.json.to_vec()))
+}
+
+/// The JSON of an object, or its `PartialObjectMetadata` form.
+pub(crate) fn render(obj: &StoredObject, meta_only: bool) -> Bytes {
+    if !meta_only {
+        return obj.json.clone();
+    }
+    let mut value = obj.value();
+    let metadata = value.get_mut("metadata").map(Value::take).unwrap_or(Value::Null);
+    let partial = serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": metadata,
+    });
+    Bytes::from(serde_json::to_vec(&partial).unwrap_or_default())
+}
+
+/// A deliberately undecodable item: `metadata.name` is a number.
+pub(crate) fn malformed_item(rt: &ResourceType, meta_only: bool) -> Vec<u8> {
+    let (api_version, kind) = if meta_only {
+        ("meta.k8s.io/v1".to_string(), "PartialObjectMetadata".to_string())
+    } else {
+        (rt.api_version(), rt.kind.clone())
+    };
+    let v = serde_json::json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": 12345, "namespace": "default", "resourceVersion": "1"},
+    });
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// The opaque continue token.
+#[derive(Serialize, Deserialize)]
+struct ContinueToken {
+    rv: u64,
+    ns: String,
+    name: String,
+    served: usize,
+    epoch: u64,
+}
+
+fn decode_token(s: &str) -> Result<ContinueToken, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(s.trim_end_matches('='))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| ApiError::bad_request("invalid value for continue: not a valid continue token"))
+}
+
+fn parse_rv(s: &str) -> Result<u64, ApiError> {
+    s.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+}
+
+const EXPIRED_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. \
+    You can start a new list without the continue parameter.";
+
+async fn list(
+    shared: Arc<Shared>,
+    ty: usize,
+    filter: Filter,
+    params: &Params,
+    meta_only: bool,
+) -> Result<Response, ApiError> {
+    let limit = match params.get("limit").map(|l| l.parse::<u64>()) {
+        None | Some(Ok(0)) => None,
+        Some(Ok(n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(Err(_)) => return Err(ApiError::bad_request("invalid value for limit")),
+    };
+    let rv = params.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv_match = params.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let token = match params.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => Some(decode_token(c)?),
+        None => None,
+    };
+    let delay = shared.faults().page_delay();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let malformed = shared.faults().take_malformed_list();
+
+    let (page, snapshot, served, epoch, rt) = {
+        let st = shared.state();
+        let (snapshot, after, served) = if let Some(t) = token {
+            if !rv.is_empty() && rv != "0" {
+                return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+            }
+            if t.epoch != st.compactions || t.rv < st.floor {
+                return Err(ApiError::expired(EXPIRED_CONTINUE));
+            }
+            (t.rv, Some((t.ns, t.name)), t.served)
+        } else {
+            let snapshot = match (rv, rv_match) {
+                ("", "") => st.revision,
+                ("", _) => return Err(ApiError::bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")),
+                ("0", "Exact") => return Err(ApiError::bad_request("resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"")),
+                (rv, m) => {
+                    let n = parse_rv(rv)?;
+                    if n > st.revision {
+                        return Err(ApiError::too_large(format!("Too large resource version: {n}, current: {}", st.revision)));
+                    }
+                    match m {
+                        "Exact" if n < st.floor => {
+                            return Err(ApiError::expired(format!("too old resource version: {n} ({})", st.floor)));
+                        }
+                        "Exact" => n,
+                        "" | "NotOlderThan" => st.revision,
+                        other => return Err(ApiError::bad_request(format!("unsupported resourceVersionMatch {other:?}"))),
+                    }
+                }
+            };
+            (snapshot, None, 0)
+        };
+        let page = st.list_page(ty, snapshot, after.as_ref(), limit, &filter);
+        (page, snapshot, served, st.compactions, st.resource_type(ty).clone())
+    };
+
+    let served_now = served + page.items.len();
+    let mut meta = serde_json::Map::new();
+    meta.insert("resourceVersion".into(), Value::String(snapshot.to_string()));
+    if let Some((ns, name)) = page.next_after {
+        let token = ContinueToken { rv: snapshot, ns, name, served: served_now, epoch };
+        let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
+        meta.insert("continue".into(), Value::String(token));
+        if filter.namespace.is_none() && filter.is_trivial() {
+            meta.insert("remainingItemCount".into(), Value::from(page.total.saturating_sub(served_now)));
+        }
+    }
+    let (api_version, kind) = if meta_only {
+        ("meta.k8s.io/v1".to_string(), "PartialObjectMetadataList".to_string())
+    } else {
+        (rt.api_version(), format!("{}List", rt.kind))
+    };
+    let head = serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": meta});
+    let mut out = serde_json::to_vec(&head).unwrap_or_default();
+    out.pop(); // the closing brace
+    out.extend_from_slice(b",\"items\":[");
+    let mut first = true;
+    for obj in &page.items {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(&render(obj, meta_only));
+    }
+    if malformed {
+        if !first {
+            out.push(b',');
+        }
+        out.extend_from_slice(&malformed_item(&rt, meta_only));
+    }
+    out.extend_from_slice(b"]}");
+    Ok(json_response(StatusCode::OK, out))
+}

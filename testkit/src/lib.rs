@@ -1,0 +1,187 @@
+//! A fake Kubernetes API server over real HTTP on 127.0.0.1, for kube-persist's tests,
+//! demo and benchmarks.
+//!
+//! It serves generic JSON objects for a few resource types ([`ResourceType`]) with the
+//! list/watch semantics a reflector depends on: one global revision, consistent paginated
+//! snapshots, a bounded event history (older watches and continue tokens get `410 Expired`),
+//! bookmarks, streaming lists, label/field selectors, metadata-only responses, bearer-token
+//! auth, per-verb request counters and fault injection ([`Faults`]).
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use kube_persist_testkit::{ResourceType, TestServer};
+//! let server = TestServer::start().await;
+//! server.handle().seed_pods(1000, 4);
+//! let client = server.client();
+//! let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client);
+//! # let _ = pods;
+//! # }
+//! ```
+//!
+//! Note: a [`kube::Client`] built by [`TestServer::client`] keeps kube's default retry layer,
+//! which transparently retries 429/503/504 responses (up to 15 times with backoff). Use
+//! [`client_for_opts`] with `retry = false` to observe those statuses directly.
+
+mod admin;
+mod faults;
+mod handle;
+mod http;
+mod object;
+mod pods;
+mod resource;
+mod selectors;
+mod shared;
+mod state;
+mod status;
+mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+pub use faults::Faults;
+pub use handle::ServerHandle;
+pub use pods::make_pod;
+pub use resource::{RequestCounts, ResourceType, Verb};
+pub use status::ApiError;
+
+use shared::Shared;
+
+/// Server configuration.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Address to bind; default `127.0.0.1:0` (an ephemeral port).
+    pub addr: SocketAddr,
+    /// When set, every request needs `Authorization: Bearer <token>` (else 401 `Status`).
+    pub token: Option<String>,
+    /// Number of events kept in the history (at least 1); default 10 000.
+    pub history: usize,
+    /// Period of BOOKMARK events on watches with `allowWatchBookmarks=true`; default 1s.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token: None,
+            history: 10_000,
+            bookmark_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A running server. It serves on a tokio task; dropping it shuts the server down
+/// (open watch streams end, the listener closes).
+pub struct TestServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for TestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestServer").field("url", &self.url()).finish()
+    }
+}
+
+impl TestServer {
+    /// Starts a server with [`ServerOptions::default`].
+    ///
+    /// # Panics
+    /// If the address cannot be bound (see [`TestServer::try_start_with`]).
+    pub async fn start() -> TestServer {
+        Self::start_with(ServerOptions::default()).await
+    }
+
+    /// Starts a server with the given options.
+    ///
+    /// # Panics
+    /// If `opts.addr` cannot be bound (see [`TestServer::try_start_with`]).
+    pub async fn start_with(opts: ServerOptions) -> TestServer {
+        let addr = opts.addr;
+        match Self::try_start_with(opts).await {
+            Ok(s) => s,
+            Err(e) => panic!("kube-persist-testkit: cannot bind {addr}: {e}"),
+        }
+    }
+
+    /// Starts a server, returning the bind error instead of panicking.
+    pub async fn try_start_with(opts: ServerOptions) -> std::io::Result<TestServer> {
+        let listener = tokio::net::TcpListener::bind(opts.addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(opts));
+        let app = http::router(shared.clone());
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = rx.await;
+            });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "testkit server stopped with an error");
+            }
+        });
+        tracing::debug!(%addr, "testkit server listening");
+        Ok(TestServer { addr, shared, shutdown: Some(tx) })
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A plain-HTTP [`kube::Client`] for this server, sending the bearer token if one is set.
+    pub fn client(&self) -> kube::Client {
+        client_for(&self.url(), self.shared.opts.token.as_deref())
+    }
+
+    /// In-process access to data, counters and faults.
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle { shared: self.shared.clone() }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shared.close_watches();
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A plain-HTTP [`kube::Client`] for a server at `url` (e.g. one run by `testkit-server` in
+/// another process), with kube's default retry layer.
+///
+/// # Panics
+/// If `url` is not a valid URI or the client cannot be built (must be called inside a
+/// tokio runtime).
+pub fn client_for(url: &str, token: Option<&str>) -> kube::Client {
+    client_for_opts(url, token, true)
+}
+
+/// Like [`client_for`], choosing whether kube's default retry layer (which retries
+/// 429/503/504 responses) is installed.
+///
+/// # Panics
+/// If `url` is not a valid URI or the client cannot be built.
+pub fn client_for_opts(url: &str, token: Option<&str>, retry: bool) -> kube::Client {
+    let uri: axum::http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => panic!("kube-persist-testkit: invalid server URL {url:?}: {e}"),
+    };
+    let mut config = kube::Config::new(uri);
+    config.auth_info.token = token.map(|t| secrecy::SecretString::from(t.to_string()));
+    config.default_retry = retry;
+    match kube::Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => panic!("kube-persist-testkit: cannot build a client for {url}: {e}"),
+    }
+}

@@ -1,0 +1,169 @@
+//! Resource types served by the test server, request verbs and request counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// A served resource type (group/version/plural/kind + scope). Objects are handled as
+/// generic JSON; the only per-kind behaviour is the scope.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ResourceType {
+    /// API group, `""` for the core group.
+    pub group: String,
+    /// API version, e.g. `v1`.
+    pub version: String,
+    /// Lowercase plural used in URLs, e.g. `pods`.
+    pub plural: String,
+    /// Kind, e.g. `Pod`.
+    pub kind: String,
+    /// Whether objects live in a namespace.
+    pub namespaced: bool,
+}
+
+impl ResourceType {
+    /// Builds a resource type.
+    pub fn new(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        Self {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            kind: kind.into(),
+            namespaced,
+        }
+    }
+
+    /// core/v1 Pods.
+    pub fn pods() -> Self {
+        Self::new("", "v1", "pods", "Pod", true)
+    }
+
+    /// core/v1 ConfigMaps.
+    pub fn configmaps() -> Self {
+        Self::new("", "v1", "configmaps", "ConfigMap", true)
+    }
+
+    /// core/v1 Namespaces (cluster-scoped).
+    pub fn namespaces() -> Self {
+        Self::new("", "v1", "namespaces", "Namespace", false)
+    }
+
+    /// apps/v1 Deployments.
+    pub fn deployments() -> Self {
+        Self::new("apps", "v1", "deployments", "Deployment", true)
+    }
+
+    /// The `example.kube-persist.dev/v1` `Widget` custom resource (namespaced).
+    pub fn widgets() -> Self {
+        Self::new("example.kube-persist.dev", "v1", "widgets", "Widget", true)
+    }
+
+    /// `apiVersion` as it appears in objects: `v1` or `apps/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The plural qualified by group, as used in error messages (`pods`, `deployments.apps`).
+    pub(crate) fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// The resource types every server serves from the start.
+    pub(crate) fn builtin() -> Vec<Self> {
+        vec![
+            Self::pods(),
+            Self::configmaps(),
+            Self::namespaces(),
+            Self::deployments(),
+            Self::widgets(),
+        ]
+    }
+}
+
+/// Number of requests served per verb since start (or the last reset).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCounts {
+    /// LIST requests (each page counts once).
+    pub list: u64,
+    /// WATCH requests.
+    pub watch: u64,
+    /// GET of a single object.
+    pub get: u64,
+    /// POST (create).
+    pub create: u64,
+    /// PUT (replace).
+    pub update: u64,
+    /// DELETE.
+    pub delete: u64,
+}
+
+/// A request verb, for counters and fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// LIST a collection (one page).
+    List,
+    /// WATCH a collection.
+    Watch,
+    /// GET one object.
+    Get,
+    /// POST a new object.
+    Create,
+    /// PUT an existing object.
+    Update,
+    /// DELETE an object.
+    Delete,
+}
+
+impl Verb {
+    /// Parses `list`, `watch`, `get`, `create`, `update`/`replace`, `delete` (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "list" => Some(Self::List),
+            "watch" => Some(Self::Watch),
+            "get" => Some(Self::Get),
+            "create" => Some(Self::Create),
+            "update" | "replace" => Some(Self::Update),
+            "delete" => Some(Self::Delete),
+            _ => None,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Lock-free per-verb counters.
+#[derive(Debug, Default)]
+pub(crate) struct Counters([AtomicU64; 6]);
+
+impl Counters {
+    pub(crate) fn incr(&self, verb: Verb) {
+        self.0[verb.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> RequestCounts {
+        let g = |v: Verb| self.0[v.index()].load(Ordering::Relaxed);
+        RequestCounts {
+            list: g(Verb::List),
+            watch: g(Verb::Watch),
+            get: g(Verb::Get),
+            create: g(Verb::Create),
+            update: g(Verb::Update),
+            delete: g(Verb::Delete),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        for c in &self.0 {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
