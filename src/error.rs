@@ -86,7 +86,9 @@ pub enum Error {
         detail: String,
     },
     /// The watch stream reported an error `Status` (other than `410 Gone`, which triggers a relist).
-    #[error("watch of {url} from resourceVersion {resource_version} failed: {code} {reason}: {message}")]
+    #[error(
+        "watch of {url} from resourceVersion {resource_version} failed: {code} {reason}: {message}"
+    )]
     WatchStatus {
         /// The watched resource URL.
         url: String,

@@ -55,4 +55,4 @@ pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::reader::{Iter, Reader};
 pub use store::{Db, DbConfig, Durability};
-pub use watcher::{Config, Event, Transform, Watcher};
+pub use watcher::{Config, Event, Pair, Transform, Watcher};

@@ -172,7 +172,11 @@ impl Db {
             return Err(Error::Config("stream name must not be empty".into()));
         }
         {
-            let mut open = self.inner.open_streams.lock().unwrap_or_else(|p| p.into_inner());
+            let mut open = self
+                .inner
+                .open_streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if !open.insert(name.to_string()) {
                 return Err(Error::Config(format!(
                     "stream {name:?} is already open in this process (one writer per stream)"
@@ -248,7 +252,11 @@ pub(crate) struct StreamLease {
 
 impl Drop for StreamLease {
     fn drop(&mut self) {
-        let mut open = self.db.open_streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self
+            .db
+            .open_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         open.remove(&self.name);
     }
 }

@@ -9,10 +9,10 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use super::Status;
 use super::engine::{Backend, Entry};
 use super::keys::{self, OBJECT};
 use super::record::{self, Record};
-use super::Status;
 use crate::error::{Error, Result};
 use crate::stats::{Counters, Stats};
 
@@ -189,7 +189,11 @@ impl<K: DeserializeOwned> Iterator for Iter<K> {
     }
 }
 
-fn decode_entry<K: DeserializeOwned>(path: &std::path::Path, key: &[u8], value: &[u8]) -> Result<K> {
+fn decode_entry<K: DeserializeOwned>(
+    path: &std::path::Path,
+    key: &[u8],
+    value: &[u8],
+) -> Result<K> {
     let display = || keys::display(&key[1..]);
     let rec: Record = record::decode(value).map_err(|detail| Error::Corrupt {
         path: path.to_path_buf(),

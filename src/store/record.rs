@@ -113,10 +113,7 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bincode::serde::decode_from_slice(bytes, bincode::config::standard()) {
         Ok((v, used)) if used == bytes.len() => Ok(v),
-        Ok((_, used)) => Err(format!(
-            "record has {} trailing bytes",
-            bytes.len() - used
-        )),
+        Ok((_, used)) => Err(format!("record has {} trailing bytes", bytes.len() - used)),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::Status;
 use super::engine::{Backend, WriteBatch};
 use super::keys::{self, OBJECT, SEEN, STATE_KEY};
 use super::record::{self, Phase, Record, State};
-use super::Status;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 
@@ -79,7 +79,8 @@ impl Writer {
 
     /// Mark the watch as connected (or not), for `Reader::wait_until_live`.
     pub(crate) fn set_live(&self, live: bool) {
-        self.status.send_if_modified(|s| std::mem::replace(&mut s.live, live) != live);
+        self.status
+            .send_if_modified(|s| std::mem::replace(&mut s.live, live) != live);
     }
 
     /// Start a (re)list with a new epoch. Objects not seen in it are swept at the end.
@@ -93,7 +94,11 @@ impl Writer {
         if self.state.last_synced.is_some() {
             Counters::add(&self.stats.relists, 1);
         }
-        tracing::info!(epoch = next.epoch, sweep = self.state.count > 0, "list started");
+        tracing::info!(
+            epoch = next.epoch,
+            sweep = self.state.count > 0,
+            "list started"
+        );
         self.commit(Vec::new(), next, false).map(|_| ())
     }
 
@@ -255,7 +260,10 @@ impl Writer {
                         if *rv == o.resource_version {
                             unchanged += 1;
                             if mark_unchanged && *rec_epoch != epoch {
-                                batch.put(keys::tagged(SEEN, &o.suffix), epoch.to_be_bytes().to_vec());
+                                batch.put(
+                                    keys::tagged(SEEN, &o.suffix),
+                                    epoch.to_be_bytes().to_vec(),
+                                );
                             }
                             continue;
                         }

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{AsyncBufReadExt, FutureExt, Stream, StreamExt};
-use kube::core::params::{ListParams, WatchParams};
 use kube::core::Request;
+use kube::core::params::{ListParams, WatchParams};
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
-use super::backoff::{jitter, Backoff};
+use super::backoff::{Backoff, jitter};
 use super::config::Config;
 use super::raw::{self, BadObject, ListPage, StatusBody, Validator, WatchLine};
 use crate::error::{Error, Result};
@@ -104,7 +104,10 @@ impl Machine {
     /// Do one unit of work. On error, the next step waits a jittered backoff first.
     pub(crate) async fn step(&mut self) -> Result<()> {
         if let Some(d) = self.delay.take() {
-            tracing::debug!(delay_ms = d.as_millis() as u64, "waiting before the next attempt");
+            tracing::debug!(
+                delay_ms = d.as_millis() as u64,
+                "waiting before the next attempt"
+            );
             tokio::time::sleep(d).await;
         }
         let span = tracing::debug_span!("kube_persist", url = %self.request.url_path);
@@ -135,7 +138,9 @@ impl Machine {
                 }
             }
             Phase::Sweeping { .. } => {
-                let (changes, _) = self.writer.sweep_step(self.cfg.page_size as usize, self.emit)?;
+                let (changes, _) = self
+                    .writer
+                    .sweep_step(self.cfg.page_size as usize, self.emit)?;
                 self.push_changes(changes);
             }
             Phase::Synced { resource_version } => self.watch_step(resource_version).await?,
@@ -160,7 +165,10 @@ impl Machine {
                     "resuming from checkpoint without LIST");
                 self.push(RawEvent::Resumed(resource_version));
             }
-            Phase::Listing { continue_token: Some(t), .. } if !self.cfg.streaming_lists => {
+            Phase::Listing {
+                continue_token: Some(t),
+                ..
+            } if !self.cfg.streaming_lists => {
                 tracing::info!(epoch = state.epoch, "continuing an interrupted list");
                 let _ = t;
                 if self.cold {
@@ -213,7 +221,12 @@ impl Machine {
             Err(kube::Error::Api(s)) if s.code == 410 => {
                 return self.relist("continue token expired (410)");
             }
-            Err(source) => return Err(Error::Kube { context: context(), source }),
+            Err(source) => {
+                return Err(Error::Kube {
+                    context: context(),
+                    source,
+                });
+            }
         };
         let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
             context: context(),
@@ -222,15 +235,21 @@ impl Machine {
         Counters::add(&self.stats.list_pages, 1);
         let items = page.items.unwrap_or_default();
         let n = items.len();
-        let objects: Vec<Incoming> = items.into_iter().filter_map(|raw| self.incoming(raw)).collect();
+        let objects: Vec<Incoming> = items
+            .into_iter()
+            .filter_map(|raw| self.incoming(raw))
+            .collect();
         let progress = match page.metadata.continue_token.filter(|t| !t.is_empty()) {
             Some(t) => ListProgress::More(Some(t)),
-            None => ListProgress::Done(page.metadata.resource_version.filter(|rv| !rv.is_empty()).ok_or_else(|| {
-                Error::Protocol {
-                    context: context(),
-                    detail: "last page has no metadata.resourceVersion".into(),
-                }
-            })?),
+            None => ListProgress::Done(
+                page.metadata
+                    .resource_version
+                    .filter(|rv| !rv.is_empty())
+                    .ok_or_else(|| Error::Protocol {
+                        context: context(),
+                        detail: "last page has no metadata.resourceVersion".into(),
+                    })?,
+            ),
         };
         if let ListProgress::Done(rv) = &progress {
             tracing::info!(items = n, resource_version = %rv, "last list page");
@@ -294,7 +313,9 @@ impl Machine {
                 }
                 Ok(())
             }
-            Err(kube::Error::Api(s)) if s.code == 410 => self.relist("watch resourceVersion expired (410)"),
+            Err(kube::Error::Api(s)) if s.code == 410 => {
+                self.relist("watch resourceVersion expired (410)")
+            }
             Err(kube::Error::Api(s)) if is_too_large(&s) => {
                 self.too_large += 1;
                 if self.too_large > self.cfg.too_large_retries {
@@ -305,7 +326,10 @@ impl Machine {
                     source: kube::Error::Api(s),
                 })
             }
-            Err(source) => Err(Error::Kube { context: context(), source }),
+            Err(source) => Err(Error::Kube {
+                context: context(),
+                source,
+            }),
         }
     }
 
@@ -359,7 +383,10 @@ impl Machine {
             let ev: WatchLine<'_> = match serde_json::from_str(line) {
                 Ok(ev) => ev,
                 Err(e) => {
-                    self.bad(BadObject { what: raw::snippet(line), why: format!("watch event does not decode: {e}") });
+                    self.bad(BadObject {
+                        what: raw::snippet(line),
+                        why: format!("watch event does not decode: {e}"),
+                    });
                     continue;
                 }
             };
@@ -377,9 +404,14 @@ impl Machine {
                             last_rv = Some(rv);
                         }
                         events += 1;
-                        ops.push(Op::Delete { suffix, body: ev.object.get().as_bytes().to_vec() });
+                        ops.push(Op::Delete {
+                            suffix,
+                            body: ev.object.get().as_bytes().to_vec(),
+                        });
                     }
-                    Ok(_) => tracing::warn!("DELETED event during a streaming list's initial events, ignored"),
+                    Ok(_) => tracing::warn!(
+                        "DELETED event during a streaming list's initial events, ignored"
+                    ),
                     Err(bad) => self.bad(bad),
                 },
                 "BOOKMARK" => match raw::bookmark(ev.object) {
@@ -392,14 +424,21 @@ impl Machine {
                         }
                         last_rv = Some(rv);
                     }
-                    None => self.bad(BadObject { what: raw::snippet(line), why: "bookmark without resourceVersion".into() }),
+                    None => self.bad(BadObject {
+                        what: raw::snippet(line),
+                        why: "bookmark without resourceVersion".into(),
+                    }),
                 },
                 "ERROR" => {
-                    let status: StatusBody = serde_json::from_str(ev.object.get()).unwrap_or_default();
+                    let status: StatusBody =
+                        serde_json::from_str(ev.object.get()).unwrap_or_default();
                     gone = Some(status);
                     break;
                 }
-                other => self.bad(BadObject { what: raw::snippet(line), why: format!("unknown watch event type {other:?}") }),
+                other => self.bad(BadObject {
+                    what: raw::snippet(line),
+                    why: format!("unknown watch event type {other:?}"),
+                }),
             }
         }
         Counters::add(&self.stats.watch_events, events);
@@ -413,7 +452,9 @@ impl Machine {
                 Some(rv) => ListProgress::Done(rv),
                 None => ListProgress::More(None),
             };
-            let changes = self.writer.list_page(objects.collect(), progress, self.emit)?;
+            let changes = self
+                .writer
+                .list_page(objects.collect(), progress, self.emit)?;
             self.push_changes(changes);
             if let Some(rv) = list_done {
                 tracing::info!(resource_version = %rv, "streaming list complete");
@@ -489,7 +530,11 @@ fn is_too_large(s: &kube::core::Status) -> bool {
     let causes = s
         .details
         .as_ref()
-        .map(|d| d.causes.iter().any(|c| c.reason == "ResourceVersionTooLarge"))
+        .map(|d| {
+            d.causes
+                .iter()
+                .any(|c| c.reason == "ResourceVersionTooLarge")
+        })
         .unwrap_or(false);
     causes || (s.code == 504 && s.message.contains("Too large resource version"))
 }

@@ -48,6 +48,9 @@ pub enum Event<K> {
     Delete(K),
 }
 
+/// A stream's [`Reader`] and the [`Watcher`] that fills it.
+pub type Pair<K> = (Reader<K>, Watcher<K>);
+
 /// Drives one persistent stream: lists, watches, relists and writes to disk.
 ///
 /// Poll it as a [`Stream`] of [`Event`]s with [`Watcher::stream`], or let it run without
@@ -62,7 +65,9 @@ pub struct Watcher<K> {
 
 impl<K> std::fmt::Debug for Watcher<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watcher").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Watcher")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -143,7 +148,12 @@ impl Db {
     /// println!("{} pods cached", reader.len());
     /// # Ok(()) }
     /// ```
-    pub fn store<K>(&self, name: &str, api: Api<K>, config: Config) -> Result<(Reader<K>, Watcher<K>)>
+    pub fn store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+    ) -> Result<(Reader<K>, Watcher<K>)>
     where
         K: Resource + DeserializeOwned + Send + 'static,
         K::DynamicType: Default,
@@ -164,8 +174,18 @@ impl Db {
     {
         let url = api.resource_url().to_string();
         let identity = identity::<K>(&url, &config, dyntype, false);
-        let validate = config.validate.then_some(validate_as::<K> as raw::Validator);
-        self.open_pair(name, api.into_client(), url, config, identity, validate, false)
+        let validate = config
+            .validate
+            .then_some(validate_as::<K> as raw::Validator);
+        self.open_pair(
+            name,
+            api.into_client(),
+            url,
+            config,
+            identity,
+            validate,
+            false,
+        )
     }
 
     /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
@@ -176,7 +196,7 @@ impl Db {
         name: &str,
         api: Api<K>,
         config: Config,
-    ) -> Result<(Reader<PartialObjectMeta<K>>, Watcher<PartialObjectMeta<K>>)>
+    ) -> Result<Pair<PartialObjectMeta<K>>>
     where
         K: Resource + Send + 'static,
         K::DynamicType: Default,
@@ -186,7 +206,15 @@ impl Db {
         let validate = config
             .validate
             .then_some(validate_as::<PartialObjectMeta<K>> as raw::Validator);
-        self.open_pair(name, api.into_client(), url, config, identity, validate, true)
+        self.open_pair(
+            name,
+            api.into_client(),
+            url,
+            config,
+            identity,
+            validate,
+            true,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -210,7 +238,13 @@ impl Db {
         }
         let (tx, rx) = tokio::sync::watch::channel(Status::default());
         let path = self.path().to_path_buf();
-        let writer = Writer::new(opened.backend.clone(), path.clone(), opened.state, tx, stats.clone());
+        let writer = Writer::new(
+            opened.backend.clone(),
+            path.clone(),
+            opened.state,
+            tx,
+            stats.clone(),
+        );
         let reader = store::reader::Reader::new(opened.backend, path.clone(), rx, stats.clone());
         writer.publish();
         let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
@@ -226,7 +260,12 @@ impl Db {
     }
 }
 
-fn identity<K: Resource>(url: &str, cfg: &Config, dt: &K::DynamicType, metadata_only: bool) -> Identity {
+fn identity<K: Resource>(
+    url: &str,
+    cfg: &Config,
+    dt: &K::DynamicType,
+    metadata_only: bool,
+) -> Identity {
     Identity {
         format_version: FORMAT_VERSION,
         api_version: K::api_version(dt).into_owned(),

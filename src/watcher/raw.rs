@@ -97,9 +97,17 @@ pub(crate) fn incoming(
         why,
     };
     if json.len() > cfg.max_object_bytes {
-        return Err(bad(format!("{} bytes exceeds max_object_bytes {}", json.len(), cfg.max_object_bytes), None));
+        return Err(bad(
+            format!(
+                "{} bytes exceeds max_object_bytes {}",
+                json.len(),
+                cfg.max_object_bytes
+            ),
+            None,
+        ));
     }
-    let head: Head = serde_json::from_str(json).map_err(|e| bad(format!("metadata does not decode: {e}"), None))?;
+    let head: Head = serde_json::from_str(json)
+        .map_err(|e| bad(format!("metadata does not decode: {e}"), None))?;
     let m = head.metadata;
     let name = match m.name {
         Some(n) if !n.is_empty() && !n.contains('\0') => n,
@@ -120,12 +128,18 @@ pub(crate) fn incoming(
             let mut v: serde_json::Value = serde_json::from_str(json)
                 .map_err(|e| bad(format!("invalid JSON: {e}"), Some(what.clone())))?;
             f(&mut v);
-            serde_json::to_vec(&v).map_err(|e| bad(format!("transform output: {e}"), Some(what.clone())))?
+            serde_json::to_vec(&v)
+                .map_err(|e| bad(format!("transform output: {e}"), Some(what.clone())))?
         }
         None => json.as_bytes().to_vec(),
     };
     if let Some(check) = validate {
-        check(&body).map_err(|e| bad(format!("does not decode into the store's type: {e}"), Some(what.clone())))?;
+        check(&body).map_err(|e| {
+            bad(
+                format!("does not decode into the store's type: {e}"),
+                Some(what.clone()),
+            )
+        })?;
     }
     Ok(Incoming {
         suffix: object_suffix(m.namespace.as_deref(), &name),
@@ -171,10 +185,20 @@ mod tests {
     #[test]
     fn reduces_objects_and_rejects_bad_ones() {
         let cfg = Config::default();
-        let ok = incoming(&raw(r#"{"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}}"#), &cfg, None).unwrap();
+        let ok = incoming(
+            &raw(r#"{"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}}"#),
+            &cfg,
+            None,
+        )
+        .unwrap();
         assert_eq!(ok.resource_version, "7");
         assert_eq!(ok.suffix, object_suffix(Some("n"), "a"));
-        let err = incoming(&raw(r#"{"metadata":{"name":5,"resourceVersion":"7"}}"#), &cfg, None).unwrap_err();
+        let err = incoming(
+            &raw(r#"{"metadata":{"name":5,"resourceVersion":"7"}}"#),
+            &cfg,
+            None,
+        )
+        .unwrap_err();
         assert!(err.why.contains("metadata"), "{err:?}");
         let err = incoming(&raw(r#"{"metadata":{"name":"a"}}"#), &cfg, None).unwrap_err();
         assert_eq!(err.what, "a");
@@ -182,7 +206,9 @@ mod tests {
 
     #[test]
     fn bookmarks_carry_the_initial_events_end() {
-        let b = raw(r#"{"metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}"#);
+        let b = raw(
+            r#"{"metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}"#,
+        );
         assert_eq!(bookmark(&b), Some(("9".to_string(), true)));
     }
 }

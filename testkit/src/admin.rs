@@ -19,8 +19,12 @@ fn ok(v: Value) -> Response {
 
 fn num(params: &Params, key: &str, default: Option<u64>) -> Result<u64, ApiError> {
     match params.get(key) {
-        Some(v) => v.parse().map_err(|_| ApiError::bad_request(format!("invalid value for {key}: {v:?}"))),
-        None => default.ok_or_else(|| ApiError::bad_request(format!("missing query parameter {key}"))),
+        Some(v) => v
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid value for {key}: {v:?}"))),
+        None => {
+            default.ok_or_else(|| ApiError::bad_request(format!("missing query parameter {key}")))
+        }
     }
 }
 
@@ -29,19 +33,31 @@ fn usize_of(n: u64) -> usize {
 }
 
 /// Handles one admin request.
-pub(crate) async fn handle(shared: Arc<Shared>, method: &Method, path: &str, params: &Params) -> Response {
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    method: &Method,
+    path: &str,
+    params: &Params,
+) -> Response {
     match route(shared, method, path, params).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn route(shared: Arc<Shared>, method: &Method, path: &str, params: &Params) -> Result<Response, ApiError> {
+async fn route(
+    shared: Arc<Shared>,
+    method: &Method,
+    path: &str,
+    params: &Params,
+) -> Result<Response, ApiError> {
     let h = ServerHandle { shared };
     let f = h.faults();
     let done = || ok(json!({"ok": true}));
     Ok(match (method, path.trim_end_matches('/')) {
-        (&Method::GET, "/testkit/counts") => ok(serde_json::to_value(h.counts()).unwrap_or(Value::Null)),
+        (&Method::GET, "/testkit/counts") => {
+            ok(serde_json::to_value(h.counts()).unwrap_or(Value::Null))
+        }
         (&Method::POST, "/testkit/reset-counts") => {
             h.reset_counts();
             done()
@@ -60,10 +76,14 @@ async fn route(shared: Arc<Shared>, method: &Method, path: &str, params: &Params
             done()
         }
         (&Method::POST, "/testkit/faults/fail-next") => {
-            let verb = params.get("verb").ok_or_else(|| ApiError::bad_request("missing query parameter verb"))?;
-            let verb = Verb::parse(verb).ok_or_else(|| ApiError::bad_request(format!("unknown verb {verb:?}")))?;
+            let verb = params
+                .get("verb")
+                .ok_or_else(|| ApiError::bad_request("missing query parameter verb"))?;
+            let verb = Verb::parse(verb)
+                .ok_or_else(|| ApiError::bad_request(format!("unknown verb {verb:?}")))?;
             let status = num(params, "status", Some(500))?;
-            let status = u16::try_from(status).map_err(|_| ApiError::bad_request("invalid status"))?;
+            let status =
+                u16::try_from(status).map_err(|_| ApiError::bad_request("invalid status"))?;
             f.fail_next(verb, status, usize_of(num(params, "count", Some(1))?));
             done()
         }
@@ -106,6 +126,12 @@ async fn route(shared: Arc<Shared>, method: &Method, path: &str, params: &Params
                 .map_err(|e| ApiError::new(500, "InternalError", format!("seed failed: {e}")))?;
             ok(json!({"revision": h.revision()}))
         }
-        _ => return Err(ApiError::new(404, "NotFound", format!("unknown admin endpoint {method} {path}"))),
+        _ => {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("unknown admin endpoint {method} {path}"),
+            ));
+        }
     })
 }

@@ -72,7 +72,9 @@ pub struct Faults {
 
 impl std::fmt::Debug for Faults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Faults").field("pending", &*self.shared.faults()).finish()
+        f.debug_struct("Faults")
+            .field("pending", &*self.shared.faults())
+            .finish()
     }
 }
 
@@ -87,7 +89,11 @@ impl Faults {
     /// A 504 uses reason `Timeout` with cause `ResourceVersionTooLarge`.
     /// Status codes outside 400..=599 are clamped to 500.
     pub fn fail_next(&self, verb: Verb, status: u16, count: usize) {
-        let status = if (400..=599).contains(&status) { status } else { 500 };
+        let status = if (400..=599).contains(&status) {
+            status
+        } else {
+            500
+        };
         let mut f = self.shared.faults();
         if count == 0 {
             f.fail_next.remove(&verb);

@@ -22,7 +22,9 @@ pub struct ServerHandle {
 
 impl std::fmt::Debug for ServerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerHandle").field("revision", &self.revision()).finish()
+        f.debug_struct("ServerHandle")
+            .field("revision", &self.revision())
+            .finish()
     }
 }
 
@@ -129,7 +131,11 @@ impl ServerHandle {
             let end = (i + BATCH).min(n);
             let batch: Vec<Prepared> = (i..end)
                 .filter_map(|k| {
-                    let pod = make_pod(&format!("ns-{}", k % namespaces), &format!("pod-{k}"), k as u64);
+                    let pod = make_pod(
+                        &format!("ns-{}", k % namespaces),
+                        &format!("pod-{k}"),
+                        k as u64,
+                    );
                     object::prepare(&rt, pod, None).ok()
                 })
                 .collect();
@@ -171,7 +177,9 @@ impl ServerHandle {
                 break;
             }
             let (ns, name) = keys[rng.random_range(0..keys.len())].clone();
-            let Some(mut obj) = self.get(&rt, Some(&ns), &name) else { continue };
+            let Some(mut obj) = self.get(&rt, Some(&ns), &name) else {
+                continue;
+            };
             if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
                 let value = format!("c{start_rev}-{u}");
                 let labels = meta.entry("labels").or_insert_with(|| json!({}));
@@ -213,11 +221,17 @@ impl ServerHandle {
 
     /// The fault-injection handle.
     pub fn faults(&self) -> Faults {
-        Faults { shared: self.shared.clone() }
+        Faults {
+            shared: self.shared.clone(),
+        }
     }
 }
 
 /// The stored namespace for a scope: `""` for cluster-scoped, `default` if unspecified.
 fn scope_ns<'a>(rt: &ResourceType, namespace: Option<&'a str>) -> &'a str {
-    if rt.namespaced { namespace.unwrap_or("default") } else { "" }
+    if rt.namespaced {
+        namespace.unwrap_or("default")
+    } else {
+        ""
+    }
 }

@@ -37,11 +37,17 @@ enum Target {
 }
 
 fn not_found_path(path: &str) -> ApiError {
-    ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("the server could not find the requested resource ({path})"),
+    )
 }
 
 fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
-    let Some(token) = &shared.opts.token else { return true };
+    let Some(token) = &shared.opts.token else {
+        return true;
+    };
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -61,7 +67,9 @@ async fn dispatch(
     }
     let params: Params = match Query::try_from_uri(&uri) {
         Ok(Query(p)) => p,
-        Err(e) => return ApiError::bad_request(format!("invalid query string: {e}")).into_response(),
+        Err(e) => {
+            return ApiError::bad_request(format!("invalid query string: {e}")).into_response();
+        }
     };
     let path = uri.path();
     if path.starts_with("/testkit/") {
@@ -74,37 +82,58 @@ async fn dispatch(
 }
 
 fn resolve(shared: &Shared, path: &str) -> Result<Target, ApiError> {
-    let segs: Vec<&str> = path.trim_start_matches('/').trim_end_matches('/').split('/').collect();
+    let segs: Vec<&str> = path
+        .trim_start_matches('/')
+        .trim_end_matches('/')
+        .split('/')
+        .collect();
     let (group, version, rest) = match segs.as_slice() {
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Err(not_found_path(path)),
     };
     let st = shared.state();
-    let find = |plural: &str| st.lookup(group, version, plural).ok_or_else(|| not_found_path(path));
+    let find = |plural: &str| {
+        st.lookup(group, version, plural)
+            .ok_or_else(|| not_found_path(path))
+    };
     let scoped = |ty: usize| st.resource_type(ty).namespaced;
     let target = match rest {
-        [plural] => Target::Collection { ty: find(plural)?, ns: None },
+        [plural] => Target::Collection {
+            ty: find(plural)?,
+            ns: None,
+        },
         [plural, name] => {
             let ty = find(plural)?;
             if scoped(ty) || name.is_empty() {
                 return Err(not_found_path(path));
             }
-            Target::Object { ty, ns: String::new(), name: name.to_string() }
+            Target::Object {
+                ty,
+                ns: String::new(),
+                name: name.to_string(),
+            }
         }
         ["namespaces", ns, plural] => {
             let ty = find(plural)?;
             if !scoped(ty) || ns.is_empty() {
                 return Err(not_found_path(path));
             }
-            Target::Collection { ty, ns: Some(ns.to_string()) }
+            Target::Collection {
+                ty,
+                ns: Some(ns.to_string()),
+            }
         }
         ["namespaces", ns, plural, name] => {
             let ty = find(plural)?;
             if !scoped(ty) || ns.is_empty() || name.is_empty() {
                 return Err(not_found_path(path));
             }
-            Target::Object { ty, ns: ns.to_string(), name: name.to_string() }
+            Target::Object {
+                ty,
+                ns: ns.to_string(),
+                name: name.to_string(),
+            }
         }
         _ => return Err(not_found_path(path)),
     };
@@ -144,7 +173,9 @@ async fn api(
             return Err(ApiError::new(
                 405,
                 "MethodNotAllowed",
-                format!("the server does not allow this method on the requested resource ({method} {path})"),
+                format!(
+                    "the server does not allow this method on the requested resource ({method} {path})"
+                ),
             ));
         }
     };
@@ -173,11 +204,15 @@ async fn api(
                     (st.get(ty, &ns, &name), st.resource_type(ty).clone())
                 };
                 let obj = obj.ok_or_else(|| ApiError::not_found(&rt.qualified(), &name))?;
-                Ok(json_response(StatusCode::OK, render(&obj, meta_only).to_vec()))
+                Ok(json_response(
+                    StatusCode::OK,
+                    render(&obj, meta_only).to_vec(),
+                ))
             }
             Verb::Update => replace(&shared, ty, &ns, &name, &body),
             _ => {
-                let (obj, rt) = shared.write(|st| (st.delete(ty, &ns, &name), st.resource_type(ty).clone()));
+                let (obj, rt) =
+                    shared.write(|st| (st.delete(ty, &ns, &name), st.resource_type(ty).clone()));
                 let obj = obj.ok_or_else(|| ApiError::not_found(&rt.qualified(), &name))?;
                 Ok(json_response(StatusCode::OK, obj.json.to_vec()))
             }
@@ -186,17 +221,29 @@ async fn api(
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-fn create(shared: &Shared, ty: usize, ns: Option<&str>, body: &Bytes) -> Result<Response, ApiError> {
+fn create(
+    shared: &Shared,
+    ty: usize,
+    ns: Option<&str>,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     let rt = shared.state().resource_type(ty).clone();
     let p = object::prepare(&rt, parse_body(body)?, ns)?;
     let obj = shared.write(|st| st.create(ty, p))?;
     Ok(json_response(StatusCode::CREATED, obj.json.to_vec()))
 }
 
-fn replace(shared: &Shared, ty: usize, ns: &str, name: &str, body: &Bytes) -> Result<Response, ApiError> {
+fn replace(
+    shared: &Shared,
+    ty: usize,
+    ns: &str,
+    name: &str,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
     let rt = shared.state().resource_type(ty).clone();
     let p = object::prepare(&rt, parse_body(body)?, (!ns.is_empty()).then_some(ns))?;
     if p.name != name {
@@ -215,7 +262,10 @@ pub(crate) fn render(obj: &StoredObject, meta_only: bool) -> Bytes {
         return obj.json.clone();
     }
     let mut value = obj.value();
-    let metadata = value.get_mut("metadata").map(Value::take).unwrap_or(Value::Null);
+    let metadata = value
+        .get_mut("metadata")
+        .map(Value::take)
+        .unwrap_or(Value::Null);
     let partial = serde_json::json!({
         "apiVersion": "meta.k8s.io/v1",
         "kind": "PartialObjectMetadata",
@@ -227,7 +277,10 @@ pub(crate) fn render(obj: &StoredObject, meta_only: bool) -> Bytes {
 /// A deliberately undecodable item: `metadata.name` is a number.
 pub(crate) fn malformed_item(rt: &ResourceType, meta_only: bool) -> Vec<u8> {
     let (api_version, kind) = if meta_only {
-        ("meta.k8s.io/v1".to_string(), "PartialObjectMetadata".to_string())
+        (
+            "meta.k8s.io/v1".to_string(),
+            "PartialObjectMetadata".to_string(),
+        )
     } else {
         (rt.api_version(), rt.kind.clone())
     };
@@ -254,11 +307,14 @@ fn decode_token(s: &str) -> Result<ContinueToken, ApiError> {
         .decode(s.trim_end_matches('='))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| ApiError::bad_request("invalid value for continue: not a valid continue token"))
+        .ok_or_else(|| {
+            ApiError::bad_request("invalid value for continue: not a valid continue token")
+        })
 }
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+    s.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
 }
 
 const EXPIRED_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. \
@@ -276,8 +332,14 @@ async fn list(
         Some(Ok(n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         Some(Err(_)) => return Err(ApiError::bad_request("invalid value for limit")),
     };
-    let rv = params.get("resourceVersion").map(String::as_str).unwrap_or("");
-    let rv_match = params.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let rv = params
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
+    let rv_match = params
+        .get("resourceVersionMatch")
+        .map(String::as_str)
+        .unwrap_or("");
     let token = match params.get("continue").filter(|c| !c.is_empty()) {
         Some(c) => Some(decode_token(c)?),
         None => None,
@@ -292,7 +354,9 @@ async fn list(
         let st = shared.state();
         let (snapshot, after, served) = if let Some(t) = token {
             if !rv.is_empty() && rv != "0" {
-                return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
             }
             if t.epoch != st.compactions || t.rv < st.floor {
                 return Err(ApiError::expired(EXPIRED_CONTINUE));
@@ -301,42 +365,81 @@ async fn list(
         } else {
             let snapshot = match (rv, rv_match) {
                 ("", "") => st.revision,
-                ("", _) => return Err(ApiError::bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")),
-                ("0", "Exact") => return Err(ApiError::bad_request("resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"")),
+                ("", _) => {
+                    return Err(ApiError::bad_request(
+                        "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                    ));
+                }
+                ("0", "Exact") => {
+                    return Err(ApiError::bad_request(
+                        "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"",
+                    ));
+                }
                 (rv, m) => {
                     let n = parse_rv(rv)?;
                     if n > st.revision {
-                        return Err(ApiError::too_large(format!("Too large resource version: {n}, current: {}", st.revision)));
+                        return Err(ApiError::too_large(format!(
+                            "Too large resource version: {n}, current: {}",
+                            st.revision
+                        )));
                     }
                     match m {
                         "Exact" if n < st.floor => {
-                            return Err(ApiError::expired(format!("too old resource version: {n} ({})", st.floor)));
+                            return Err(ApiError::expired(format!(
+                                "too old resource version: {n} ({})",
+                                st.floor
+                            )));
                         }
                         "Exact" => n,
                         "" | "NotOlderThan" => st.revision,
-                        other => return Err(ApiError::bad_request(format!("unsupported resourceVersionMatch {other:?}"))),
+                        other => {
+                            return Err(ApiError::bad_request(format!(
+                                "unsupported resourceVersionMatch {other:?}"
+                            )));
+                        }
                     }
                 }
             };
             (snapshot, None, 0)
         };
         let page = st.list_page(ty, snapshot, after.as_ref(), limit, &filter);
-        (page, snapshot, served, st.compactions, st.resource_type(ty).clone())
+        (
+            page,
+            snapshot,
+            served,
+            st.compactions,
+            st.resource_type(ty).clone(),
+        )
     };
 
     let served_now = served + page.items.len();
     let mut meta = serde_json::Map::new();
-    meta.insert("resourceVersion".into(), Value::String(snapshot.to_string()));
+    meta.insert(
+        "resourceVersion".into(),
+        Value::String(snapshot.to_string()),
+    );
     if let Some((ns, name)) = page.next_after {
-        let token = ContinueToken { rv: snapshot, ns, name, served: served_now, epoch };
+        let token = ContinueToken {
+            rv: snapshot,
+            ns,
+            name,
+            served: served_now,
+            epoch,
+        };
         let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
         meta.insert("continue".into(), Value::String(token));
         if filter.namespace.is_none() && filter.is_trivial() {
-            meta.insert("remainingItemCount".into(), Value::from(page.total.saturating_sub(served_now)));
+            meta.insert(
+                "remainingItemCount".into(),
+                Value::from(page.total.saturating_sub(served_now)),
+            );
         }
     }
     let (api_version, kind) = if meta_only {
-        ("meta.k8s.io/v1".to_string(), "PartialObjectMetadataList".to_string())
+        (
+            "meta.k8s.io/v1".to_string(),
+            "PartialObjectMetadataList".to_string(),
+        )
     } else {
         (rt.api_version(), format!("{}List", rt.kind))
     };

@@ -83,7 +83,9 @@ pub struct TestServer {
 
 impl std::fmt::Debug for TestServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestServer").field("url", &self.url()).finish()
+        f.debug_struct("TestServer")
+            .field("url", &self.url())
+            .finish()
     }
 }
 
@@ -124,7 +126,11 @@ impl TestServer {
             }
         });
         tracing::debug!(%addr, "testkit server listening");
-        Ok(TestServer { addr, shared, shutdown: Some(tx) })
+        Ok(TestServer {
+            addr,
+            shared,
+            shutdown: Some(tx),
+        })
     }
 
     /// The base URL, `http://127.0.0.1:PORT`.
@@ -144,7 +150,9 @@ impl TestServer {
 
     /// In-process access to data, counters and faults.
     pub fn handle(&self) -> ServerHandle {
-        ServerHandle { shared: self.shared.clone() }
+        ServerHandle {
+            shared: self.shared.clone(),
+        }
     }
 }
 

@@ -57,16 +57,26 @@ fn invalid(msg: impl Into<String>) -> ApiError {
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'))
 }
 
 /// Validates an incoming object. `path_ns` is the namespace from the URL, if any;
 /// a namespaced object without namespace lands in `default`.
-pub(crate) fn prepare(rt: &ResourceType, obj: Value, path_ns: Option<&str>) -> Result<Prepared, ApiError> {
+pub(crate) fn prepare(
+    rt: &ResourceType,
+    obj: Value,
+    path_ns: Option<&str>,
+) -> Result<Prepared, ApiError> {
     let Value::Object(mut value) = obj else {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     };
-    let meta = value.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let meta = value
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     let Value::Object(meta) = meta else {
         return Err(invalid("metadata must be an object"));
     };
@@ -78,7 +88,11 @@ pub(crate) fn prepare(rt: &ResourceType, obj: Value, path_ns: Option<&str>) -> R
                 meta.insert("name".into(), Value::String(name.clone()));
                 name
             }
-            _ => return Err(invalid("metadata.name: Required value: name or generateName is required")),
+            _ => {
+                return Err(invalid(
+                    "metadata.name: Required value: name or generateName is required",
+                ));
+            }
         },
         Some(_) => return Err(invalid("metadata.name must be a string")),
     };
@@ -103,7 +117,9 @@ pub(crate) fn prepare(rt: &ResourceType, obj: Value, path_ns: Option<&str>) -> R
             (None, None) => "default".to_string(),
         };
         if !valid_name(&ns) {
-            return Err(invalid(format!("metadata.namespace: Invalid value: {ns:?}")));
+            return Err(invalid(format!(
+                "metadata.namespace: Invalid value: {ns:?}"
+            )));
         }
         meta.insert("namespace".into(), Value::String(ns.clone()));
         ns
@@ -129,7 +145,13 @@ pub(crate) fn prepare(rt: &ResourceType, obj: Value, path_ns: Option<&str>) -> R
         Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
     };
-    Ok(Prepared { value, namespace, name, labels, resource_version })
+    Ok(Prepared {
+        value,
+        namespace,
+        name,
+        labels,
+        resource_version,
+    })
 }
 
 /// Server-assigned fields for one write.
@@ -142,12 +164,20 @@ pub(crate) struct Stamp<'a> {
 
 /// Stamps server fields onto a prepared object and serializes it.
 pub(crate) fn finalize(rt: &ResourceType, mut p: Prepared, stamp: Stamp<'_>) -> StoredObject {
-    p.value.insert("apiVersion".into(), Value::String(rt.api_version()));
-    p.value.insert("kind".into(), Value::String(rt.kind.clone()));
+    p.value
+        .insert("apiVersion".into(), Value::String(rt.api_version()));
+    p.value
+        .insert("kind".into(), Value::String(rt.kind.clone()));
     if let Some(Value::Object(meta)) = p.value.get_mut("metadata") {
-        meta.insert("resourceVersion".into(), Value::String(stamp.rev.to_string()));
+        meta.insert(
+            "resourceVersion".into(),
+            Value::String(stamp.rev.to_string()),
+        );
         meta.insert("uid".into(), Value::String(stamp.uid.to_string()));
-        meta.insert("creationTimestamp".into(), Value::String(stamp.created.to_string()));
+        meta.insert(
+            "creationTimestamp".into(),
+            Value::String(stamp.created.to_string()),
+        );
         meta.insert("generation".into(), Value::from(stamp.generation));
         meta.remove("generateName");
     }
@@ -185,7 +215,9 @@ pub(crate) fn deletion_state(old: &StoredObject, rev: u64) -> StoredObject {
 /// A random lowercase 5-character suffix for `generateName`.
 fn random_suffix() -> String {
     const CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| CHARS[rand::random_range(0..CHARS.len())] as char).collect()
+    (0..5)
+        .map(|_| CHARS[rand::random_range(0..CHARS.len())] as char)
+        .collect()
 }
 
 /// A random RFC 4122 version-4 UID.
@@ -199,12 +231,22 @@ pub(crate) fn new_uid() -> String {
 /// Formats 16 bytes as a UUID string.
 pub(crate) fn uuid_string(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// The current UTC time as RFC 3339 with second precision (`2024-01-02T03:04:05Z`).
 pub(crate) fn now_rfc3339() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     rfc3339(secs)
 }
 
@@ -222,7 +264,12 @@ pub(crate) fn rfc3339(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -241,8 +288,20 @@ mod tests {
         let rt = ResourceType::pods();
         assert!(prepare(&rt, serde_json::json!([1]), None).is_err());
         assert!(prepare(&rt, serde_json::json!({"metadata": {"name": 5}}), None).is_err());
-        assert!(prepare(&rt, serde_json::json!({"metadata": {"name": "a", "labels": {"x": 1}}}), None).is_err());
-        let p = prepare(&rt, serde_json::json!({"metadata": {"generateName": "x-"}}), Some("ns")).unwrap();
+        assert!(
+            prepare(
+                &rt,
+                serde_json::json!({"metadata": {"name": "a", "labels": {"x": 1}}}),
+                None
+            )
+            .is_err()
+        );
+        let p = prepare(
+            &rt,
+            serde_json::json!({"metadata": {"generateName": "x-"}}),
+            Some("ns"),
+        )
+        .unwrap();
         assert!(p.name.starts_with("x-"));
         assert_eq!(p.namespace, "ns");
     }

@@ -38,7 +38,9 @@ impl Rng {
     }
 }
 
-const APPS: &[&str] = &["checkout", "payments", "search", "catalog", "frontend", "auth", "ledger", "mailer"];
+const APPS: &[&str] = &[
+    "checkout", "payments", "search", "catalog", "frontend", "auth", "ledger", "mailer",
+];
 const TIERS: &[&str] = &["frontend", "backend", "cache", "worker"];
 const REGISTRIES: &[&str] = &["registry.example.com", "ghcr.io/example", "quay.io/example"];
 
@@ -97,7 +99,12 @@ pub fn make_pod(namespace: &str, name: &str, seed: u64) -> Value {
     let sidecar = format!("{registry}/envoy:1.{}.0", 25 + rng.below(5));
     let created = rfc3339(1_700_000_000 + rng.below(10_000_000));
     let node = format!("node-{}", rng.below(100));
-    let ip = format!("10.{}.{}.{}", rng.below(256), rng.below(256), 1 + rng.below(254));
+    let ip = format!(
+        "10.{}.{}.{}",
+        rng.below(256),
+        rng.below(256),
+        1 + rng.below(254)
+    );
     let owner_uid = rng.uid();
     let port = 8000 + rng.below(1000);
     let envs = 2 + rng.below(12) as usize;

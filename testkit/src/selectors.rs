@@ -20,11 +20,14 @@ pub(crate) struct LabelSelector(Vec<LabelReq>);
 fn valid_key(k: &str) -> bool {
     !k.is_empty()
         && k.len() <= 317
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Splits on commas that are not inside parentheses.
@@ -43,11 +46,15 @@ fn split_top_level(s: &str) -> Result<Vec<&str>, ApiError> {
             _ => {}
         }
         if !(0..=1).contains(&depth) {
-            return Err(ApiError::bad_request(format!("unable to parse requirement: unbalanced parentheses in {s:?}")));
+            return Err(ApiError::bad_request(format!(
+                "unable to parse requirement: unbalanced parentheses in {s:?}"
+            )));
         }
     }
     if depth != 0 {
-        return Err(ApiError::bad_request(format!("unable to parse requirement: unbalanced parentheses in {s:?}")));
+        return Err(ApiError::bad_request(format!(
+            "unable to parse requirement: unbalanced parentheses in {s:?}"
+        )));
     }
     parts.push(&s[start..]);
     Ok(parts)
@@ -71,7 +78,9 @@ fn parse_set(term: &str, inner: &str) -> Result<Vec<String>, ApiError> {
 
 fn parse_label_term(term: &str) -> Result<LabelReq, ApiError> {
     if let Some(open) = term.find('(') {
-        let close = term.strip_suffix(')').ok_or_else(|| bad_label(term, "expected ')'"))?;
+        let close = term
+            .strip_suffix(')')
+            .ok_or_else(|| bad_label(term, "expected ')'"))?;
         let inner = &close[open + 1..];
         let head = term[..open].trim_end();
         let (key, negate) = if let Some(k) = head.strip_suffix("notin") {
@@ -89,7 +98,11 @@ fn parse_label_term(term: &str) -> Result<LabelReq, ApiError> {
             return Err(bad_label(term, "invalid label key"));
         }
         let set = parse_set(term, inner)?;
-        return Ok(if negate { LabelReq::NotIn(key.into(), set) } else { LabelReq::In(key.into(), set) });
+        return Ok(if negate {
+            LabelReq::NotIn(key.into(), set)
+        } else {
+            LabelReq::In(key.into(), set)
+        });
     }
     if let Some(key) = term.strip_prefix('!') {
         let key = key.trim();
@@ -118,7 +131,11 @@ fn parse_label_term(term: &str) -> Result<LabelReq, ApiError> {
     if !valid_value(value) {
         return Err(bad_label(term, "invalid label value"));
     }
-    Ok(if negate { LabelReq::NotEq(key.into(), value.into()) } else { LabelReq::Eq(key.into(), value.into()) })
+    Ok(if negate {
+        LabelReq::NotEq(key.into(), value.into())
+    } else {
+        LabelReq::Eq(key.into(), value.into())
+    })
 }
 
 impl LabelSelector {
@@ -145,7 +162,12 @@ impl LabelSelector {
 
     /// Whether an object with these labels matches.
     pub(crate) fn matches(&self, labels: &[(String, String)]) -> bool {
-        let get = |k: &str| labels.iter().find(|(lk, _)| lk == k).map(|(_, v)| v.as_str());
+        let get = |k: &str| {
+            labels
+                .iter()
+                .find(|(lk, _)| lk == k)
+                .map(|(_, v)| v.as_str())
+        };
         self.0.iter().all(|r| match r {
             LabelReq::Eq(k, v) => get(k) == Some(v.as_str()),
             LabelReq::NotEq(k, v) => get(k) != Some(v.as_str()),
@@ -224,7 +246,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -246,7 +271,15 @@ mod tests {
 
     #[test]
     fn label_errors() {
-        for bad in ["app in (a", "=x", "a b c", "app in x)", ",", "a=b=c", "k in (v)x"] {
+        for bad in [
+            "app in (a",
+            "=x",
+            "a b c",
+            "app in x)",
+            ",",
+            "a=b=c",
+            "k in (v)x",
+        ] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad} should fail");
         }
     }

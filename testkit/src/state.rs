@@ -117,7 +117,9 @@ impl State {
     }
 
     pub(crate) fn get(&self, ty: usize, ns: &str, name: &str) -> Option<Arc<StoredObject>> {
-        self.collections[ty].get(&(ns.to_string(), name.to_string())).cloned()
+        self.collections[ty]
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// All current objects of a type matching `filter`, in key order.
@@ -153,14 +155,28 @@ impl State {
     pub(crate) fn create(&mut self, ty: usize, p: Prepared) -> Result<Arc<StoredObject>, ApiError> {
         let key = (p.namespace.clone(), p.name.clone());
         if self.collections[ty].contains_key(&key) {
-            return Err(ApiError::already_exists(&self.types[ty].qualified(), &p.name));
+            return Err(ApiError::already_exists(
+                &self.types[ty].qualified(),
+                &p.name,
+            ));
         }
         let rev = self.revision + 1;
         let (uid, created) = (object::new_uid(), object::now_rfc3339());
-        let stamp = Stamp { rev, uid: &uid, created: &created, generation: 1 };
+        let stamp = Stamp {
+            rev,
+            uid: &uid,
+            created: &created,
+            generation: 1,
+        };
         let obj = Arc::new(object::finalize(&self.types[ty], p, stamp));
         self.collections[ty].insert(key, obj.clone());
-        self.push(HistoryEvent { rev, ty, kind: EventKind::Added, obj: obj.clone(), prev: None });
+        self.push(HistoryEvent {
+            rev,
+            ty,
+            kind: EventKind::Added,
+            obj: obj.clone(),
+            prev: None,
+        });
         Ok(obj)
     }
 
@@ -176,14 +192,29 @@ impl State {
         let Some(old) = self.collections[ty].get(&key).cloned() else {
             return Err(ApiError::not_found(&self.types[ty].qualified(), &p.name));
         };
-        if check_rv && p.resource_version.as_ref().is_some_and(|rv| *rv != old.rev.to_string()) {
+        if check_rv
+            && p.resource_version
+                .as_ref()
+                .is_some_and(|rv| *rv != old.rev.to_string())
+        {
             return Err(ApiError::conflict(&self.types[ty].qualified(), &p.name));
         }
         let rev = self.revision + 1;
-        let stamp = Stamp { rev, uid: &old.uid, created: &old.created, generation: old.generation + 1 };
+        let stamp = Stamp {
+            rev,
+            uid: &old.uid,
+            created: &old.created,
+            generation: old.generation + 1,
+        };
         let obj = Arc::new(object::finalize(&self.types[ty], p, stamp));
         self.collections[ty].insert(key, obj.clone());
-        self.push(HistoryEvent { rev, ty, kind: EventKind::Modified, obj: obj.clone(), prev: Some(old) });
+        self.push(HistoryEvent {
+            rev,
+            ty,
+            kind: EventKind::Modified,
+            obj: obj.clone(),
+            prev: Some(old),
+        });
         Ok(obj)
     }
 
@@ -192,7 +223,13 @@ impl State {
         let old = self.collections[ty].remove(&(ns.to_string(), name.to_string()))?;
         let rev = self.revision + 1;
         let obj = Arc::new(object::deletion_state(&old, rev));
-        self.push(HistoryEvent { rev, ty, kind: EventKind::Deleted, obj: obj.clone(), prev: Some(old) });
+        self.push(HistoryEvent {
+            rev,
+            ty,
+            kind: EventKind::Deleted,
+            obj: obj.clone(),
+            prev: Some(old),
+        });
         Some(obj)
     }
 
@@ -204,7 +241,11 @@ impl State {
     }
 
     /// Up to `max` retained events with `rev > cursor`; `Err(floor)` if some were forgotten.
-    pub(crate) fn events_after(&self, cursor: u64, max: usize) -> Result<Vec<Arc<HistoryEvent>>, u64> {
+    pub(crate) fn events_after(
+        &self,
+        cursor: u64,
+        max: usize,
+    ) -> Result<Vec<Arc<HistoryEvent>>, u64> {
         if cursor < self.floor {
             return Err(self.floor);
         }
@@ -221,7 +262,9 @@ impl State {
         if let Some(front) = self.history.front() {
             let start = (snapshot + 1).saturating_sub(front.rev) as usize;
             for ev in self.history.iter().skip(start).filter(|e| e.ty == ty) {
-                overlay.entry(ev.obj.key()).or_insert_with(|| ev.prev.clone());
+                overlay
+                    .entry(ev.obj.key())
+                    .or_insert_with(|| ev.prev.clone());
             }
         }
         overlay
@@ -237,7 +280,11 @@ impl State {
         limit: Option<usize>,
         filter: &Filter,
     ) -> Page {
-        let overlay = if snapshot < self.revision { self.overlay(ty, snapshot) } else { BTreeMap::new() };
+        let overlay = if snapshot < self.revision {
+            self.overlay(ty, snapshot)
+        } else {
+            BTreeMap::new()
+        };
         let coll = &self.collections[ty];
         let total = overlay.iter().fold(coll.len(), |n, (k, then)| {
             match (then.is_some(), coll.contains_key(k)) {
@@ -291,6 +338,10 @@ impl State {
             }
             items.push(obj.clone());
         }
-        Page { items, next_after, total }
+        Page {
+            items,
+            next_after,
+            total,
+        }
     }
 }

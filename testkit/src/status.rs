@@ -31,7 +31,11 @@ impl std::error::Error for ApiError {}
 impl ApiError {
     /// Builds an error from its parts.
     pub fn new(code: u16, reason: &str, message: impl Into<String>) -> Self {
-        Self { code, reason: reason.to_string(), message: message.into() }
+        Self {
+            code,
+            reason: reason.to_string(),
+            message: message.into(),
+        }
     }
 
     /// 400 BadRequest.
@@ -46,7 +50,11 @@ impl ApiError {
 
     /// 409 AlreadyExists.
     pub fn already_exists(resource: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{resource} \"{name}\" already exists"))
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        )
     }
 
     /// 409 Conflict (stale resourceVersion).
@@ -122,8 +130,10 @@ pub(crate) fn status_json(code: u16, reason: &str, message: &str) -> Value {
 /// A JSON response with the given status code.
 pub(crate) fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
     let mut res = (code, body).into_response();
-    res.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     res
 }
 

@@ -67,7 +67,8 @@ impl Out {
     }
 
     fn raw(&mut self, line: &serde_json::Value) {
-        self.buf.extend_from_slice(&serde_json::to_vec(line).unwrap_or_default());
+        self.buf
+            .extend_from_slice(&serde_json::to_vec(line).unwrap_or_default());
         self.buf.push(b'\n');
     }
 
@@ -81,7 +82,11 @@ impl Out {
     }
 
     async fn maybe_flush(&mut self) -> bool {
-        if self.buf.len() >= CHUNK { self.flush().await } else { true }
+        if self.buf.len() >= CHUNK {
+            self.flush().await
+        } else {
+            true
+        }
     }
 }
 
@@ -90,7 +95,9 @@ fn parse_bool(params: &Params, key: &str) -> Result<Option<bool>, ApiError> {
         None | Some("") => Ok(None),
         Some("true" | "1") => Ok(Some(true)),
         Some("false" | "0") => Ok(Some(false)),
-        Some(other) => Err(ApiError::bad_request(format!("invalid value for {key}: {other:?}"))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid value for {key}: {other:?}"
+        ))),
     }
 }
 
@@ -102,10 +109,16 @@ pub(crate) fn start(
     params: &Params,
     meta_only: bool,
 ) -> Result<Response, ApiError> {
-    let rv = params.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let rv = params
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
     let rv = match rv {
         "" | "0" => None,
-        n => Some(n.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {n:?}")))?),
+        n => Some(
+            n.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {n:?}")))?,
+        ),
     };
     let send_initial = parse_bool(params, "sendInitialEvents")?;
     let bookmarks = parse_bool(params, "allowWatchBookmarks")?.unwrap_or(false);
@@ -129,7 +142,10 @@ pub(crate) fn start(
         let st = shared.state();
         let (cursor, initial, expired) = match (rv, send_initial.unwrap_or(rv.is_none())) {
             (Some(n), true) if n > st.revision => {
-                return Err(ApiError::too_large(format!("Too large resource version: {n}, current: {}", st.revision)));
+                return Err(ApiError::too_large(format!(
+                    "Too large resource version: {n}, current: {}",
+                    st.revision
+                )));
             }
             (_, true) => (st.revision, Some(st.current(ty, &filter)), None),
             (None, false) => (st.revision, None, None),
@@ -150,7 +166,12 @@ pub(crate) fn start(
             deadline: timeout.map(|t| Instant::now() + t),
             rev_rx: shared.rev_tx.subscribe(),
             close_rx: shared.close_tx.subscribe(),
-            out: Out { tx, buf: Vec::new(), events: 0, limit: faults.drop_after },
+            out: Out {
+                tx,
+                buf: Vec::new(),
+                events: 0,
+                limit: faults.drop_after,
+            },
         }
     };
     tokio::spawn(task.run());
@@ -159,7 +180,10 @@ pub(crate) fn start(
     });
     let mut res = Response::new(Body::from_stream(stream));
     *res.status_mut() = StatusCode::OK;
-    res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     Ok(res)
 }
 
@@ -170,7 +194,10 @@ impl WatchTask {
             metadata["annotations"] = serde_json::json!({"k8s.io/initial-events-end": "true"});
         }
         let (api_version, kind) = if self.meta_only {
-            ("meta.k8s.io/v1".to_string(), "PartialObjectMetadata".to_string())
+            (
+                "meta.k8s.io/v1".to_string(),
+                "PartialObjectMetadata".to_string(),
+            )
         } else {
             (self.rt.api_version(), self.rt.kind.clone())
         };
@@ -182,7 +209,9 @@ impl WatchTask {
 
     fn expired_event(&mut self, floor: u64) {
         let msg = format!("too old resource version: {} ({floor})", self.cursor);
-        self.out.raw(&serde_json::json!({"type": "ERROR", "object": status_json(410, "Expired", &msg)}));
+        self.out.raw(
+            &serde_json::json!({"type": "ERROR", "object": status_json(410, "Expired", &msg)}),
+        );
     }
 
     /// Translates one history event through the selectors; false once the stream must end.
@@ -225,7 +254,9 @@ impl WatchTask {
         }
         if let Some(initial) = self.initial.take() {
             for obj in &initial {
-                if !self.out.event("ADDED", &render(obj, self.meta_only)) || !self.out.maybe_flush().await {
+                if !self.out.event("ADDED", &render(obj, self.meta_only))
+                    || !self.out.maybe_flush().await
+                {
                     self.out.flush().await;
                     return;
                 }
@@ -237,7 +268,11 @@ impl WatchTask {
         if !self.out.flush().await {
             return;
         }
-        let interval = self.shared.opts.bookmark_interval.max(Duration::from_millis(10));
+        let interval = self
+            .shared
+            .opts
+            .bookmark_interval
+            .max(Duration::from_millis(10));
         let mut next_bookmark = Instant::now() + interval;
         loop {
             if !self.drain().await {

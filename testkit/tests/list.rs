@@ -5,7 +5,10 @@ use kube::api::{Api, ListParams, PostParams, VersionMatch};
 use kube_persist_testkit::{ResourceType, TestServer, Verb, client_for_opts, make_pod};
 
 fn names(list: &kube::core::ObjectList<Pod>) -> Vec<String> {
-    list.items.iter().map(|p| p.metadata.name.clone().unwrap_or_default()).collect()
+    list.items
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect()
 }
 
 fn api_code(err: kube::Error) -> (u16, String) {
@@ -33,7 +36,10 @@ async fn pagination_walks_everything_in_order() {
             rv = page.metadata.resource_version.clone();
         }
         all.extend(page.items.iter().map(|p| {
-            (p.metadata.namespace.clone().unwrap(), p.metadata.name.clone().unwrap())
+            (
+                p.metadata.namespace.clone().unwrap(),
+                p.metadata.name.clone().unwrap(),
+            )
         }));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => {
@@ -48,7 +54,10 @@ async fn pagination_walks_everything_in_order() {
     let mut sorted = all.clone();
     sorted.sort();
     sorted.dedup();
-    assert_eq!(all, sorted, "ordered by (namespace, name) without duplicates");
+    assert_eq!(
+        all, sorted,
+        "ordered by (namespace, name) without duplicates"
+    );
     assert_eq!(rv.unwrap(), server.handle().revision().to_string());
     assert_eq!(server.handle().counts().list, 13);
 }
@@ -58,24 +67,39 @@ async fn pages_are_a_consistent_snapshot_despite_writes() {
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(300, 1);
-    let before: Vec<_> = h.list(&ResourceType::pods()).iter().map(|p| p["metadata"]["resourceVersion"].clone()).collect();
+    let before: Vec<_> = h
+        .list(&ResourceType::pods())
+        .iter()
+        .map(|p| p["metadata"]["resourceVersion"].clone())
+        .collect();
     let api: Api<Pod> = Api::all(server.client());
     let mut lp = ListParams::default().limit(50);
     let mut seen = Vec::new();
     let mut round = 0u64;
     loop {
         let page = api.list(&lp).await.unwrap();
-        seen.extend(page.items.iter().map(|p| serde_json::Value::String(p.metadata.resource_version.clone().unwrap())));
+        seen.extend(
+            page.items
+                .iter()
+                .map(|p| serde_json::Value::String(p.metadata.resource_version.clone().unwrap())),
+        );
         // Write between pages: update, delete and create objects anywhere in the key space.
         h.churn(5, 3, 2, round);
-        h.delete(&ResourceType::pods(), Some("ns-0"), &format!("pod-{}", 299 - round));
+        h.delete(
+            &ResourceType::pods(),
+            Some("ns-0"),
+            &format!("pod-{}", 299 - round),
+        );
         round += 1;
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => break,
         }
     }
-    assert_eq!(seen, before, "every page reflects the revision of the first page");
+    assert_eq!(
+        seen, before,
+        "every page reflects the revision of the first page"
+    );
 }
 
 #[tokio::test]
@@ -87,21 +111,33 @@ async fn exact_list_at_an_old_revision() {
     h.delete(&ResourceType::pods(), Some("ns-0"), "pod-3");
     h.apply(&ResourceType::pods(), make_pod("ns-0", "pod-new", 1));
     let api: Api<Pod> = Api::all(server.client());
-    let lp = ListParams::default().at(&rev.to_string()).matching(VersionMatch::Exact);
+    let lp = ListParams::default()
+        .at(&rev.to_string())
+        .matching(VersionMatch::Exact);
     let old = api.list(&lp).await.unwrap();
     assert_eq!(old.items.len(), 10);
     assert!(names(&old).contains(&"pod-3".to_string()));
     assert!(!names(&old).contains(&"pod-new".to_string()));
     assert_eq!(old.metadata.resource_version, Some(rev.to_string()));
     // NotOlderThan answers with the current state.
-    let lp = ListParams::default().at(&rev.to_string()).matching(VersionMatch::NotOlderThan);
+    let lp = ListParams::default()
+        .at(&rev.to_string())
+        .matching(VersionMatch::NotOlderThan);
     let now = api.list(&lp).await.unwrap();
-    assert_eq!(now.metadata.resource_version, Some(h.revision().to_string()));
+    assert_eq!(
+        now.metadata.resource_version,
+        Some(h.revision().to_string())
+    );
     assert!(names(&now).contains(&"pod-new".to_string()));
     // After compaction the old revision is gone.
     h.compact();
-    let lp = ListParams::default().at(&rev.to_string()).matching(VersionMatch::Exact);
-    assert_eq!(api_code(api.list(&lp).await.unwrap_err()), (410, "Expired".into()));
+    let lp = ListParams::default()
+        .at(&rev.to_string())
+        .matching(VersionMatch::Exact);
+    assert_eq!(
+        api_code(api.list(&lp).await.unwrap_err()),
+        (410, "Expired".into())
+    );
 }
 
 #[tokio::test]
@@ -113,13 +149,25 @@ async fn continue_token_expires_on_compaction() {
     let page = api.list(&ListParams::default().limit(5)).await.unwrap();
     let token = page.metadata.continue_.unwrap();
     h.compact();
-    let err = api.list(&ListParams::default().limit(5).continue_token(&token)).await.unwrap_err();
-    let kube::Error::Api(status) = err else { panic!("expected API error") };
+    let err = api
+        .list(&ListParams::default().limit(5).continue_token(&token))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("expected API error")
+    };
     assert_eq!(status.code, 410);
     assert_eq!(status.reason, "Expired");
-    assert!(status.message.contains("continue parameter is too old"), "{}", status.message);
+    assert!(
+        status.message.contains("continue parameter is too old"),
+        "{}",
+        status.message
+    );
     // Garbage tokens are a 400, not a panic.
-    let err = api.list(&ListParams::default().continue_token("%%%")).await.unwrap_err();
+    let err = api
+        .list(&ListParams::default().continue_token("%%%"))
+        .await
+        .unwrap_err();
     assert_eq!(api_code(err).0, 400);
 }
 
@@ -131,8 +179,13 @@ async fn too_large_resource_version_is_504() {
     let api: Api<Pod> = Api::all(client);
     let future = (server.handle().revision() + 100).to_string();
     for m in [VersionMatch::NotOlderThan, VersionMatch::Exact] {
-        let err = api.list(&ListParams::default().at(&future).matching(m)).await.unwrap_err();
-        let kube::Error::Api(status) = err else { panic!("expected API error") };
+        let err = api
+            .list(&ListParams::default().at(&future).matching(m))
+            .await
+            .unwrap_err();
+        let kube::Error::Api(status) = err else {
+            panic!("expected API error")
+        };
         assert_eq!((status.code, status.reason.as_str()), (504, "Timeout"));
         let causes = status.details.unwrap().causes;
         assert_eq!(causes[0].reason, "ResourceVersionTooLarge");
@@ -144,8 +197,15 @@ async fn label_and_field_selectors() {
     let server = TestServer::start().await;
     let h = server.handle();
     let rt = ResourceType::pods();
-    for (i, (app, tier)) in [("a", "web"), ("b", "web"), ("c", "db"), ("a", "db")].iter().enumerate() {
-        let mut p = make_pod(if i % 2 == 0 { "x" } else { "y" }, &format!("p{i}"), i as u64);
+    for (i, (app, tier)) in [("a", "web"), ("b", "web"), ("c", "db"), ("a", "db")]
+        .iter()
+        .enumerate()
+    {
+        let mut p = make_pod(
+            if i % 2 == 0 { "x" } else { "y" },
+            &format!("p{i}"),
+            i as u64,
+        );
         p["metadata"]["labels"] = serde_json::json!({"app": app, "tier": tier});
         if i == 3 {
             p["metadata"]["labels"]["canary"] = "true".into();
@@ -164,24 +224,58 @@ async fn label_and_field_selectors() {
         ("!canary,tier=web", vec!["p0", "p1"]),
     ];
     for (s, want) in cases {
-        assert_eq!(names(&api.list(&sel(s)).await.unwrap()), want, "selector {s}");
+        assert_eq!(
+            names(&api.list(&sel(s)).await.unwrap()),
+            want,
+            "selector {s}"
+        );
     }
     let fields = |f: &str| ListParams::default().fields(f);
-    assert_eq!(names(&api.list(&fields("metadata.name=p2")).await.unwrap()), vec!["p2"]);
-    assert_eq!(names(&api.list(&fields("metadata.namespace==y")).await.unwrap()), vec!["p1", "p3"]);
-    assert_eq!(names(&api.list(&fields("metadata.namespace!=y,metadata.name!=p0")).await.unwrap()), vec!["p2"]);
+    assert_eq!(
+        names(&api.list(&fields("metadata.name=p2")).await.unwrap()),
+        vec!["p2"]
+    );
+    assert_eq!(
+        names(&api.list(&fields("metadata.namespace==y")).await.unwrap()),
+        vec!["p1", "p3"]
+    );
+    assert_eq!(
+        names(
+            &api.list(&fields("metadata.namespace!=y,metadata.name!=p0"))
+                .await
+                .unwrap()
+        ),
+        vec!["p2"]
+    );
     let ns_api: Api<Pod> = Api::namespaced(server.client(), "x");
-    assert_eq!(names(&ns_api.list(&sel("tier=db")).await.unwrap()), vec!["p2"]);
+    assert_eq!(
+        names(&ns_api.list(&sel("tier=db")).await.unwrap()),
+        vec!["p2"]
+    );
     // Paginated + selector.
     let page = api.list(&sel("tier in (web,db)").limit(3)).await.unwrap();
     assert_eq!(names(&page), vec!["p0", "p2", "p1"]);
-    let rest = api.list(&sel("tier in (web,db)").limit(3).continue_token(&page.metadata.continue_.unwrap())).await.unwrap();
+    let rest = api
+        .list(
+            &sel("tier in (web,db)")
+                .limit(3)
+                .continue_token(&page.metadata.continue_.unwrap()),
+        )
+        .await
+        .unwrap();
     assert_eq!(names(&rest), vec!["p3"]);
     // Bad selectors are 400.
     for bad in ["app in (a", "a b"] {
-        assert_eq!(api_code(api.list(&sel(bad)).await.unwrap_err()).0, 400, "{bad}");
+        assert_eq!(
+            api_code(api.list(&sel(bad)).await.unwrap_err()).0,
+            400,
+            "{bad}"
+        );
     }
-    assert_eq!(api_code(api.list(&fields("spec.nodeName=x")).await.unwrap_err()).0, 400);
+    assert_eq!(
+        api_code(api.list(&fields("spec.nodeName=x")).await.unwrap_err()).0,
+        400
+    );
 }
 
 #[tokio::test]
@@ -189,16 +283,25 @@ async fn metadata_only_list() {
     let server = TestServer::start().await;
     server.handle().seed_pods(30, 2);
     let api: Api<Pod> = Api::all(server.client());
-    let list = api.list_metadata(&ListParams::default().limit(20)).await.unwrap();
+    let list = api
+        .list_metadata(&ListParams::default().limit(20))
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 20);
     let first = &list.items[0];
     assert_eq!(first.metadata.name.as_deref(), Some("pod-0"));
     assert!(first.metadata.resource_version.is_some());
     let types = first.types.as_ref().unwrap();
-    assert_eq!((types.api_version.as_str(), types.kind.as_str()), ("meta.k8s.io/v1", "PartialObjectMetadata"));
+    assert_eq!(
+        (types.api_version.as_str(), types.kind.as_str()),
+        ("meta.k8s.io/v1", "PartialObjectMetadata")
+    );
     // Raw check: no spec/status on the wire.
-    let req = http::Request::get("/api/v1/pods?limit=2")
-        .header("Accept", "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1")
+    let req = axum::http::Request::get("/api/v1/pods?limit=2")
+        .header(
+            "Accept",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
         .body(Vec::new())
         .unwrap();
     let text = server.client().request_text(req).await.unwrap();
@@ -217,15 +320,27 @@ async fn malformed_and_failing_lists() {
     h.faults().malformed_next_list();
     let err = api.list(&ListParams::default()).await.unwrap_err();
     assert!(matches!(err, kube::Error::SerdeError(_)), "{err:?}");
-    assert_eq!(api.list(&ListParams::default()).await.unwrap().items.len(), 5);
+    assert_eq!(
+        api.list(&ListParams::default()).await.unwrap().items.len(),
+        5
+    );
 
     h.faults().fail_next(Verb::List, 503, 2);
     for _ in 0..2 {
-        assert_eq!(api_code(api.list(&ListParams::default()).await.unwrap_err()).0, 503);
+        assert_eq!(
+            api_code(api.list(&ListParams::default()).await.unwrap_err()).0,
+            503
+        );
     }
     assert!(api.list(&ListParams::default()).await.is_ok());
     h.faults().fail_next(Verb::Create, 500, 1);
-    let err = api.create(&PostParams::default(), &serde_json::from_value(make_pod("ns-0", "zz", 1)).unwrap()).await.unwrap_err();
+    let err = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(make_pod("ns-0", "zz", 1)).unwrap(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(api_code(err), (500, "InternalError".into()));
 
     // kube's default client retries 503 transparently.

@@ -22,13 +22,19 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { opts: ServerOptions::default(), pods: 0, namespaces: 10 };
+    let mut args = Args {
+        opts: ServerOptions::default(),
+        pods: 0,
+        namespaces: 10,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Err(USAGE.to_string());
         }
-        let value = it.next().ok_or_else(|| format!("missing value for {flag}\n{USAGE}"))?;
+        let value = it
+            .next()
+            .ok_or_else(|| format!("missing value for {flag}\n{USAGE}"))?;
         let bad = |e: &dyn std::fmt::Display| format!("invalid value {value:?} for {flag}: {e}");
         match flag.as_str() {
             "--addr" => args.opts.addr = value.parse().map_err(|e| bad(&e))?,
@@ -37,7 +43,8 @@ fn parse_args() -> Result<Args, String> {
             "--history" => args.opts.history = value.parse().map_err(|e| bad(&e))?,
             "--token" => args.opts.token = Some(value),
             "--bookmark-ms" => {
-                args.opts.bookmark_interval = Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
+                args.opts.bookmark_interval =
+                    Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
             }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
@@ -77,7 +84,10 @@ async fn main() -> ExitCode {
     }
     tracing::info!(pods, namespaces, elapsed = ?started.elapsed(), revision = server.handle().revision(), "seeded");
     let mut stdout = std::io::stdout().lock();
-    if writeln!(stdout, "listening on {}", server.url()).and_then(|_| stdout.flush()).is_err() {
+    if writeln!(stdout, "listening on {}", server.url())
+        .and_then(|_| stdout.flush())
+        .is_err()
+    {
         return ExitCode::FAILURE;
     }
     drop(stdout);

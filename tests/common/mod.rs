@@ -1,0 +1,242 @@
+//! Helpers shared by the integration tests: a watcher driven on a task, event collection
+//! with timeouts, and an object-by-object comparison of a store with the testkit server.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Resource;
+use kube_persist::{Event, Reader, Watcher};
+use kube_persist_testkit::{ResourceType, ServerHandle};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "kube_persist=info,warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A compact view of an event for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ev {
+    Resumed(String),
+    Init,
+    InitApply(String),
+    InitDone,
+    Apply(String),
+    Delete(String),
+    Error(String),
+}
+
+fn key<K: Resource>(k: &K) -> String {
+    let m = k.meta();
+    match &m.namespace {
+        Some(ns) => format!("{ns}/{}", m.name.clone().unwrap_or_default()),
+        None => m.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Runs a watcher's event stream on a task and forwards compact events.
+pub struct Driven {
+    pub rx: mpsc::UnboundedReceiver<Ev>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+pub fn drive<K>(watcher: Watcher<K>) -> Driven
+where
+    K: Resource + DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(watcher.stream());
+        while let Some(ev) = s.next().await {
+            let ev = match ev {
+                Ok(Event::Resumed { resource_version }) => Ev::Resumed(resource_version),
+                Ok(Event::Init) => Ev::Init,
+                Ok(Event::InitApply(k)) => Ev::InitApply(key(&k)),
+                Ok(Event::InitDone) => Ev::InitDone,
+                Ok(Event::Apply(k)) => Ev::Apply(key(&k)),
+                Ok(Event::Delete(k)) => Ev::Delete(key(&k)),
+                Err(e) => Ev::Error(e.to_string()),
+            };
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    Driven {
+        rx,
+        task: Some(task),
+    }
+}
+
+impl Driven {
+    /// Stop the watcher and wait until its task (and so its store handles) is gone.
+    pub async fn stop(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    /// Collect events until `pred` holds for one of them; returns all events seen.
+    pub async fn until(&mut self, pred: impl Fn(&Ev) -> bool) -> Vec<Ev> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(ev)) => {
+                    let done = pred(&ev);
+                    seen.push(ev);
+                    if done {
+                        return seen;
+                    }
+                }
+                Ok(None) => panic!("watcher stream ended; events so far: {}", summary(&seen)),
+                Err(_) => panic!(
+                    "timed out waiting for an event; events so far: {}",
+                    summary(&seen)
+                ),
+            }
+        }
+    }
+
+    /// Collect whatever arrives within `d`.
+    pub async fn drain_for(&mut self, d: Duration) -> Vec<Ev> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + d;
+        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            seen.push(ev);
+        }
+        seen
+    }
+}
+
+pub fn summary(evs: &[Ev]) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in evs {
+        let k = match e {
+            Ev::Resumed(_) => "Resumed",
+            Ev::Init => "Init",
+            Ev::InitApply(_) => "InitApply",
+            Ev::InitDone => "InitDone",
+            Ev::Apply(_) => "Apply",
+            Ev::Delete(_) => "Delete",
+            Ev::Error(_) => "Error",
+        };
+        *counts.entry(k).or_default() += 1;
+    }
+    let errors: Vec<_> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Error(s) => Some(s.as_str()),
+            _ => None,
+        })
+        .take(3)
+        .collect();
+    format!("{counts:?} errors: {errors:?}")
+}
+
+/// `namespace/name` → resourceVersion of every object the server holds of `rt`.
+pub fn server_versions(h: &ServerHandle, rt: &ResourceType) -> BTreeMap<String, String> {
+    h.list(rt)
+        .into_iter()
+        .map(|o| {
+            let m = &o["metadata"];
+            let name = m["name"].as_str().unwrap().to_string();
+            let key = match m["namespace"].as_str() {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name,
+            };
+            (key, m["resourceVersion"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// `namespace/name` → resourceVersion of every object in the store, read from disk.
+pub fn store_versions<K: Resource + DeserializeOwned>(r: &Reader<K>) -> BTreeMap<String, String> {
+    r.iter()
+        .map(|o| {
+            let o = o.expect("stored object decodes");
+            (
+                key(&o),
+                o.meta().resource_version.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Assert that the store equals the server object by object (and that `get` finds each).
+pub fn assert_matches<K: Resource + DeserializeOwned>(
+    r: &Reader<K>,
+    h: &ServerHandle,
+    rt: &ResourceType,
+) {
+    let server = server_versions(h, rt);
+    let store = store_versions(r);
+    let missing: Vec<_> = server
+        .keys()
+        .filter(|k| !store.contains_key(*k))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = store
+        .keys()
+        .filter(|k| !server.contains_key(*k))
+        .take(5)
+        .collect();
+    let stale: Vec<_> = server
+        .iter()
+        .filter(|(k, v)| store.get(*k).is_some_and(|s| s != *v))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty() && stale.is_empty(),
+        "store differs from server ({} vs {} objects): missing {missing:?}, extra {extra:?}, stale {stale:?}",
+        store.len(),
+        server.len()
+    );
+    assert_eq!(r.len(), server.len() as u64, "Reader::len");
+    for k in server.keys().take(50) {
+        let (ns, name) = match k.split_once('/') {
+            Some((ns, n)) => (Some(ns), n),
+            None => (None, k.as_str()),
+        };
+        assert!(r.get_named(ns, name).unwrap().is_some(), "get({k})");
+    }
+}
+
+/// Wait until the store equals the server (used after server-side changes).
+pub async fn converge<K: Resource + DeserializeOwned>(
+    r: &Reader<K>,
+    h: &ServerHandle,
+    rt: &ResourceType,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if store_versions(r) == server_versions(h, rt) {
+            assert_matches(r, h, rt);
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            assert_matches(r, h, rt);
+            panic!("store did not converge");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,496 @@
+//! The core store and watcher against the testkit API server over real HTTP, with a real
+//! sled store in a temporary directory.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube_persist::{Config, Db, Error};
+use kube_persist_testkit::{ResourceType, TestServer, Verb, make_pod};
+
+fn cfg(streaming: bool) -> Config {
+    let c = Config::default()
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .relist_jitter(Duration::from_millis(10));
+    if streaming { c.streaming_lists() } else { c }
+}
+
+/// Create, update and delete `n` pods each; returns the deleted keys.
+fn change_pods(h: &kube_persist_testkit::ServerHandle, n: usize, tag: &str) -> Vec<String> {
+    let rt = ResourceType::pods();
+    let all = h.list(&rt);
+    let mut deleted = Vec::new();
+    for (i, o) in all.iter().take(n).enumerate() {
+        let ns = o["metadata"]["namespace"].as_str().unwrap();
+        let name = o["metadata"]["name"].as_str().unwrap();
+        h.delete(&rt, Some(ns), name).unwrap();
+        deleted.push(format!("{ns}/{name}"));
+        h.apply(
+            &rt,
+            make_pod("ns-0", &format!("new-{tag}-{i}"), 10_000 + i as u64),
+        );
+    }
+    for o in all.iter().skip(n).take(n) {
+        let mut o = o.clone();
+        o["metadata"]["labels"]["changed"] = tag.into();
+        h.apply(&rt, o);
+    }
+    deleted
+}
+
+async fn cold_then_warm(streaming: bool) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(5000, 10);
+    let dir = tempfile::tempdir().unwrap();
+
+    // Cold sync.
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
+            .unwrap();
+        assert!(!reader.is_ready());
+        let mut w = drive(watcher);
+        let evs = w.until(|e| *e == Ev::InitDone).await;
+        assert_eq!(evs[0], Ev::Init, "{}", summary(&evs));
+        let applies = evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count();
+        assert_eq!(applies, 5000, "{}", summary(&evs));
+        reader.wait_until_ready().await.unwrap();
+        assert_matches(&reader, &h, &rt);
+        let counts = h.counts();
+        if streaming {
+            assert_eq!(counts.list, 0, "streaming lists make no LIST call");
+        } else {
+            assert_eq!(counts.list, 10, "one LIST call per page of 500");
+            assert_eq!(reader.stats().list_pages, 10);
+        }
+        assert_eq!(reader.checkpoint(), Some(h.revision().to_string()));
+        w.stop().await;
+    }
+
+    // Changes while the process is down.
+    let deleted = change_pods(&h, 20, "down");
+    h.reset_counts();
+
+    // Warm restart: no LIST, one WATCH from the checkpoint.
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
+        .unwrap();
+    assert!(reader.is_ready(), "ready at once on a warm open");
+    assert_eq!(reader.len(), 5000);
+    let mut w = drive(watcher);
+    let first = w.until(|_| true).await;
+    assert!(matches!(first[0], Ev::Resumed(_)), "{first:?}");
+    // 20 deletes, 20 creates, 20 updates.
+    let mut evs = Vec::new();
+    while evs
+        .iter()
+        .filter(|e| matches!(e, Ev::Apply(_) | Ev::Delete(_)))
+        .count()
+        < 60
+    {
+        evs.extend(w.until(|e| matches!(e, Ev::Apply(_) | Ev::Delete(_))).await);
+    }
+    for d in &deleted {
+        assert!(evs.contains(&Ev::Delete(d.clone())), "missing Delete({d})");
+    }
+    reader.wait_until_live().await.unwrap();
+    assert_matches(&reader, &h, &rt);
+    let counts = h.counts();
+    assert_eq!(counts.list, 0, "warm restart made a LIST call");
+    assert_eq!(counts.watch, 1, "warm restart opens exactly one WATCH");
+    assert_eq!(reader.stats().resumes, 1);
+    assert!(
+        !evs.iter().any(|e| matches!(e, Ev::Error(_))),
+        "{}",
+        summary(&evs)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_sync_then_warm_restart_paginated() {
+    cold_then_warm(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_sync_then_warm_restart_streaming() {
+    cold_then_warm(true).await;
+}
+
+/// Changes made while the process is down, then history compacted: the resumed watch gets
+/// 410, the relist rewrites only what changed and reports exact deletions.
+async fn relist_after_gone(streaming: bool) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(1200, 4);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (_reader, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        w.stop().await;
+    }
+    let deleted = change_pods(&h, 7, "gone");
+    h.compact();
+    h.reset_counts();
+
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
+        .unwrap();
+    let mut w = drive(watcher);
+    let mut evs = Vec::new();
+    while evs.iter().filter(|e| matches!(e, Ev::Delete(_))).count() < 7 {
+        evs.extend(w.until(|e| matches!(e, Ev::Delete(_))).await);
+    }
+    converge(&reader, &h, &rt).await;
+    evs.extend(w.drain_for(Duration::from_millis(300)).await);
+    let mut got_deleted: Vec<_> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Delete(k) => Some(k.clone()),
+            _ => None,
+        })
+        .collect();
+    got_deleted.sort();
+    let mut want = deleted.clone();
+    want.sort();
+    assert_eq!(got_deleted, want, "exact deletions: {}", summary(&evs));
+    let applies = evs.iter().filter(|e| matches!(e, Ev::Apply(_))).count();
+    assert_eq!(
+        applies,
+        14,
+        "7 creates + 7 updates, not a flood of re-adds: {}",
+        summary(&evs)
+    );
+    let stats = reader.stats();
+    assert_eq!(stats.relists, 1);
+    assert_eq!(
+        stats.objects_written, 14,
+        "unchanged objects are not rewritten: {stats:?}"
+    );
+    assert_eq!(stats.objects_unchanged, 1200 - 7 - 7, "{stats:?}");
+    assert_eq!(stats.objects_deleted, 7);
+    assert!(reader.is_ready());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relist_after_410_on_resume_paginated() {
+    relist_after_gone(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relist_after_410_on_resume_streaming() {
+    relist_after_gone(true).await;
+}
+
+/// A live watch that gets an ERROR 410 relists and converges; the store is never emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_watch_410_relists_without_emptying() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(2000, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            cfg(false).page_size(200),
+        )
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    reader.wait_until_live().await.unwrap();
+
+    h.faults().page_delay(Duration::from_millis(30));
+    h.faults().gone_next_watch();
+    h.faults().close_watches();
+    // While the relist runs, the store never shrinks below what it had.
+    let watch_len = tokio::spawn({
+        let reader = reader.clone();
+        async move {
+            let mut min = u64::MAX;
+            for _ in 0..100 {
+                min = min.min(reader.len());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            min
+        }
+    });
+    let evs = w.drain_for(Duration::from_millis(1500)).await;
+    assert!(
+        watch_len.await.unwrap() >= 2000,
+        "store shrank during the relist"
+    );
+    converge(&reader, &h, &rt).await;
+    let stats = reader.stats();
+    assert_eq!(stats.relists, 1, "{stats:?} {}", summary(&evs));
+    assert_eq!(
+        stats.objects_written, 2000,
+        "relist rewrote unchanged objects: {stats:?}"
+    );
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(e, Ev::Apply(_) | Ev::Delete(_))),
+        "{}",
+        summary(&evs)
+    );
+}
+
+/// The continue token expires mid-list: the list restarts with a new epoch, objects deleted
+/// meanwhile are swept and reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_continue_token_restarts_the_list() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(2000, 1);
+    h.faults().page_delay(Duration::from_millis(200));
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
+        .unwrap();
+    let mut w = drive(watcher);
+    // First page (500 objects) is on disk.
+    let mut evs = Vec::new();
+    while evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count() < 500 {
+        evs.extend(w.until(|e| matches!(e, Ev::InitApply(_))).await);
+    }
+    // Delete objects of the first page, then expire every continue token.
+    let first: Vec<String> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::InitApply(k) => Some(k.clone()),
+            _ => None,
+        })
+        .take(3)
+        .collect();
+    for k in &first {
+        let (ns, name) = k.split_once('/').unwrap();
+        h.delete(&rt, Some(ns), name).unwrap();
+    }
+    h.compact();
+    h.faults().page_delay(Duration::ZERO);
+    evs.extend(w.until(|e| *e == Ev::InitDone).await);
+    assert_matches(&reader, &h, &rt);
+    for k in &first {
+        assert!(
+            evs.contains(&Ev::Delete(k.clone())),
+            "missing Delete({k}): {}",
+            summary(&evs)
+        );
+    }
+    assert!(h.counts().list > 4, "the list restarted");
+}
+
+/// A widget custom resource through `DynamicObject`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_object_cold_warm_and_relist() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::widgets();
+    for i in 0..300 {
+        h.apply(
+            &rt,
+            serde_json::json!({
+                "apiVersion": "example.kube-persist.dev/v1", "kind": "Widget",
+                "metadata": {"name": format!("w-{i}"), "namespace": format!("ns-{}", i % 3)},
+                "spec": {"size": i}
+            }),
+        );
+    }
+    let gvk = GroupVersionKind::gvk("example.kube-persist.dev", "v1", "Widget");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let api = Api::<DynamicObject>::all_with(server.client(), &ar);
+        let (reader, watcher) = db
+            .store_with("widgets", api, cfg(false).page_size(64), &ar)
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        assert_matches(&reader, &h, &rt);
+        assert_eq!(reader.iter_namespace("ns-1").count(), 100);
+        h.delete(&rt, Some("ns-2"), "w-2").unwrap();
+        w.until(|e| *e == Ev::Delete("ns-2/w-2".into())).await;
+        w.stop().await;
+    }
+    h.delete(&rt, Some("ns-0"), "w-0").unwrap();
+    h.compact();
+    let db = Db::open(dir.path()).unwrap();
+    let api = Api::<DynamicObject>::all_with(server.client(), &ar);
+    let (reader, watcher) = db
+        .store_with("widgets", api, cfg(false).page_size(64), &ar)
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::Delete("ns-0/w-0".into())).await;
+    converge(&reader, &h, &rt).await;
+}
+
+/// Metadata-only streams store `PartialObjectMeta<Pod>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_only_store() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(700, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    assert_matches(&reader, &h, &rt);
+    change_pods(&h, 5, "meta");
+    converge(&reader, &h, &rt).await;
+    let one = reader.iter().next().unwrap().unwrap();
+    assert!(
+        one.metadata.labels.is_some(),
+        "labels are kept in metadata-only mode"
+    );
+}
+
+/// A store opened with other selectors does not resume: it starts clean and relists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_selector_does_not_resume() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(600, 2);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (_r, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), cfg(false))
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        w.stop().await;
+    }
+    h.reset_counts();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::namespaced(server.client(), "ns-1"),
+            cfg(false).labels("app"),
+        )
+        .unwrap();
+    assert_eq!(reader.stats().identity_resets, 1);
+    assert!(!reader.is_ready(), "a reset store is not ready");
+    let mut w = drive(watcher);
+    let evs = w.until(|e| *e == Ev::InitDone).await;
+    assert!(!evs.iter().any(|e| matches!(e, Ev::Resumed(_))));
+    assert!(h.counts().list >= 1);
+    let expected = h
+        .list(&ResourceType::pods())
+        .into_iter()
+        .filter(|o| o["metadata"]["namespace"] == "ns-1")
+        .count();
+    assert_eq!(reader.len(), expected as u64);
+    assert!(
+        reader
+            .iter()
+            .all(|p| p.unwrap().metadata.namespace.as_deref() == Some("ns-1"))
+    );
+}
+
+/// Malformed objects in a page and in a watch event are skipped and counted; nothing else is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_objects_are_skipped_and_counted() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(800, 2);
+    h.faults().malformed_next_list();
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    assert_matches(&reader, &h, &rt);
+    assert_eq!(reader.stats().bad_objects, 1);
+    h.faults().malformed_next_watch();
+    h.faults().close_watches();
+    change_pods(&h, 3, "bad");
+    converge(&reader, &h, &rt).await;
+    assert_eq!(reader.stats().bad_objects, 2);
+}
+
+/// 5xx answers and `ResourceVersionTooLarge` are retried with backoff, without a relist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_retried() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(1000, 2);
+    h.faults().fail_next(Verb::List, 503, 2);
+    // Without kube's own retry layer, so that the watcher's backoff is what recovers.
+    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(client), cfg(false))
+        .unwrap();
+    let mut w = drive(watcher);
+    let evs = w.until(|e| *e == Ev::InitDone).await;
+    assert_eq!(
+        evs.iter().filter(|e| matches!(e, Ev::Error(_))).count(),
+        2,
+        "{}",
+        summary(&evs)
+    );
+    reader.wait_until_live().await.unwrap();
+    h.faults().fail_next(Verb::Watch, 504, 2);
+    h.faults().close_watches();
+    change_pods(&h, 4, "err");
+    converge(&reader, &h, &rt).await;
+    let stats = reader.stats();
+    assert_eq!(stats.relists, 0, "{stats:?}");
+    assert!(stats.errors >= 3, "{stats:?}");
+}
+
+/// A second open of the same directory names it; the stream name is exclusive too.
+#[tokio::test]
+async fn locked_directory_and_duplicate_stream_are_clear_errors() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    match Db::open(dir.path()) {
+        Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    let _pair = db
+        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap();
+    let err = db
+        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("already open"), "{err}");
+}
