@@ -54,5 +54,5 @@ mod watcher;
 pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::reader::{Iter, Reader};
-pub use store::{Db, DbConfig, Durability};
+pub use store::{Db, DbConfig, Durability, SyncPhase};
 pub use watcher::{Config, Event, Pair, Transform, Watcher};

@@ -261,9 +261,36 @@ impl Drop for StreamLease {
     }
 }
 
+/// Where a stream is in its list/watch cycle, as seen by [`Reader::phase`](crate::Reader::phase).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SyncPhase {
+    /// Nothing listed yet.
+    #[default]
+    Empty,
+    /// A list or relist is writing pages (readers see old or new objects).
+    Listing,
+    /// A relist is complete and objects absent from it are being removed.
+    Sweeping,
+    /// The store equals the server at [`Reader::checkpoint`](crate::Reader::checkpoint).
+    Synced,
+}
+
+impl From<&record::Phase> for SyncPhase {
+    fn from(p: &record::Phase) -> Self {
+        match p {
+            record::Phase::Empty => SyncPhase::Empty,
+            record::Phase::Listing { .. } => SyncPhase::Listing,
+            record::Phase::Sweeping { .. } => SyncPhase::Sweeping,
+            record::Phase::Synced { .. } => SyncPhase::Synced,
+        }
+    }
+}
+
 /// What readers can see of the writer's progress.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Status {
+    pub(crate) phase: SyncPhase,
     pub(crate) ready: bool,
     pub(crate) live: bool,
     pub(crate) count: u64,

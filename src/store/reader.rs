@@ -9,10 +9,10 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::Status;
 use super::engine::{Backend, Entry};
 use super::keys::{self, OBJECT};
 use super::record::{self, Record};
+use super::{Status, SyncPhase};
 use crate::error::{Error, Result};
 use crate::stats::{Counters, Stats};
 
@@ -133,6 +133,11 @@ where
     /// The resourceVersion at which the store was last complete, if it ever was.
     pub fn checkpoint(&self) -> Option<String> {
         self.status.borrow().checkpoint.clone()
+    }
+
+    /// Where the stream is in its list/watch cycle.
+    pub fn phase(&self) -> SyncPhase {
+        self.status.borrow().phase
     }
 
     /// Whether a consistent snapshot is on disk (at once after a warm open; after the first

@@ -325,6 +325,7 @@ impl Writer {
         let state = &self.state;
         self.status.send_modify(|s| {
             s.count = state.count;
+            s.phase = (&state.phase).into();
             s.checkpoint = state.last_synced.clone();
             s.ready = state.last_synced.is_some();
         });

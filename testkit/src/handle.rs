@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::faults::Faults;
-use crate::object::{self, Prepared};
-use crate::pods::make_pod;
+use crate::object::{self, Prepared, StoredObject};
+use crate::pods::{ServerFields, make_pod, pod_json};
 use crate::resource::{RequestCounts, ResourceType};
 use crate::shared::Shared;
 use crate::status::ApiError;
@@ -129,27 +130,38 @@ impl ServerHandle {
         let mut i = 0;
         while i < n {
             let end = (i + BATCH).min(n);
-            let batch: Vec<Prepared> = (i..end)
-                .filter_map(|k| {
-                    let pod = make_pod(
-                        &format!("ns-{}", k % namespaces),
-                        &format!("pod-{k}"),
-                        k as u64,
-                    );
-                    object::prepare(&rt, pod, None).ok()
-                })
-                .collect();
+            let created = object::now_rfc3339();
             self.shared.write(|st| {
                 let ty = st.register(&rt);
-                for p in batch {
-                    let res = if st.get(ty, &p.namespace, &p.name).is_some() {
-                        st.replace(ty, p, false)
-                    } else {
-                        st.create(ty, p)
-                    };
-                    if let Err(e) = res {
-                        tracing::warn!(error = %e, "seed_pods skipped a pod");
+                for k in i..end {
+                    let (ns, name) = (format!("ns-{}", k % namespaces), format!("pod-{k}"));
+                    if st.get(ty, &ns, &name).is_some() {
+                        let pod = make_pod(&ns, &name, k as u64);
+                        if let Err(e) =
+                            object::prepare(&rt, pod, None).and_then(|p| st.replace(ty, p, false))
+                        {
+                            tracing::warn!(error = %e, "seed_pods skipped a pod");
+                        }
+                        continue;
                     }
+                    let (rev, uid) = (st.revision + 1, object::new_uid());
+                    let fields = ServerFields {
+                        rev,
+                        uid: &uid,
+                        created: &created,
+                    };
+                    let (json, labels) = pod_json(&ns, &name, k as u64, Some(&fields));
+                    let obj = StoredObject {
+                        rev,
+                        namespace: ns,
+                        name,
+                        uid,
+                        created: created.clone(),
+                        generation: 1,
+                        labels,
+                        json: Bytes::from(json),
+                    };
+                    st.insert_created(ty, obj);
                 }
             });
             i = end;

@@ -230,7 +230,12 @@ pub(crate) fn new_uid() -> String {
 
 /// Formats 16 bytes as a UUID string.
 pub(crate) fn uuid_string(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut h = String::with_capacity(32);
+    for x in b {
+        h.push(HEX[usize::from(x >> 4)] as char);
+        h.push(HEX[usize::from(x & 15)] as char);
+    }
     format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],

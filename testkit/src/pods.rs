@@ -1,6 +1,8 @@
 //! A deterministic generator of realistic Pod objects.
 
-use serde_json::{Value, json};
+use std::fmt::Write;
+
+use serde_json::Value;
 
 use crate::object::{rfc3339, uuid_string};
 
@@ -44,52 +46,68 @@ const APPS: &[&str] = &[
 const TIERS: &[&str] = &["frontend", "backend", "cache", "worker"];
 const REGISTRIES: &[&str] = &["registry.example.com", "ghcr.io/example", "quay.io/example"];
 
-fn env_vars(rng: &mut Rng, n: usize) -> Vec<Value> {
-    (0..n)
-        .map(|i| json!({"name": format!("VAR_{i}_{}", rng.hex(4).to_uppercase()), "value": rng.hex(12)}))
-        .collect()
+/// Server-assigned metadata embedded directly by the fast seeding path.
+pub(crate) struct ServerFields<'a> {
+    pub rev: u64,
+    pub uid: &'a str,
+    pub created: &'a str,
 }
 
-fn container(rng: &mut Rng, name: &str, image: &str, port: u64, envs: usize) -> Value {
-    json!({
-        "name": name,
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": ["--port", port.to_string(), "--log-level=info"],
-        "env": env_vars(rng, envs),
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "resources": {
-            "requests": {"cpu": format!("{}m", 50 + rng.below(450)), "memory": format!("{}Mi", 64 + rng.below(448))},
-            "limits": {"cpu": format!("{}m", 500 + rng.below(1500)), "memory": format!("{}Mi", 512 + rng.below(1536))}
-        },
-        "volumeMounts": [
-            {"name": "config", "mountPath": "/etc/config", "readOnly": true},
-            {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}
-        ],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 10},
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "File"
-    })
+/// A JSON string literal (quoted and escaped).
+fn q(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
-fn container_status(rng: &mut Rng, name: &str, image: &str, started: &str) -> Value {
-    json!({
-        "name": name,
-        "image": image,
-        "imageID": format!("{image}@sha256:{}{}", rng.hex(32), rng.hex(32)),
-        "containerID": format!("containerd://{}{}", rng.hex(32), rng.hex(32)),
-        "ready": true,
-        "started": true,
-        "restartCount": rng.below(3),
-        "state": {"running": {"startedAt": started}}
-    })
+fn container(out: &mut String, rng: &mut Rng, name: &str, image: &str, port: u64, envs: usize) {
+    let _ = write!(
+        out,
+        r#"{{"name":{name},"image":{image},"imagePullPolicy":"IfNotPresent","args":["--port","{port}","--log-level=info"],"env":["#,
+        name = q(name),
+        image = q(image)
+    );
+    for i in 0..envs {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            r#"{{"name":"VAR_{i}_{}","value":"{}"}}"#,
+            rng.hex(4).to_uppercase(),
+            rng.hex(12)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"],"ports":[{{"name":"http","containerPort":{port},"protocol":"TCP"}}],"resources":{{"requests":{{"cpu":"{}m","memory":"{}Mi"}},"limits":{{"cpu":"{}m","memory":"{}Mi"}}}},"volumeMounts":[{{"name":"config","mountPath":"/etc/config","readOnly":true}},{{"name":"kube-api-access","mountPath":"/var/run/secrets/kubernetes.io/serviceaccount","readOnly":true}}],"readinessProbe":{{"httpGet":{{"path":"/healthz","port":{port}}},"periodSeconds":10}},"terminationMessagePath":"/dev/termination-log","terminationMessagePolicy":"File"}}"#,
+        50 + rng.below(450),
+        64 + rng.below(448),
+        500 + rng.below(1500),
+        512 + rng.below(1536)
+    );
 }
 
-/// A realistic Pod (2-6 KB of JSON): labels, annotations, ownerReferences, two managedFields
-/// entries, two containers with env/ports/resources/volumeMounts, `nodeName` `node-<k>`, and a
-/// status with conditions, containerStatuses and podIP. Deterministic for a given seed.
-pub fn make_pod(namespace: &str, name: &str, seed: u64) -> Value {
-    let mut rng = Rng(seed ^ 0x5EED_0F_90D5);
+fn container_status(out: &mut String, rng: &mut Rng, name: &str, image: &str, started: &str) {
+    let _ = write!(
+        out,
+        r#"{{"name":{name},"image":{image},"imageID":{image_id},"containerID":"containerd://{}{}","ready":true,"started":true,"restartCount":{},"state":{{"running":{{"startedAt":"{started}"}}}}}}"#,
+        rng.hex(32),
+        rng.hex(32),
+        rng.below(3),
+        name = q(name),
+        image = q(image),
+        image_id = q(&format!("{image}@sha256:{}{}", rng.hex(32), rng.hex(32))),
+    );
+}
+
+/// Builds the Pod JSON text and its labels. With `server`, the server-assigned metadata
+/// (resourceVersion, uid, creationTimestamp, generation) is embedded too.
+pub(crate) fn pod_json(
+    namespace: &str,
+    name: &str,
+    seed: u64,
+    server: Option<&ServerFields<'_>>,
+) -> (String, Vec<(String, String)>) {
+    let mut rng = Rng(seed ^ 0x0005_EED0_F90D);
     let app = rng.pick(APPS);
     let tier = rng.pick(TIERS);
     let hash = rng.hex(10);
@@ -108,94 +126,70 @@ pub fn make_pod(namespace: &str, name: &str, seed: u64) -> Value {
     let owner_uid = rng.uid();
     let port = 8000 + rng.below(1000);
     let envs = 2 + rng.below(12) as usize;
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {
-                "app": app,
-                "tier": tier,
-                "pod-template-hash": hash,
-                "app.kubernetes.io/name": app,
-                "app.kubernetes.io/version": version,
-                "shard": format!("s{}", rng.below(16)),
-            },
-            "annotations": {
-                "kubectl.kubernetes.io/restartedAt": created,
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": port.to_string(),
-                "example.com/commit": rng.hex(32),
-            },
-            "ownerReferences": [{
-                "apiVersion": "apps/v1",
-                "kind": "ReplicaSet",
-                "name": format!("{app}-{hash}"),
-                "uid": owner_uid,
-                "controller": true,
-                "blockOwnerDeletion": true
-            }],
-            "managedFields": [
-                {
-                    "manager": "kube-controller-manager",
-                    "operation": "Update",
-                    "apiVersion": "v1",
-                    "time": created,
-                    "fieldsType": "FieldsV1",
-                    "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}, "f:pod-template-hash": {}, "f:tier": {}},
-                        "f:ownerReferences": {".": {}, format!("k:{{\"uid\":\"{owner_uid}\"}}"): {}}},
-                        "f:spec": {"f:containers": {format!("k:{{\"name\":\"{app}\"}}"): {".": {}, "f:image": {}, "f:name": {}}}}}
-                },
-                {
-                    "manager": "kubelet",
-                    "operation": "Update",
-                    "apiVersion": "v1",
-                    "time": created,
-                    "fieldsType": "FieldsV1",
-                    "subresource": "status",
-                    "fieldsV1": {"f:status": {"f:conditions": {}, "f:containerStatuses": {}, "f:hostIP": {}, "f:phase": {}, "f:podIP": {}, "f:startTime": {}}}
-                }
-            ]
-        },
-        "spec": {
-            "containers": [
-                container(&mut rng, app, &image, port, envs),
-                container(&mut rng, "envoy", &sidecar, 15000, 2),
-            ],
-            "volumes": [
-                {"name": "config", "configMap": {"name": format!("{app}-config"), "defaultMode": 420}},
-                {"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}], "defaultMode": 420}}
-            ],
-            "nodeName": node,
-            "serviceAccountName": app,
-            "restartPolicy": "Always",
-            "dnsPolicy": "ClusterFirst",
-            "schedulerName": "default-scheduler",
-            "terminationGracePeriodSeconds": 30,
-            "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
-            ]
-        },
-        "status": {
-            "phase": "Running",
-            "hostIP": format!("192.168.{}.{}", rng.below(256), 1 + rng.below(254)),
-            "podIP": ip,
-            "podIPs": [{"ip": ip}],
-            "qosClass": "Burstable",
-            "startTime": created,
-            "conditions": [
-                {"type": "Initialized", "status": "True", "lastTransitionTime": created},
-                {"type": "Ready", "status": "True", "lastTransitionTime": created},
-                {"type": "ContainersReady", "status": "True", "lastTransitionTime": created},
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": created}
-            ],
-            "containerStatuses": [
-                container_status(&mut rng, app, &image, &created),
-                container_status(&mut rng, "envoy", &sidecar, &created)
-            ]
+    let shard = format!("s{}", rng.below(16));
+    let labels: Vec<(String, String)> = [
+        ("app", app),
+        ("tier", tier),
+        ("pod-template-hash", hash.as_str()),
+        ("app.kubernetes.io/name", app),
+        ("app.kubernetes.io/version", version.as_str()),
+        ("shard", shard.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+
+    let mut out = String::with_capacity(6144);
+    let _ = write!(
+        out,
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":{},"namespace":{},"#,
+        q(name),
+        q(namespace)
+    );
+    if let Some(f) = server {
+        let _ = write!(
+            out,
+            r#""resourceVersion":"{}","uid":{},"creationTimestamp":{},"generation":1,"#,
+            f.rev,
+            q(f.uid),
+            q(f.created)
+        );
+    }
+    out.push_str(r#""labels":{"#);
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
         }
-    })
+        let _ = write!(out, "{}:{}", q(k), q(v));
+    }
+    let _ = write!(
+        out,
+        r#"}},"annotations":{{"kubectl.kubernetes.io/restartedAt":"{created}","prometheus.io/scrape":"true","prometheus.io/port":"{port}","example.com/commit":"{commit}"}},"ownerReferences":[{{"apiVersion":"apps/v1","kind":"ReplicaSet","name":{rs},"uid":"{owner_uid}","controller":true,"blockOwnerDeletion":true}}],"managedFields":[{{"manager":"kube-controller-manager","operation":"Update","apiVersion":"v1","time":"{created}","fieldsType":"FieldsV1","fieldsV1":{{"f:metadata":{{"f:labels":{{".":{{}},"f:app":{{}},"f:pod-template-hash":{{}},"f:tier":{{}}}},"f:ownerReferences":{{".":{{}},"k:{{\"uid\":\"{owner_uid}\"}}":{{}}}}}},"f:spec":{{"f:containers":{{"k:{{\"name\":\"{app}\"}}":{{".":{{}},"f:image":{{}},"f:name":{{}}}}}}}}}}}},{{"manager":"kubelet","operation":"Update","apiVersion":"v1","time":"{created}","fieldsType":"FieldsV1","subresource":"status","fieldsV1":{{"f:status":{{"f:conditions":{{}},"f:containerStatuses":{{}},"f:hostIP":{{}},"f:phase":{{}},"f:podIP":{{}},"f:startTime":{{}}}}}}}}]}},"spec":{{"containers":["#,
+        commit = rng.hex(32),
+        rs = q(&format!("{app}-{hash}")),
+    );
+    container(&mut out, &mut rng, app, &image, port, envs);
+    out.push(',');
+    container(&mut out, &mut rng, "envoy", &sidecar, 15000, 2);
+    let _ = write!(
+        out,
+        r#"],"volumes":[{{"name":"config","configMap":{{"name":"{app}-config","defaultMode":420}}}},{{"name":"kube-api-access","projected":{{"sources":[{{"serviceAccountToken":{{"path":"token","expirationSeconds":3607}}}}],"defaultMode":420}}}}],"nodeName":"{node}","serviceAccountName":"{app}","restartPolicy":"Always","dnsPolicy":"ClusterFirst","schedulerName":"default-scheduler","terminationGracePeriodSeconds":30,"tolerations":[{{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}}]}},"status":{{"phase":"Running","hostIP":"192.168.{}.{}","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"qosClass":"Burstable","startTime":"{created}","conditions":[{{"type":"Initialized","status":"True","lastTransitionTime":"{created}"}},{{"type":"Ready","status":"True","lastTransitionTime":"{created}"}},{{"type":"ContainersReady","status":"True","lastTransitionTime":"{created}"}},{{"type":"PodScheduled","status":"True","lastTransitionTime":"{created}"}}],"containerStatuses":["#,
+        rng.below(256),
+        1 + rng.below(254),
+    );
+    container_status(&mut out, &mut rng, app, &image, &created);
+    out.push(',');
+    container_status(&mut out, &mut rng, "envoy", &sidecar, &created);
+    out.push_str("]}}");
+    (out, labels)
+}
+
+/// A realistic Pod (2-6 KB of JSON): labels (app, tier, pod-template-hash, ...), annotations,
+/// ownerReferences, two managedFields entries, two containers with env/ports/resources/
+/// volumeMounts, `nodeName` `node-<k>`, and a status with conditions, containerStatuses and
+/// podIP. Deterministic for a given seed.
+pub fn make_pod(namespace: &str, name: &str, seed: u64) -> Value {
+    serde_json::from_str(&pod_json(namespace, name, seed, None).0).unwrap_or(Value::Null)
 }
 
 #[cfg(test)]
@@ -212,5 +206,16 @@ mod tests {
             let _: k8s_openapi::api::core::v1::Pod = serde_json::from_value(a).unwrap();
         }
         assert_ne!(make_pod("ns", "p", 1), make_pod("ns", "p", 2));
+        let odd = make_pod("we\"ird", "na\\me", 3);
+        assert_eq!(odd["metadata"]["name"], "na\\me");
+        let fields = ServerFields {
+            rev: 7,
+            uid: "u",
+            created: "2024-01-01T00:00:00Z",
+        };
+        let (text, labels) = pod_json("ns", "p", 5, Some(&fields));
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "7");
+        assert_eq!(labels.len(), 6);
     }
 }

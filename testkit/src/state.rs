@@ -180,6 +180,25 @@ impl State {
         Ok(obj)
     }
 
+    /// Inserts a new object already stamped with `revision + 1` (the fast seeding path).
+    /// Returns false, storing nothing, if the key exists or the revision is not the next one.
+    pub(crate) fn insert_created(&mut self, ty: usize, obj: StoredObject) -> bool {
+        let key = obj.key();
+        if obj.rev != self.revision + 1 || self.collections[ty].contains_key(&key) {
+            return false;
+        }
+        let obj = Arc::new(obj);
+        self.collections[ty].insert(key, obj.clone());
+        self.push(HistoryEvent {
+            rev: obj.rev,
+            ty,
+            kind: EventKind::Added,
+            obj,
+            prev: None,
+        });
+        true
+    }
+
     /// Replaces an object (404 if absent, 409 Conflict on a stale resourceVersion).
     /// With `check_rv == false` the sent resourceVersion is ignored.
     pub(crate) fn replace(

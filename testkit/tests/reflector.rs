@@ -31,7 +31,10 @@ fn store_versions(store: &Store<Pod>) -> Versions {
         .map(|p| {
             let m = &p.metadata;
             (
-                (m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default()),
+                (
+                    m.namespace.clone().unwrap_or_default(),
+                    m.name.clone().unwrap_or_default(),
+                ),
                 m.resource_version.clone().unwrap_or_default(),
             )
         })
@@ -48,14 +51,21 @@ async fn wait_equal(h: &ServerHandle, store: &Store<Pod>, what: &str) {
         if Instant::now() > deadline {
             let missing = want.keys().filter(|k| !got.contains_key(*k)).count();
             let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
-            panic!("{what}: store != server (server {}, store {}, missing {missing}, extra {extra})", want.len(), got.len());
+            panic!(
+                "{what}: store != server (server {}, store {}, missing {missing}, extra {extra})",
+                want.len(),
+                got.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 async fn sync_survives_410(config: watcher::Config, streaming: bool) {
-    let opts = ServerOptions { bookmark_interval: Duration::from_millis(200), ..Default::default() };
+    let opts = ServerOptions {
+        bookmark_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
     let server = TestServer::start_with(opts).await;
     let h = server.handle();
     h.seed_pods(5000, 10);
@@ -64,7 +74,10 @@ async fn sync_survives_410(config: watcher::Config, streaming: bool) {
     let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
     let task = tokio::spawn(stream.for_each(|_| futures::future::ready(())));
 
-    tokio::time::timeout(Duration::from_secs(15), store.wait_until_ready()).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(15), store.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
     wait_equal(&h, &store, "initial sync").await;
     let counts = h.counts();
     if streaming {
@@ -88,7 +101,10 @@ async fn sync_survives_410(config: watcher::Config, streaming: bool) {
     wait_equal(&h, &store, "after 410 relist").await;
     let counts = h.counts();
     if streaming {
-        assert!(counts.watch >= 2, "resume watch + streaming relist: {counts:?}");
+        assert!(
+            counts.watch >= 2,
+            "resume watch + streaming relist: {counts:?}"
+        );
     } else {
         assert!(counts.list >= 10, "paginated relist: {counts:?}");
     }

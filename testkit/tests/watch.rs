@@ -36,7 +36,7 @@ async fn collect(api: &Api<Pod>, wp: &WatchParams, rv: &str, n: usize) -> Vec<St
     while out.len() < n {
         tokio::select! {
             ev = stream.next() => match ev {
-                Some(Ok(ev)) if matches!(ev, WatchEvent::Bookmark(_)) => {}
+                Some(Ok(WatchEvent::Bookmark(_))) => {}
                 Some(Ok(ev)) => out.push(describe(&ev)),
                 Some(Err(e)) => out.push(format!("ERR {e}")),
                 None => break,
