@@ -1,5 +1,6 @@
 //! [`ServerHandle`]: in-process access to the server's data, counters and faults.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -109,6 +110,17 @@ impl ServerHandle {
             st.current(ty, &Default::default())
         };
         objs.iter().map(|o| o.value()).collect()
+    }
+
+    /// `(namespace, name) -> resourceVersion` of every current object of a type (cheap: no
+    /// JSON parsing). Not in the original brief; added for store-vs-server comparisons.
+    pub fn resource_versions(&self, rt: &ResourceType) -> BTreeMap<(String, String), String> {
+        let objs = {
+            let mut st = self.shared.state();
+            let ty = st.register(rt);
+            st.current(ty, &Default::default())
+        };
+        objs.iter().map(|o| (o.key(), o.rev.to_string())).collect()
     }
 
     /// The current global revision.

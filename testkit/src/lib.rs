@@ -18,9 +18,24 @@
 //! # }
 //! ```
 //!
+//! # HTTP surface
+//!
+//! - `/api/v1/...` and `/apis/{group}/{version}/...`: LIST (`limit`, `continue`,
+//!   `resourceVersion`, `resourceVersionMatch`, `labelSelector`, `fieldSelector`), WATCH
+//!   (`watch=true`, `allowWatchBookmarks`, `sendInitialEvents`, `timeoutSeconds`), GET, POST,
+//!   PUT, DELETE; `Accept: ...;as=PartialObjectMetadata(List)` for metadata-only answers.
+//!   Errors are Kubernetes `Status` bodies.
+//! - Admin (same bearer-token rule): `GET /testkit/counts`, `POST /testkit/reset-counts`,
+//!   `GET /testkit/revision`, `POST /testkit/compact`, `POST /testkit/churn?updates=U&creates=C&deletes=D&seed=S`,
+//!   `POST /testkit/seed?pods=N&namespaces=M`, and under `POST /testkit/faults/`:
+//!   `gone-next-watch`, `drop-watch-after?events=N`, `fail-next?verb=list&status=503&count=1`,
+//!   `page-delay?ms=N`, `malformed-next-list`, `malformed-next-watch`, `close-watches`, `clear`.
+//!
 //! Note: a [`kube::Client`] built by [`TestServer::client`] keeps kube's default retry layer,
 //! which transparently retries 429/503/504 responses (up to 15 times with backoff). Use
 //! [`client_for_opts`] with `retry = false` to observe those statuses directly.
+
+#![warn(missing_docs)]
 
 mod admin;
 mod faults;

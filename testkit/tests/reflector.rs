@@ -14,14 +14,7 @@ use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer
 type Versions = BTreeMap<(String, String), String>;
 
 fn server_versions(h: &ServerHandle) -> Versions {
-    h.list(&ResourceType::pods())
-        .into_iter()
-        .map(|p| {
-            let m = &p["metadata"];
-            let s = |k: &str| m[k].as_str().unwrap_or_default().to_string();
-            ((s("namespace"), s("name")), s("resourceVersion"))
-        })
-        .collect()
+    h.resource_versions(&ResourceType::pods())
 }
 
 fn store_versions(store: &Store<Pod>) -> Versions {
@@ -111,6 +104,17 @@ async fn sync_survives_410(config: watcher::Config, streaming: bool) {
     h.churn(20, 5, 5, 4);
     wait_equal(&h, &store, "after recovery").await;
     assert_eq!(store.state().len(), server_versions(&h).len());
+    // The cheap map agrees with the full objects.
+    let full: Versions = h
+        .list(&ResourceType::pods())
+        .iter()
+        .map(|p| {
+            let m = &p["metadata"];
+            let s = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+            ((s("namespace"), s("name")), s("resourceVersion"))
+        })
+        .collect();
+    assert_eq!(full, server_versions(&h));
     task.abort();
 }
 

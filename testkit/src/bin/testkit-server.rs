@@ -6,7 +6,7 @@
 //! Seeds N pods, prints exactly one line `listening on http://HOST:PORT` to stdout, logs to
 //! stderr (`RUST_LOG`), and serves until killed.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

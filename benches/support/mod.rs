@@ -1,0 +1,426 @@
+//! Shared by the benchmarks and the demo: run `testkit-server` and each client variant as
+//! separate processes, and measure each client's wall time and peak RSS (VmHWM).
+//!
+//! A binary using this module re-executes itself as a client with
+//! `--client <persist|reflector|floor> --url URL [--dir DIR] [--until-rv N] [--page-size N]`;
+//! the client prints one line `client-result <json>` and exits.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde::{Deserialize, Serialize};
+
+/// A `testkit-server` child process.
+pub struct ServerProc {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `testkit-server` binary next to this one in `target/<profile>/`, built if missing.
+fn server_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/examples/demo or target/<profile>/deps/memory-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let bin = profile_dir.join("testkit-server");
+    if !bin.exists() {
+        eprintln!("building testkit-server (first run only)...");
+        let release = profile_dir.ends_with("release");
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "kube-persist-testkit",
+            "--bin",
+            "testkit-server",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build for testkit-server");
+        assert!(status.success(), "building testkit-server failed");
+    }
+    bin
+}
+
+/// Start `testkit-server --pods N` and wait for its `listening on` line.
+pub fn start_server(pods: usize, extra: &[&str]) -> ServerProc {
+    let mut child = Command::new(server_binary())
+        .args(["--addr", "127.0.0.1:0", "--pods", &pods.to_string()])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start testkit-server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read testkit-server output");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected testkit-server output: {line:?}"))
+        .to_string();
+    ServerProc { child, url }
+}
+
+/// A small admin call to the testkit server (`/testkit/...`).
+pub async fn admin(url: &str, method: &str, path: &str) -> serde_json::Value {
+    let client = kube_persist_testkit::client_for(url, None);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Vec::new())
+        .unwrap();
+    let text = client.request_text(req).await.expect("admin request");
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+pub async fn list_calls(url: &str) -> u64 {
+    admin(url, "GET", "/testkit/counts").await["list"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+pub async fn revision(url: &str) -> u64 {
+    admin(url, "GET", "/testkit/revision").await["revision"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// What a client process reports.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClientReport {
+    /// Milliseconds from process start until the cache was ready (synced or resumed).
+    pub ready_ms: u64,
+    /// Milliseconds until the watch was live and, with `--until-rv`, caught up.
+    pub live_ms: u64,
+    /// Objects in the cache at the end.
+    pub objects: u64,
+    /// Peak RSS of the client process (VmHWM), KiB.
+    pub peak_rss_kib: u64,
+    /// RSS at the end, KiB.
+    pub rss_kib: u64,
+    /// LIST calls the server saw during this process's life (filled in by the parent).
+    pub list_calls: u64,
+}
+
+/// Which client a child process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// kube-persist with a sled store.
+    Persist,
+    /// kube-runtime's `reflector` with its in-memory `Store`.
+    Reflector,
+    /// A bare kube-runtime `watcher` discarding every object: the floor.
+    Floor,
+}
+
+impl ClientKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientKind::Persist => "persist",
+            ClientKind::Reflector => "reflector",
+            ClientKind::Floor => "floor",
+        }
+    }
+}
+
+/// Options of a client run.
+#[derive(Debug, Clone, Default)]
+pub struct ClientOpts {
+    pub dir: Option<PathBuf>,
+    /// Wait until the cache has caught up with this server revision.
+    pub until_rv: Option<u64>,
+    /// Wait until the cache relisted once (after a forced 410) before reporting.
+    pub until_relist: bool,
+    /// Print `progress <n>` lines while syncing.
+    pub progress: bool,
+}
+
+/// Run a client variant as a child process and return its report. `on_line` sees every
+/// line the child prints (progress lines).
+pub fn run_client(
+    kind: ClientKind,
+    url: &str,
+    opts: &ClientOpts,
+    mut on_line: impl FnMut(&str),
+) -> ClientReport {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--client", kind.name(), "--url", url]);
+    if let Some(d) = &opts.dir {
+        cmd.arg("--dir").arg(d);
+    }
+    if let Some(rv) = opts.until_rv {
+        cmd.args(["--until-rv", &rv.to_string()]);
+    }
+    if opts.until_relist {
+        cmd.arg("--until-relist");
+    }
+    if opts.progress {
+        cmd.arg("--progress");
+    }
+    let mut child = cmd
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn client");
+    let mut report = None;
+    for line in BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        if let Some(json) = line.strip_prefix("client-result ") {
+            report = Some(serde_json::from_str(json).expect("client report"));
+        } else {
+            on_line(&line);
+        }
+    }
+    let status = child.wait().expect("wait client");
+    assert!(status.success(), "{} client failed: {status}", kind.name());
+    report.unwrap_or_else(|| panic!("{} client printed no result", kind.name()))
+}
+
+/// If this process was started as a client (`--client ...`), run it and return true.
+pub fn client_main() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(pos) = args.iter().position(|a| a == "--client") else {
+        return false;
+    };
+    let get = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let kind = match args.get(pos + 1).map(String::as_str) {
+        Some("persist") => ClientKind::Persist,
+        Some("reflector") => ClientKind::Reflector,
+        Some("floor") => ClientKind::Floor,
+        other => panic!("unknown client {other:?}"),
+    };
+    let url = get("--url").expect("--url");
+    let opts = ClientOpts {
+        dir: get("--dir").map(PathBuf::from),
+        until_rv: get("--until-rv").and_then(|s| s.parse().ok()),
+        until_relist: args.iter().any(|a| a == "--until-relist"),
+        progress: args.iter().any(|a| a == "--progress"),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let report = rt.block_on(run_as(kind, &url, &opts));
+    println!("client-result {}", serde_json::to_string(&report).unwrap());
+    true
+}
+
+async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport {
+    let start = Instant::now();
+    let client = kube_persist_testkit::client_for(url, None);
+    let api = Api::<Pod>::all(client);
+    let mut report = ClientReport::default();
+    match kind {
+        ClientKind::Persist => {
+            let dir = opts.dir.clone().expect("--dir for the persist client");
+            let knob = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+            let mut dbc = kube_persist::DbConfig::default();
+            if let Some(c) = knob("KP_CACHE") {
+                dbc = dbc.cache_capacity(c);
+            }
+            let db = kube_persist::Db::open_with(&dir, dbc).expect("open store");
+            let cfg = kube_persist::Config::default().validate(knob("KP_VALIDATE") != Some(0));
+            let (reader, watcher) = db.store("pods", api, cfg).expect("open stream");
+            let progress = opts.progress;
+            let task = tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher.stream());
+                let mut n = 0u64;
+                while let Some(ev) = events.next().await {
+                    if let Ok(kube_persist::Event::InitApply(_)) = ev {
+                        n += 1;
+                        if progress && n % 1000 == 0 {
+                            println!("progress {n}");
+                        }
+                    }
+                }
+            });
+            reader.wait_until_ready().await.expect("ready");
+            report.ready_ms = start.elapsed().as_millis() as u64;
+            reader.wait_until_live().await.expect("live");
+            if opts.until_relist {
+                while reader.stats().relists == 0
+                    || reader.phase() != kube_persist::SyncPhase::Synced
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            if let Some(rv) = opts.until_rv {
+                while reader
+                    .checkpoint()
+                    .and_then(|c| c.parse::<u64>().ok())
+                    .is_none_or(|c| c < rv)
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            report.live_ms = start.elapsed().as_millis() as u64;
+            report.objects = reader.len();
+            task.abort();
+            let _ = task.await;
+            db.flush().expect("flush");
+        }
+        ClientKind::Reflector | ClientKind::Floor => {
+            let (store, writer) = reflector::store::<Pod>();
+            let cfg = watcher::Config::default().page_size(500);
+            let relists = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let seen = relists.clone();
+            let progress = opts.progress;
+            let is_floor = kind == ClientKind::Floor;
+            let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
+            let task = tokio::spawn(async move {
+                let events = watcher(api, cfg).default_backoff();
+                let mut n = 0u64;
+                let mut handle = |ev: &watcher::Event<Pod>| match ev {
+                    watcher::Event::InitApply(_) => {
+                        n += 1;
+                        if progress && n % 1000 == 0 {
+                            println!("progress {n}");
+                        }
+                    }
+                    watcher::Event::InitDone => {
+                        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let _ = ready_tx.send(true);
+                    }
+                    _ => {}
+                };
+                if is_floor {
+                    let mut events = std::pin::pin!(events);
+                    while let Some(ev) = events.next().await {
+                        if let Ok(ev) = ev {
+                            handle(&ev);
+                        }
+                    }
+                } else {
+                    let mut events = std::pin::pin!(reflector(writer, events));
+                    while let Some(ev) = events.next().await {
+                        if let Ok(ev) = ev {
+                            handle(&ev);
+                        }
+                    }
+                }
+            });
+            ready_rx.wait_for(|r| *r).await.expect("ready");
+            report.ready_ms = start.elapsed().as_millis() as u64;
+            if opts.until_relist {
+                while relists.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            report.live_ms = start.elapsed().as_millis() as u64;
+            report.objects = if is_floor {
+                0
+            } else {
+                store.state().len() as u64
+            };
+            task.abort();
+            let _ = task.await;
+        }
+    }
+    let (hwm, rss) = rss_kib();
+    report.peak_rss_kib = hwm;
+    report.rss_kib = rss;
+    report
+}
+
+/// (VmHWM, VmRSS) of this process in KiB, from /proc/self/status.
+pub fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// `namespace/name` → resourceVersion for every Pod on the server (metadata-only pages).
+pub async fn server_versions(url: &str) -> BTreeMap<String, String> {
+    let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
+    let mut out = BTreeMap::new();
+    let mut lp = ListParams::default().limit(1000);
+    loop {
+        let page = api.list_metadata(&lp).await.expect("list server pods");
+        for p in page.items {
+            let m = p.metadata;
+            out.insert(
+                format!(
+                    "{}/{}",
+                    m.namespace.unwrap_or_default(),
+                    m.name.unwrap_or_default()
+                ),
+                m.resource_version.unwrap_or_default(),
+            );
+        }
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = ListParams::default().limit(1000).continue_token(&c),
+            _ => return out,
+        }
+    }
+}
+
+/// `namespace/name` → resourceVersion for every Pod in a kube-persist store on disk.
+pub fn store_versions(dir: &Path, url: &str) -> BTreeMap<String, String> {
+    let db = kube_persist::Db::open(dir).expect("open store");
+    let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
+    let (reader, _watcher) = db
+        .store("pods", api, kube_persist::Config::default())
+        .expect("open stream");
+    reader
+        .iter()
+        .map(|p| {
+            let p = p.expect("stored pod decodes");
+            let m = p.metadata;
+            (
+                format!(
+                    "{}/{}",
+                    m.namespace.unwrap_or_default(),
+                    m.name.unwrap_or_default()
+                ),
+                m.resource_version.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+pub fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
