@@ -274,6 +274,7 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             report.ready_ms = start.elapsed().as_millis() as u64;
             reader.wait_until_live().await.expect("live");
             if opts.until_relist {
+                force_gone(url).await;
                 while reader.stats().relists == 0
                     || reader.phase() != kube_persist::SyncPhase::Synced
                 {
@@ -338,6 +339,7 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             ready_rx.wait_for(|r| *r).await.expect("ready");
             report.ready_ms = start.elapsed().as_millis() as u64;
             if opts.until_relist {
+                force_gone(url).await;
                 while relists.load(std::sync::atomic::Ordering::SeqCst) < 2 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -356,6 +358,14 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
     report.peak_rss_kib = hwm;
     report.rss_kib = rss;
     report
+}
+
+/// Make every watcher's next watch fail with 410 Gone: compact the history, arm a
+/// `gone` fault and close the open watches. The clients then relist.
+pub async fn force_gone(url: &str) {
+    admin(url, "POST", "/testkit/compact").await;
+    admin(url, "POST", "/testkit/faults/gone-next-watch").await;
+    admin(url, "POST", "/testkit/faults/close-watches").await;
 }
 
 /// (VmHWM, VmRSS) of this process in KiB, from /proc/self/status.

@@ -1,0 +1,174 @@
+//! `Reader::get` latency next to kube-runtime's `Store::get`, and watch-event apply
+//! throughput, against a `testkit-server` process.
+//!
+//! ```text
+//! cargo bench --bench lookup [-- --pods 100000]
+//! ```
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e>`
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+const GETS: usize = 100_000;
+
+fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
+    v.sort();
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q) as usize].as_nanos() as f64 / 1000.0;
+    (at(0.50), at(0.99))
+}
+
+fn main() {
+    if support::client_main() {
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let n: usize = args
+        .iter()
+        .position(|a| a == "--pods")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(bench(n));
+}
+
+async fn bench(n: usize) {
+    let server = support::start_server(n, &["--history", "200000"]);
+    let url = server.url.clone();
+    let client = kube_persist_testkit::client_for(&url, None);
+    let keys: Vec<(String, String)> = support::server_versions(&url)
+        .await
+        .into_keys()
+        .map(|k| {
+            let (ns, name) = k.split_once('/').expect("namespaced");
+            (ns.to_string(), name.to_string())
+        })
+        .collect();
+    let mut rng = StdRng::seed_from_u64(42);
+    let hot: Vec<usize> = (0..1000).map(|_| rng.random_range(0..keys.len())).collect();
+    let hot_seq: Vec<usize> = (0..GETS)
+        .map(|_| hot[rng.random_range(0..hot.len())])
+        .collect();
+    let uniform_seq: Vec<usize> = (0..GETS).map(|_| rng.random_range(0..keys.len())).collect();
+
+    // kube-persist.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = kube_persist::Db::open(dir.path().join("store")).expect("open");
+    let (reader, persist_watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(client.clone()),
+            kube_persist::Config::default(),
+        )
+        .expect("stream");
+    let task = tokio::spawn(persist_watcher.run());
+    let t = Instant::now();
+    reader.wait_until_live().await.expect("ready");
+    eprintln!(
+        "kube-persist synced {n} pods in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let time_gets = |seq: &[usize]| -> Vec<Duration> {
+        seq.iter()
+            .map(|&i| {
+                let (ns, name) = &keys[i];
+                let t = Instant::now();
+                let got = reader.get_named(Some(ns), name).expect("get");
+                let d = t.elapsed();
+                assert!(got.is_some(), "{ns}/{name} missing");
+                d
+            })
+            .collect()
+    };
+    let (hot50, hot99) = percentiles(time_gets(&hot_seq));
+    let (uni50, uni99) = percentiles(time_gets(&uniform_seq));
+    eprintln!(
+        "kube-persist Reader::get  hot keys: p50 {hot50:.1} us p99 {hot99:.1} us; uniform: p50 {uni50:.1} us p99 {uni99:.1} us"
+    );
+
+    // Apply throughput: updates are made while the watcher is stopped (the test server
+    // writes only a few thousand objects per second, slower than the store applies them),
+    // then the watcher resumes from its checkpoint and the server streams them all.
+    task.abort();
+    let _ = task.await;
+    let events = 50_000u64;
+    let changed = support::admin(
+        &url,
+        "POST",
+        &format!("/testkit/churn?updates={events}&creates=0&deletes=0&seed=3"),
+    )
+    .await;
+    let target = changed["revision"].as_u64().expect("revision");
+    let (reader, persist_watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(client.clone()),
+            kube_persist::Config::default(),
+        )
+        .expect("stream");
+    let t = Instant::now();
+    let task = tokio::spawn(persist_watcher.run());
+    while reader
+        .checkpoint()
+        .and_then(|c| c.parse::<u64>().ok())
+        .is_none_or(|c| c < target)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let apply_secs = t.elapsed().as_secs_f64();
+    let per_s = events as f64 / apply_secs;
+    let stats = reader.stats();
+    eprintln!(
+        "kube-persist applied {events} streamed watch events in {apply_secs:.2} s ({per_s:.0}/s, {} batches)",
+        stats.batches
+    );
+    task.abort();
+
+    // kube-runtime's reflector Store::get on the same keys.
+    let (store, writer) = reflector::store::<Pod>();
+    let rtask = tokio::spawn(
+        reflector::reflector(
+            writer,
+            watcher::watcher(
+                Api::<Pod>::all(client),
+                watcher::Config::default().page_size(500),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    store.wait_until_ready().await.expect("reflector ready");
+    let refs: Vec<ObjectRef<Pod>> = keys
+        .iter()
+        .map(|(ns, name)| ObjectRef::new(name).within(ns))
+        .collect();
+    let time_store = |seq: &[usize]| -> Vec<Duration> {
+        seq.iter()
+            .map(|&i| {
+                let t = Instant::now();
+                let got = store.get(&refs[i]);
+                let d = t.elapsed();
+                assert!(got.is_some());
+                d
+            })
+            .collect()
+    };
+    let (r_hot50, _) = percentiles(time_store(&hot_seq));
+    let (r_uni50, r_uni99) = percentiles(time_store(&uniform_seq));
+    eprintln!(
+        "kube-runtime Store::get   hot keys: p50 {r_hot50:.2} us; uniform: p50 {r_uni50:.2} us p99 {r_uni99:.2} us"
+    );
+    rtask.abort();
+    println!(
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0}"
+    );
+}

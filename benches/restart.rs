@@ -1,0 +1,78 @@
+//! Warm restart versus cold sync, each client in its own process against one
+//! `testkit-server` process.
+//!
+//! ```text
+//! cargo bench --bench restart [-- --pods 100000]
+//! ```
+//! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z>`
+
+mod support;
+
+use support::{ClientKind, ClientOpts, mib, run_client, start_server};
+
+fn main() {
+    if support::client_main() {
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let n: usize = args
+        .iter()
+        .position(|a| a == "--pods")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let server = start_server(n, &["--history", "50000"]);
+    let url = server.url.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = ClientOpts {
+        dir: Some(dir.path().join("store")),
+        ..ClientOpts::default()
+    };
+
+    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
+    let cold = run_client(ClientKind::Persist, &url, &opts, |_| {});
+    let cold_lists = rt.block_on(support::list_calls(&url));
+    eprintln!(
+        "kube-persist cold sync: ready {} ms, {cold_lists} LIST calls, peak {:.1} MiB",
+        cold.ready_ms,
+        mib(cold.peak_rss_kib)
+    );
+
+    let changed = rt.block_on(support::admin(
+        &url,
+        "POST",
+        "/testkit/churn?updates=1000&creates=100&deletes=100&seed=1",
+    ));
+    let target = changed["revision"].as_u64().unwrap_or(0);
+    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
+    let warm = run_client(
+        ClientKind::Persist,
+        &url,
+        &ClientOpts {
+            until_rv: Some(target),
+            ..opts.clone()
+        },
+        |_| {},
+    );
+    let warm_lists = rt.block_on(support::list_calls(&url));
+    eprintln!(
+        "kube-persist warm restart: ready {} ms, caught up with 1200 changes {} ms, {warm_lists} LIST calls, peak {:.1} MiB",
+        warm.ready_ms,
+        warm.live_ms,
+        mib(warm.peak_rss_kib)
+    );
+
+    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
+    let reflector = run_client(ClientKind::Reflector, &url, &ClientOpts::default(), |_| {});
+    let r_lists = rt.block_on(support::list_calls(&url));
+    eprintln!(
+        "reflector cold start: ready {} ms, {r_lists} LIST calls, peak {:.1} MiB",
+        reflector.ready_ms,
+        mib(reflector.peak_rss_kib)
+    );
+    println!(
+        "RESULT n={n} warm_ready_ms={} warm_list_calls={warm_lists} cold_persist_ready_ms={} cold_reflector_ready_ms={}",
+        warm.ready_ms, cold.ready_ms, reflector.ready_ms
+    );
+}
