@@ -56,3 +56,8 @@ pub use stats::Stats;
 pub use store::reader::{Iter, Reader};
 pub use store::{Db, DbConfig, Durability, SyncPhase};
 pub use watcher::{Config, Event, Pair, Transform, Watcher};
+
+/// The README's code blocks are compiled as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

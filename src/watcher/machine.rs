@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{AsyncBufReadExt, FutureExt, Stream, StreamExt};
+use futures::{AsyncBufReadExt, AsyncReadExt, FutureExt, Stream, StreamExt};
 use kube::core::Request;
 use kube::core::params::{ListParams, WatchParams};
 use serde_json::value::RawValue;
@@ -32,7 +32,23 @@ pub(crate) enum RawEvent {
     Delete(Vec<u8>),
 }
 
-type Lines = Pin<Box<dyn Stream<Item = std::io::Result<String>> + Send>>;
+type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Vec<u8>>> + Send>>;
+
+/// Split a response body into lines of bytes. Unlike `AsyncBufReadExt::lines`, a line that
+/// is not UTF-8 does not break the stream: it is skipped (and counted) by the caller.
+fn byte_lines(body: impl futures::AsyncBufRead + Send + 'static) -> Lines {
+    Box::pin(futures::stream::unfold(
+        Box::pin(body),
+        |mut body| async move {
+            let mut line = Vec::new();
+            match body.read_until(b'\n', &mut line).await {
+                Ok(0) => None,
+                Ok(_) => Some((Ok(line), body)),
+                Err(e) => Some((Err(e), body)),
+            }
+        },
+    ))
+}
 
 struct WatchConn {
     lines: Lines,
@@ -59,7 +75,7 @@ pub(crate) struct Machine {
     started: bool,
     too_large: u32,
     /// Watch events received after a streaming list ended, held until its sweep is done.
-    deferred: Vec<String>,
+    deferred: Vec<Vec<u8>>,
 }
 
 impl Machine {
@@ -216,8 +232,8 @@ impl Machine {
             self.request.list(&lp)
         }
         .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
-        let text = match self.client.request_text(req).await {
-            Ok(t) => t,
+        let body = match self.client.request_stream(req).await {
+            Ok(b) => b,
             Err(kube::Error::Api(s)) if s.code == 410 => {
                 return self.relist("continue token expired (410)");
             }
@@ -228,6 +244,20 @@ impl Machine {
                 });
             }
         };
+        let mut bytes = Vec::new();
+        Box::pin(body)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| Error::Protocol {
+                context: context(),
+                detail: format!("reading the list body: {e}"),
+            })?;
+        // A page with invalid UTF-8 (a broken object) must not block the whole list: decode
+        // it lossily and skip the items that contained the invalid bytes.
+        let (text, lossy) = match String::from_utf8(bytes) {
+            Ok(t) => (t, false),
+            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), true),
+        };
         let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
             context: context(),
             detail: format!("list body does not decode: {e}"),
@@ -237,7 +267,16 @@ impl Machine {
         let n = items.len();
         let objects: Vec<Incoming> = items
             .into_iter()
-            .filter_map(|raw| self.incoming(raw))
+            .filter_map(|raw| {
+                if lossy && raw.get().contains('\u{FFFD}') {
+                    self.bad(BadObject {
+                        what: raw::snippet(raw.get()),
+                        why: "object contains invalid UTF-8".into(),
+                    });
+                    return None;
+                }
+                self.incoming(raw)
+            })
             .collect();
         let progress = match page.metadata.continue_token.filter(|t| !t.is_empty()) {
             Some(t) => ListProgress::More(Some(t)),
@@ -304,7 +343,7 @@ impl Machine {
             Ok(body) => {
                 tracing::debug!(resource_version = %resource_version, initial, "watch connected");
                 self.watch = Some(WatchConn {
-                    lines: Box::pin(body.lines()),
+                    lines: byte_lines(body),
                     initial,
                 });
                 if !initial {
@@ -367,7 +406,7 @@ impl Machine {
         Ok(())
     }
 
-    fn apply_lines(&mut self, lines: Vec<String>, initial: bool) -> Result<()> {
+    fn apply_lines(&mut self, lines: Vec<Vec<u8>>, initial: bool) -> Result<()> {
         let mut ops = Vec::with_capacity(lines.len());
         let mut last_rv = None;
         let mut list_done = None;
@@ -375,8 +414,17 @@ impl Machine {
         let mut rest = Vec::new();
         let (mut events, mut bookmarks) = (0u64, 0u64);
         let mut lines = lines.into_iter();
-        while let Some(line) = lines.next() {
-            let line = &line;
+        while let Some(bytes) = lines.next() {
+            let line = match std::str::from_utf8(&bytes) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.bad(BadObject {
+                        what: String::from_utf8_lossy(&bytes[..bytes.len().min(120)]).into_owned(),
+                        why: format!("watch event is not UTF-8: {e}"),
+                    });
+                    continue;
+                }
+            };
             if line.trim().is_empty() {
                 continue;
             }
