@@ -494,3 +494,75 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("already open"), "{err}");
 }
+
+/// Readers on many tasks never see an object older than one they already saw, while the
+/// watcher applies updates (the hot cache is invalidated in the same step as the write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_cache_never_goes_back_in_time() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(200, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            cfg(false).hot_cache(64 << 20),
+        )
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    let names: Vec<String> = (0..20).map(|i| format!("pod-{i}")).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let (reader, names, stop) = (reader.clone(), names.clone(), stop.clone());
+        readers.push(tokio::task::spawn_blocking(move || {
+            let mut last = std::collections::HashMap::<String, u64>::new();
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for n in &names {
+                    let pod = reader.get_named(Some("ns-0"), n).unwrap().expect("present");
+                    let rv: u64 = pod
+                        .metadata
+                        .resource_version
+                        .as_ref()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    let prev = last.insert(n.clone(), rv).unwrap_or(0);
+                    assert!(rv >= prev, "{n}: read rv {rv} after {prev}");
+                    reads += 1;
+                }
+            }
+            reads
+        }));
+    }
+    for round in 0..30 {
+        for n in &names {
+            let mut o = h.get(&rt, Some("ns-0"), n).unwrap();
+            o["metadata"]["labels"]["round"] = round.to_string().into();
+            h.apply(&rt, o);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    converge(&reader, &h, &rt).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for r in readers {
+        total += r.await.unwrap();
+    }
+    assert!(total > 1000, "readers made {total} reads");
+    // After convergence, cached reads return the newest versions.
+    for n in &names {
+        let cached = reader.get_named(Some("ns-0"), n).unwrap().unwrap();
+        let server = h.get(&rt, Some("ns-0"), n).unwrap();
+        assert_eq!(
+            cached.metadata.resource_version.as_deref(),
+            server["metadata"]["resourceVersion"].as_str()
+        );
+    }
+}

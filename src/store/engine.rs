@@ -27,6 +27,11 @@ impl WriteBatch {
     pub(crate) fn len(&self) -> usize {
         self.ops.len()
     }
+
+    /// The keys this batch writes or deletes.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.ops.iter().map(|(k, _)| k.as_slice())
+    }
 }
 
 /// What the store needs from a storage engine, for one stream's keyspace.

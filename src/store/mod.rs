@@ -125,20 +125,13 @@ impl Db {
             Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
             Durability::EveryBatch => None,
         };
-        // KPX_TEMP experiment hooks
-        let mut sc = sled::Config::new()
+        let sled = sled::Config::new()
             .path(&path)
             .cache_capacity(config.cache_capacity)
-            .mode(if std::env::var("KPX_MODE").as_deref() == Ok("high") {
-                sled::Mode::HighThroughput
-            } else {
-                sled::Mode::LowSpace
-            })
-            .flush_every_ms(flush_every_ms);
-        if let Some(seg) = std::env::var("KPX_SEG").ok().and_then(|v| v.parse().ok()) {
-            sc = sc.segment_size(seg);
-        }
-        let sled = sc.open().map_err(|e| Error::from_sled(&path, e))?;
+            .mode(sled::Mode::LowSpace)
+            .flush_every_ms(flush_every_ms)
+            .open()
+            .map_err(|e| Error::from_sled(&path, e))?;
         tracing::info!(path = %path.display(), recovered = sled.was_recovered(), "store opened");
         Ok(Db {
             inner: Arc::new(DbInner {

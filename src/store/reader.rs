@@ -9,6 +9,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use super::cache::HotCache;
 use super::engine::{Backend, Entry};
 use super::keys::{self, OBJECT};
 use super::record::{self, Record};
@@ -43,6 +44,7 @@ pub struct Reader<K> {
     path: Arc<PathBuf>,
     status: watch::Receiver<Status>,
     stats: Arc<Counters>,
+    cache: Arc<HotCache>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -53,6 +55,7 @@ impl<K> Clone for Reader<K> {
             path: self.path.clone(),
             status: self.status.clone(),
             stats: self.stats.clone(),
+            cache: self.cache.clone(),
             _k: PhantomData,
         }
     }
@@ -69,19 +72,21 @@ impl<K> std::fmt::Debug for Reader<K> {
 
 impl<K> Reader<K>
 where
-    K: Resource + DeserializeOwned,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     pub(crate) fn new(
         backend: Arc<dyn Backend>,
         path: PathBuf,
         status: watch::Receiver<Status>,
         stats: Arc<Counters>,
+        cache: Arc<HotCache>,
     ) -> Self {
         Reader {
             backend,
             path: Arc::new(path),
             status,
             stats,
+            cache,
             _k: PhantomData,
         }
     }
@@ -94,8 +99,27 @@ where
     /// The stored object with this namespace (`None` for cluster-scoped kinds) and name.
     pub fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>> {
         let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        let generation = if self.cache.enabled() {
+            match self.cache.get(&key) {
+                Ok(hit) => {
+                    if let Ok(obj) = hit.downcast::<K>() {
+                        return Ok(Some(obj));
+                    }
+                    None
+                }
+                Err(generation) => Some(generation),
+            }
+        } else {
+            None
+        };
         match self.backend.get(&key)? {
-            Some(v) => decode_entry(&self.path, &key, &v).map(|k| Some(Arc::new(k))),
+            Some(v) => {
+                let obj = Arc::new(decode_entry::<K>(&self.path, &key, &v)?);
+                if let Some(g) = generation {
+                    self.cache.insert(key, obj.clone(), v.len(), g);
+                }
+                Ok(Some(obj))
+            }
             None => Ok(None),
         }
     }

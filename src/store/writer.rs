@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::Status;
+use super::cache::HotCache;
 use super::engine::{Backend, WriteBatch};
 use super::keys::{self, OBJECT, SEEN, STATE_KEY};
 use super::record::{self, Phase, Record, State};
@@ -54,6 +55,7 @@ pub(crate) struct Writer {
     state: State,
     status: watch::Sender<Status>,
     stats: Arc<Counters>,
+    cache: Arc<HotCache>,
 }
 
 impl Writer {
@@ -63,6 +65,7 @@ impl Writer {
         state: State,
         status: watch::Sender<Status>,
         stats: Arc<Counters>,
+        cache: Arc<HotCache>,
     ) -> Self {
         Writer {
             backend,
@@ -70,6 +73,7 @@ impl Writer {
             state,
             status,
             stats,
+            cache,
         }
     }
 
@@ -312,7 +316,12 @@ impl Writer {
     fn write(&mut self, mut batch: WriteBatch, next: State) -> Result<()> {
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
-        self.backend.apply(batch)?;
+        // Readers must not keep (or re-insert) cached versions of what this batch changes.
+        self.cache
+            .begin_write(batch.keys().filter(|k| k.first() == Some(&OBJECT)));
+        let applied = self.backend.apply(batch);
+        self.cache.end_write();
+        applied?;
         Counters::add(&self.stats.batches, 1);
         tracing::trace!(ops, phase = ?next.phase, "batch committed");
         self.state = next;

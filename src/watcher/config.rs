@@ -41,6 +41,8 @@ pub struct Config {
     /// A relist after `410 Gone` waits a random delay up to this, so that many clients
     /// relisting after an apiserver restart spread out (default 1 s).
     pub relist_jitter: Duration,
+    /// Bytes of decoded objects kept for `Reader::get` (estimated; 0 disables). Default 8 MiB.
+    pub hot_cache_bytes: usize,
     /// How many `ResourceVersionTooLarge` answers to retry before relisting (default 5).
     pub too_large_retries: u32,
     pub(crate) transform: Option<(String, Transform)>,
@@ -60,6 +62,7 @@ impl Default for Config {
             max_backoff: Duration::from_secs(30),
             relist_jitter: Duration::from_secs(1),
             too_large_retries: 5,
+            hot_cache_bytes: 8 << 20,
             transform: None,
         }
     }
@@ -121,6 +124,13 @@ impl Config {
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min;
         self.max_backoff = max.max(min);
+        self
+    }
+
+    /// Bytes of decoded objects cached for `Reader::get` (an estimate: about 10x the JSON
+    /// size per object). Hits cost a lock and an `Arc` clone; 0 disables the cache.
+    pub fn hot_cache(mut self, bytes: usize) -> Self {
+        self.hot_cache_bytes = bytes;
         self
     }
 

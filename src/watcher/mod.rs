@@ -19,6 +19,7 @@ use machine::{Machine, RawEvent};
 
 use crate::error::Result;
 use crate::stats::Counters;
+use crate::store::cache::HotCache;
 use crate::store::record::{FORMAT_VERSION, Identity};
 use crate::store::writer::Writer;
 use crate::store::{Db, Status, StreamLease};
@@ -73,7 +74,7 @@ impl<K> std::fmt::Debug for Watcher<K> {
 
 impl<K> Watcher<K>
 where
-    K: Resource + DeserializeOwned + Send + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
     /// the stream goes on after each, retrying with jittered exponential backoff.
@@ -155,7 +156,7 @@ impl Db {
         config: Config,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
-        K: Resource + DeserializeOwned + Send + 'static,
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         self.store_with(name, api, config, &K::DynamicType::default())
@@ -170,7 +171,7 @@ impl Db {
         dyntype: &K::DynamicType,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
-        K: Resource + DeserializeOwned + Send + 'static,
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
         let url = api.resource_url().to_string();
         let identity = identity::<K>(&url, &config, dyntype, false);
@@ -198,7 +199,7 @@ impl Db {
         config: Config,
     ) -> Result<Pair<PartialObjectMeta<K>>>
     where
-        K: Resource + Send + 'static,
+        K: Resource + Send + Sync + 'static,
         K::DynamicType: Default,
     {
         let url = api.resource_url().to_string();
@@ -229,7 +230,7 @@ impl Db {
         metadata_only: bool,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
-        K: Resource + DeserializeOwned,
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
         let opened = self.open_stream(name, &identity)?;
         let stats = Arc::new(Counters::default());
@@ -238,14 +239,17 @@ impl Db {
         }
         let (tx, rx) = tokio::sync::watch::channel(Status::default());
         let path = self.path().to_path_buf();
+        let cache = Arc::new(HotCache::new(config.hot_cache_bytes));
         let writer = Writer::new(
             opened.backend.clone(),
             path.clone(),
             opened.state,
             tx,
             stats.clone(),
+            cache.clone(),
         );
-        let reader = store::reader::Reader::new(opened.backend, path.clone(), rx, stats.clone());
+        let reader =
+            store::reader::Reader::new(opened.backend, path.clone(), rx, stats.clone(), cache);
         writer.publish();
         let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
         Ok((

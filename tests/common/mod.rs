@@ -60,7 +60,7 @@ impl Drop for Driven {
 
 pub fn drive<K>(watcher: Watcher<K>) -> Driven
 where
-    K: Resource + DeserializeOwned + Send + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
@@ -170,7 +170,9 @@ pub fn server_versions(h: &ServerHandle, rt: &ResourceType) -> BTreeMap<String, 
 }
 
 /// `namespace/name` → resourceVersion of every object in the store, read from disk.
-pub fn store_versions<K: Resource + DeserializeOwned>(r: &Reader<K>) -> BTreeMap<String, String> {
+pub fn store_versions<K: Resource + DeserializeOwned + Send + Sync + 'static>(
+    r: &Reader<K>,
+) -> BTreeMap<String, String> {
     r.iter()
         .map(|o| {
             let o = o.expect("stored object decodes");
@@ -183,7 +185,7 @@ pub fn store_versions<K: Resource + DeserializeOwned>(r: &Reader<K>) -> BTreeMap
 }
 
 /// Assert that the store equals the server object by object (and that `get` finds each).
-pub fn assert_matches<K: Resource + DeserializeOwned>(
+pub fn assert_matches<K: Resource + DeserializeOwned + Send + Sync + 'static>(
     r: &Reader<K>,
     h: &ServerHandle,
     rt: &ResourceType,
@@ -222,7 +224,7 @@ pub fn assert_matches<K: Resource + DeserializeOwned>(
 }
 
 /// Wait until the store equals the server (used after server-side changes).
-pub async fn converge<K: Resource + DeserializeOwned>(
+pub async fn converge<K: Resource + DeserializeOwned + Send + Sync + 'static>(
     r: &Reader<K>,
     h: &ServerHandle,
     rt: &ResourceType,
