@@ -1,6 +1,7 @@
 //! The on-disk side: one sled database per directory, one keyspace (tree) per watched
 //! stream, an atomic [`writer`] and a concurrent [`Reader`].
 
+pub(crate) mod cache;
 mod engine;
 mod keys;
 pub(crate) mod reader;
