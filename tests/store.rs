@@ -347,7 +347,8 @@ async fn dynamic_object_cold_warm_and_relist() {
     converge(&reader, &h, &rt).await;
 }
 
-/// Metadata-only streams store `PartialObjectMeta<Pod>`.
+/// Metadata-only streams store `PartialObjectMeta<Pod>`: cold sync, changes, warm restart
+/// without LIST, and a relist after 410 with exact deletions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_only_store() {
     init_tracing();
@@ -356,20 +357,83 @@ async fn metadata_only_store() {
     let rt = ResourceType::pods();
     h.seed_pods(700, 2);
     let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        assert_matches(&reader, &h, &rt);
+        change_pods(&h, 5, "meta");
+        converge(&reader, &h, &rt).await;
+        let one = reader.iter().next().unwrap().unwrap();
+        assert!(
+            one.metadata.labels.is_some(),
+            "labels are kept in metadata-only mode"
+        );
+        w.stop().await;
+    }
+    let deleted = change_pods(&h, 3, "meta2");
+    h.compact();
+    h.reset_counts();
     let db = Db::open(dir.path()).unwrap();
     let (reader, watcher) = db
         .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
         .unwrap();
+    assert!(reader.is_ready());
     let mut w = drive(watcher);
-    w.until(|e| *e == Ev::InitDone).await;
-    assert_matches(&reader, &h, &rt);
-    change_pods(&h, 5, "meta");
+    let mut evs = w.until(|e| matches!(e, Ev::Resumed(_))).await;
+    while evs.iter().filter(|e| matches!(e, Ev::Delete(_))).count() < 3 {
+        evs.extend(w.until(|e| matches!(e, Ev::Delete(_))).await);
+    }
+    for d in &deleted {
+        assert!(
+            evs.contains(&Ev::Delete(d.clone())),
+            "missing Delete({d}): {}",
+            summary(&evs)
+        );
+    }
     converge(&reader, &h, &rt).await;
-    let one = reader.iter().next().unwrap().unwrap();
-    assert!(
-        one.metadata.labels.is_some(),
-        "labels are kept in metadata-only mode"
-    );
+    assert_eq!(reader.stats().relists, 1);
+}
+
+/// A transform runs before writing, and its name is part of the identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transform_drops_managed_fields_before_writing() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(300, 1);
+    assert!(h.list(&ResourceType::pods())[0]["metadata"]["managedFields"].is_array());
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                cfg(false).drop_managed_fields(),
+            )
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        assert_matches(&reader, &h, &ResourceType::pods());
+        for p in reader.iter() {
+            assert!(
+                p.unwrap().metadata.managed_fields.is_none(),
+                "managedFields were stored"
+            );
+        }
+        w.stop().await;
+    }
+    // Without the transform the stored data would be wrong for the new identity: reset.
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, _watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
+        .unwrap();
+    assert_eq!(reader.stats().identity_resets, 1);
+    assert_eq!(reader.len(), 0);
 }
 
 /// A store opened with other selectors does not resume: it starts clean and relists.
