@@ -101,6 +101,23 @@ pub enum Error {
         /// Status message.
         message: String,
     },
+    /// The store directory or its files are accessible by group or others, and
+    /// `DbConfig::strict_permissions` is set.
+    #[error("store at {} is readable by group or others ({} entries, e.g. {:?}); run chmod -R go-rwx on it", path.display(), open.len(), open.first())]
+    Permissions {
+        /// The store directory.
+        path: PathBuf,
+        /// The entries that are too open.
+        open: Vec<PathBuf>,
+    },
+    /// An encrypted store was opened without its key, or with another key.
+    #[error("cannot open the encrypted store at {}: {detail}", path.display())]
+    Encryption {
+        /// The store directory.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),

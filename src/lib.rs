@@ -46,11 +46,13 @@
 //! ```
 #![deny(missing_docs)]
 
+mod crypto;
 mod error;
 mod stats;
 mod store;
 mod watcher;
 
+pub use crypto::EncryptionKey;
 pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::reader::{Iter, Reader};

@@ -58,7 +58,13 @@ impl HotCache {
     }
 
     /// Cache an object read from disk, unless a write started or ended since `generation`.
-    pub(crate) fn insert(&self, key: Vec<u8>, value: Arc<dyn Any + Send + Sync>, json_len: usize, generation: u64) {
+    pub(crate) fn insert(
+        &self,
+        key: Vec<u8>,
+        value: Arc<dyn Any + Send + Sync>,
+        json_len: usize,
+        generation: u64,
+    ) {
         let cost = json_len.saturating_mul(DECODED_PER_JSON_BYTE);
         if cost > self.max_bytes {
             return;
@@ -113,7 +119,6 @@ impl std::fmt::Debug for HotCache {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,7 +126,9 @@ mod tests {
     #[test]
     fn inserts_are_refused_across_a_write_and_bounded_by_bytes() {
         let c = HotCache::new(1000);
-        let Err(g) = c.get(b"a") else { panic!("empty cache hit") };
+        let Err(g) = c.get(b"a") else {
+            panic!("empty cache hit")
+        };
         c.begin_write([b"a".as_slice()].into_iter());
         // A reader that started before the write must not populate the cache.
         c.insert(b"a".to_vec(), Arc::new(1u32), 10, g);

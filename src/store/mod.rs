@@ -4,6 +4,7 @@
 pub(crate) mod cache;
 mod engine;
 mod keys;
+mod perms;
 pub(crate) mod reader;
 pub(crate) mod record;
 pub(crate) mod writer;
@@ -18,6 +19,7 @@ use engine::{SledTree, WriteBatch};
 pub(crate) use keys::object_suffix;
 use record::{Identity, State};
 
+use crate::crypto::{Cipher, EncryptionKey};
 use crate::error::{Error, Result};
 
 /// How durable each committed batch is.
@@ -48,6 +50,8 @@ pub enum Durability {
 pub struct DbConfig {
     cache_capacity: u64,
     durability: Durability,
+    encryption: Option<EncryptionKey>,
+    strict_permissions: bool,
 }
 
 impl Default for DbConfig {
@@ -55,6 +59,8 @@ impl Default for DbConfig {
         DbConfig {
             cache_capacity: 8 << 20,
             durability: Durability::Periodic(Duration::from_millis(500)),
+            encryption: None,
+            strict_permissions: false,
         }
     }
 }
@@ -69,6 +75,21 @@ impl DbConfig {
     /// How durable each batch is (default: periodic flush every 500 ms).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Encrypt every stored object body with `key` (XChaCha20-Poly1305, fresh nonce per
+    /// record). The key is never written to disk; streams record its fingerprint, and opening
+    /// them with a missing or different key is [`Error::Encryption`].
+    pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
+        self.encryption = Some(key);
+        self
+    }
+
+    /// Refuse to open a store whose directory or files are accessible by group or others
+    /// ([`Error::Permissions`]) instead of logging a warning and tightening them.
+    pub fn strict_permissions(mut self, strict: bool) -> Self {
+        self.strict_permissions = strict;
         self
     }
 
@@ -98,6 +119,7 @@ struct DbInner {
     sled: sled::Db,
     path: PathBuf,
     config: DbConfig,
+    cipher: Option<Arc<Cipher>>,
     open_streams: Mutex<HashSet<String>>,
 }
 
@@ -121,7 +143,15 @@ impl Db {
     /// The directory is created with mode 0700: cached objects are cluster data.
     pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
         let path = path.as_ref().to_path_buf();
-        create_private_dir(&path).map_err(|e| Error::from_io(path.clone(), e))?;
+        let open = perms::too_open(&path);
+        if !open.is_empty() {
+            if config.strict_permissions {
+                return Err(Error::Permissions { path, open });
+            }
+            tracing::warn!(path = %path.display(), entries = ?open,
+                "store files are readable by group or others; tightening to 0700/0600");
+        }
+        perms::create_private_dir(&path)?;
         let flush_every_ms = match config.durability {
             Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
             Durability::EveryBatch => None,
@@ -133,11 +163,13 @@ impl Db {
             .flush_every_ms(flush_every_ms)
             .open()
             .map_err(|e| Error::from_sled(&path, e))?;
+        perms::tighten(&path)?;
         tracing::info!(path = %path.display(), recovered = sled.was_recovered(), "store opened");
         Ok(Db {
             inner: Arc::new(DbInner {
                 sled,
                 path,
+                cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
                 config,
                 open_streams: Mutex::new(HashSet::new()),
             }),
@@ -147,6 +179,19 @@ impl Db {
     /// The store directory.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    pub(crate) fn cipher(&self) -> Option<Arc<Cipher>> {
+        self.inner.cipher.clone()
+    }
+
+    /// Fingerprint of the configured encryption key, if any.
+    pub(crate) fn key_fingerprint(&self) -> Option<String> {
+        self.inner
+            .config
+            .encryption
+            .as_ref()
+            .map(EncryptionKey::fingerprint)
     }
 
     /// Flush everything written so far to disk.
@@ -205,6 +250,19 @@ impl Db {
             Some(b) => Some(record::decode::<Identity>(&b).map_err(|d| corrupt("identity", d))?),
             None => None,
         };
+        if let Some(stored) = &stored_identity {
+            if stored.encryption.is_some() && stored.encryption != identity.encryption {
+                return Err(Error::Encryption {
+                    path: path.clone(),
+                    detail: match &identity.encryption {
+                        None => format!(
+                            "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
+                        ),
+                        Some(_) => format!("stream {name:?} was encrypted with another key"),
+                    },
+                });
+            }
+        }
         let mut reset = None;
         let state = match stored_identity {
             Some(stored) if stored == *identity => match backend.get(keys::STATE_KEY)? {
@@ -296,15 +354,4 @@ pub(crate) struct Status {
     pub(crate) live: bool,
     pub(crate) count: u64,
     pub(crate) checkpoint: Option<String>,
-}
-
-fn create_private_dir(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if path.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
 }

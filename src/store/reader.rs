@@ -14,6 +14,7 @@ use super::engine::{Backend, Entry};
 use super::keys::{self, OBJECT};
 use super::record::{self, Record};
 use super::{Status, SyncPhase};
+use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::{Counters, Stats};
 
@@ -45,6 +46,7 @@ pub struct Reader<K> {
     status: watch::Receiver<Status>,
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
+    cipher: Option<Arc<Cipher>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -56,6 +58,7 @@ impl<K> Clone for Reader<K> {
             status: self.status.clone(),
             stats: self.stats.clone(),
             cache: self.cache.clone(),
+            cipher: self.cipher.clone(),
             _k: PhantomData,
         }
     }
@@ -80,6 +83,7 @@ where
         status: watch::Receiver<Status>,
         stats: Arc<Counters>,
         cache: Arc<HotCache>,
+        cipher: Option<Arc<Cipher>>,
     ) -> Self {
         Reader {
             backend,
@@ -87,6 +91,7 @@ where
             status,
             stats,
             cache,
+            cipher,
             _k: PhantomData,
         }
     }
@@ -114,7 +119,12 @@ where
         };
         match self.backend.get(&key)? {
             Some(v) => {
-                let obj = Arc::new(decode_entry::<K>(&self.path, &key, &v)?);
+                let obj = Arc::new(decode_entry::<K>(
+                    &self.path,
+                    &key,
+                    &v,
+                    self.cipher.as_deref(),
+                )?);
                 if let Some(g) = generation {
                     self.cache.insert(key, obj.clone(), v.len(), g);
                 }
@@ -150,6 +160,7 @@ where
         Iter {
             inner: self.backend.range(start, end),
             path: self.path.clone(),
+            cipher: self.cipher.clone(),
             _k: PhantomData,
         }
     }
@@ -206,6 +217,7 @@ where
 pub struct Iter<K> {
     inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
     path: Arc<PathBuf>,
+    cipher: Option<Arc<Cipher>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -214,7 +226,7 @@ impl<K: DeserializeOwned> Iterator for Iter<K> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let entry = self.inner.next()?;
-        Some(entry.and_then(|(k, v)| decode_entry(&self.path, &k, &v)))
+        Some(entry.and_then(|(k, v)| decode_entry(&self.path, &k, &v, self.cipher.as_deref())))
     }
 }
 
@@ -222,13 +234,16 @@ fn decode_entry<K: DeserializeOwned>(
     path: &std::path::Path,
     key: &[u8],
     value: &[u8],
+    cipher: Option<&Cipher>,
 ) -> Result<K> {
     let display = || keys::display(&key[1..]);
-    let rec: Record = record::decode(value).map_err(|detail| Error::Corrupt {
+    let corrupt = |detail: String| Error::Corrupt {
         path: path.to_path_buf(),
         detail: format!("record {}: {detail}", display()),
-    })?;
-    serde_json::from_slice(&rec.body).map_err(|source| Error::Decode {
+    };
+    let rec: Record = record::decode(value).map_err(corrupt)?;
+    let body = rec.open(key, cipher).map_err(corrupt)?;
+    serde_json::from_slice(&body).map_err(|source| Error::Decode {
         path: path.to_path_buf(),
         key: display(),
         source,

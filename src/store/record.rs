@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::crypto::Cipher;
+
 /// Version of the on-disk format. Part of the store identity: a store written with
 /// another format version is not resumed but rebuilt.
 pub(crate) const FORMAT_VERSION: u32 = 1;
@@ -75,6 +77,8 @@ pub(crate) struct Identity {
     pub(crate) metadata_only: bool,
     /// Name of the transform applied before writing, if any.
     pub(crate) transform: Option<String>,
+    /// Fingerprint of the encryption key, for encrypted stores.
+    pub(crate) encryption: Option<String>,
 }
 
 impl Identity {
@@ -101,7 +105,55 @@ impl Identity {
         cmp!(field_selector);
         cmp!(metadata_only);
         cmp!(transform);
+        cmp!(encryption);
         diffs.join(", ")
+    }
+}
+
+impl Record {
+    /// Authenticated data binding an encrypted body to its key and envelope.
+    fn aad(&self, key: &[u8]) -> Vec<u8> {
+        let mut aad =
+            Vec::with_capacity(key.len() + self.resource_version.len() + self.uid.len() + 10);
+        aad.extend_from_slice(key);
+        aad.push(0);
+        aad.extend_from_slice(self.resource_version.as_bytes());
+        aad.push(0);
+        aad.extend_from_slice(self.uid.as_bytes());
+        aad.extend_from_slice(&self.epoch.to_be_bytes());
+        aad
+    }
+
+    /// A record for `key` whose body is sealed with `cipher` (if the store is encrypted).
+    pub(crate) fn sealed(
+        key: &[u8],
+        resource_version: String,
+        uid: String,
+        epoch: u64,
+        plain: &[u8],
+        cipher: Option<&Cipher>,
+    ) -> Record {
+        let mut rec = Record {
+            resource_version,
+            uid,
+            epoch,
+            body: Vec::new(),
+        };
+        rec.body = match cipher {
+            Some(c) => c.seal(plain, &rec.aad(key)),
+            None => plain.to_vec(),
+        };
+        rec
+    }
+
+    /// The plaintext JSON body, or why it cannot be read (wrong key or tampering).
+    pub(crate) fn open(self, key: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>, String> {
+        match cipher {
+            None => Ok(self.body),
+            Some(c) => c.open(&self.body, &self.aad(key)).ok_or_else(|| {
+                "encrypted record fails authentication (wrong key, or modified on disk)".to_string()
+            }),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use super::cache::HotCache;
 use super::engine::{Backend, WriteBatch};
 use super::keys::{self, OBJECT, SEEN, STATE_KEY};
 use super::record::{self, Phase, Record, State};
+use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 
@@ -56,6 +57,7 @@ pub(crate) struct Writer {
     status: watch::Sender<Status>,
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
+    cipher: Option<Arc<Cipher>>,
 }
 
 impl Writer {
@@ -66,6 +68,7 @@ impl Writer {
         status: watch::Sender<Status>,
         stats: Arc<Counters>,
         cache: Arc<HotCache>,
+        cipher: Option<Arc<Cipher>>,
     ) -> Self {
         Writer {
             backend,
@@ -74,6 +77,7 @@ impl Writer {
             status,
             stats,
             cache,
+            cipher,
         }
     }
 
@@ -196,7 +200,13 @@ impl Writer {
                 batch.delete(key.clone());
                 deleted += 1;
                 if emit {
-                    changes.push(Change::Deleted(rec.body));
+                    let body = rec.open(&key, self.cipher.as_deref()).map_err(|detail| {
+                        Error::Corrupt {
+                            path: self.path.clone(),
+                            detail: format!("record {}: {detail}", keys::display(suffix)),
+                        }
+                    })?;
+                    changes.push(Change::Deleted(body));
                 }
             }
             last = Some(key);
@@ -276,18 +286,20 @@ impl Writer {
                     }
                     written += 1;
                     pending.insert(o.suffix.clone(), Some((o.resource_version.clone(), epoch)));
-                    let rec = Record {
-                        resource_version: o.resource_version,
-                        uid: o.uid,
+                    let rec = Record::sealed(
+                        &key,
+                        o.resource_version,
+                        o.uid,
                         epoch,
-                        body: o.body,
-                    };
+                        &o.body,
+                        self.cipher.as_deref(),
+                    );
                     batch.put(key, record::encode(&rec));
                     if emit {
                         changes.push(if existing.is_some() {
-                            Change::Updated(rec.body)
+                            Change::Updated(o.body)
                         } else {
-                            Change::Created(rec.body)
+                            Change::Created(o.body)
                         });
                     }
                 }

@@ -45,6 +45,10 @@ pub struct Config {
     pub hot_cache_bytes: usize,
     /// How many `ResourceVersionTooLarge` answers to retry before relisting (default 5).
     pub too_large_retries: u32,
+    /// Whether this stream holds sensitive data (default: only for `Secret`).
+    pub sensitive: Option<bool>,
+    /// Opt-in to writing sensitive objects (Secrets) to disk.
+    pub allow_sensitive_data: bool,
     pub(crate) transform: Option<(String, Transform)>,
 }
 
@@ -63,6 +67,8 @@ impl Default for Config {
             relist_jitter: Duration::from_secs(1),
             too_large_retries: 5,
             hot_cache_bytes: 8 << 20,
+            sensitive: None,
+            allow_sensitive_data: false,
             transform: None,
         }
     }
@@ -148,6 +154,24 @@ impl Config {
         f: impl Fn(&mut serde_json::Value) + Send + Sync + 'static,
     ) -> Self {
         self.transform = Some((name.to_string(), Arc::new(f)));
+        self
+    }
+
+    /// Mark this stream's kind as sensitive (or not), overriding the default (only `Secret`
+    /// is). Sensitive streams need [`Config::allow_sensitive_data`].
+    pub fn sensitive(mut self, sensitive: bool) -> Self {
+        self.sensitive = Some(sensitive);
+        self
+    }
+
+    /// Accept writing sensitive objects (e.g. Secrets, ServiceAccount tokens) to disk.
+    ///
+    /// An in-memory cache dies with its process; this one leaves the data on disk. Prefer a
+    /// metadata-only store, or a transform that drops `data`/`stringData`, when the
+    /// controller does not need the values; otherwise encrypt the store
+    /// (`DbConfig::encryption_key`) and keep its directory private.
+    pub fn allow_sensitive_data(mut self) -> Self {
+        self.allow_sensitive_data = true;
         self
     }
 

@@ -174,7 +174,15 @@ impl Db {
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
         let url = api.resource_url().to_string();
-        let identity = identity::<K>(&url, &config, dyntype, false);
+        let kind = K::kind(dyntype);
+        if config.sensitive.unwrap_or(kind == "Secret") && !config.allow_sensitive_data {
+            return Err(crate::Error::Config(format!(
+                "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
+                 Config::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
+                self.path().display()
+            )));
+        }
+        let identity = identity::<K>(&url, &config, dyntype, false, self.key_fingerprint());
         let validate = config
             .validate
             .then_some(validate_as::<K> as raw::Validator);
@@ -203,7 +211,13 @@ impl Db {
         K::DynamicType: Default,
     {
         let url = api.resource_url().to_string();
-        let identity = identity::<K>(&url, &config, &K::DynamicType::default(), true);
+        let identity = identity::<K>(
+            &url,
+            &config,
+            &K::DynamicType::default(),
+            true,
+            self.key_fingerprint(),
+        );
         let validate = config
             .validate
             .then_some(validate_as::<PartialObjectMeta<K>> as raw::Validator);
@@ -240,6 +254,7 @@ impl Db {
         let (tx, rx) = tokio::sync::watch::channel(Status::default());
         let path = self.path().to_path_buf();
         let cache = Arc::new(HotCache::new(config.hot_cache_bytes));
+        let cipher = self.cipher();
         let writer = Writer::new(
             opened.backend.clone(),
             path.clone(),
@@ -247,9 +262,16 @@ impl Db {
             tx,
             stats.clone(),
             cache.clone(),
+            cipher.clone(),
         );
-        let reader =
-            store::reader::Reader::new(opened.backend, path.clone(), rx, stats.clone(), cache);
+        let reader = store::reader::Reader::new(
+            opened.backend,
+            path.clone(),
+            rx,
+            stats.clone(),
+            cache,
+            cipher,
+        );
         writer.publish();
         let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
         Ok((
@@ -269,6 +291,7 @@ fn identity<K: Resource>(
     cfg: &Config,
     dt: &K::DynamicType,
     metadata_only: bool,
+    encryption: Option<String>,
 ) -> Identity {
     Identity {
         format_version: FORMAT_VERSION,
@@ -279,5 +302,6 @@ fn identity<K: Resource>(
         field_selector: cfg.field_selector.clone(),
         metadata_only,
         transform: cfg.transform.as_ref().map(|t| t.0.clone()),
+        encryption,
     }
 }

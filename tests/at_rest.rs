@@ -1,0 +1,265 @@
+//! Data at rest: directory and file permissions, the Secret opt-in, and encryption of
+//! stored objects (round trip, missing key, wrong key, a modified record on disk).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube_persist::{Config, Db, DbConfig, EncryptionKey, Error};
+use kube_persist_testkit::{ResourceType, TestServer};
+
+fn modes(dir: &Path) -> Vec<(String, u32)> {
+    let mut out = vec![(
+        dir.display().to_string(),
+        std::fs::metadata(dir).unwrap().permissions().mode() & 0o777,
+    )];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            out.extend(modes(&e.path()));
+        } else {
+            out.push((
+                e.path().display().to_string(),
+                m.permissions().mode() & 0o777,
+            ));
+        }
+    }
+    out
+}
+
+fn assert_private(dir: &Path) {
+    for (p, mode) in modes(dir) {
+        let want = if Path::new(&p).is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, want, "{p} has mode {mode:o}");
+    }
+}
+
+async fn sync_pods(server: &TestServer, db: &Db) {
+    let (_reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_is_private_whatever_the_umask() {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(50, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    // SAFETY: umask only changes the process's file-creation mask.
+    let old = unsafe { libc::umask(0) };
+    {
+        let db = Db::open(&dir).unwrap();
+        sync_pods(&server, &db).await;
+        db.flush().unwrap();
+    }
+    unsafe { libc::umask(old) };
+    assert_private(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn world_readable_store_is_tightened_or_refused() {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(50, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    {
+        let db = Db::open(&dir).unwrap();
+        sync_pods(&server, &db).await;
+    }
+    for (p, _) in modes(&dir) {
+        let mode = if Path::new(&p).is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    match Db::open_with(&dir, DbConfig::default().strict_permissions(true)) {
+        Err(Error::Permissions { path, open }) => {
+            assert_eq!(path, dir);
+            assert!(!open.is_empty());
+        }
+        other => panic!("expected a permissions error, got {other:?}"),
+    }
+    let db = Db::open(&dir).unwrap();
+    assert_private(&dir);
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_need_an_explicit_opt_in() {
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let secrets = ResourceType::new("", "v1", "secrets", "Secret", true);
+    h.register(&secrets);
+    for i in 0..20 {
+        h.apply(
+            &secrets,
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("s-{i}"), "namespace": "default"},
+                "data": {"password": "aHVudGVyMg=="}
+            }),
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open(tmp.path()).unwrap();
+    let err = db
+        .store(
+            "secrets",
+            Api::<Secret>::all(server.client()),
+            Config::default(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("allow_sensitive_data"), "{err}");
+    // Metadata-only needs no opt-in: no data is stored.
+    let (meta, watcher) = db
+        .metadata_store(
+            "secret-meta",
+            Api::<Secret>::all(server.client()),
+            Config::default(),
+        )
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    assert_eq!(meta.len(), 20);
+    // With the opt-in, whole Secrets are stored.
+    let (reader, watcher) = db
+        .store(
+            "secrets",
+            Api::<Secret>::all(server.client()),
+            Config::default().allow_sensitive_data(),
+        )
+        .unwrap();
+    let mut w2 = drive(watcher);
+    w2.until(|e| *e == Ev::InitDone).await;
+    assert_matches(&reader, &h, &secrets);
+    // Any kind can be marked sensitive.
+    let err = db
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            Config::default().sensitive(true),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
+fn key(b: u8) -> EncryptionKey {
+    EncryptionKey::from_bytes([b; 32])
+}
+
+/// Bytes of every file under `dir` contain `needle`?
+fn on_disk(dir: &Path, needle: &[u8]) -> bool {
+    modes(dir).into_iter().any(|(p, _)| {
+        Path::new(&p).is_file()
+            && std::fs::read(&p)
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(300, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let open = |k: Option<EncryptionKey>| {
+        let cfg = match k {
+            Some(k) => DbConfig::default().encryption_key(k),
+            None => DbConfig::default(),
+        };
+        Db::open_with(&dir, cfg).unwrap()
+    };
+    {
+        let db = open(Some(key(1)));
+        let (reader, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), Config::default())
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        assert_matches(&reader, &h, &ResourceType::pods());
+        w.stop().await;
+        db.flush().unwrap();
+    }
+    // Object bodies are not on disk in clear (a plain store would show them).
+    assert!(
+        !on_disk(&dir, b"imagePullPolicy"),
+        "plaintext body found on disk"
+    );
+
+    for (k, what) in [(None, "missing key"), (Some(key(2)), "wrong key")] {
+        let db = open(k);
+        match db.store("pods", Api::<Pod>::all(server.client()), Config::default()) {
+            Err(Error::Encryption { path, .. }) => assert_eq!(path, dir, "{what}"),
+            Err(e) => panic!("{what}: expected an encryption error, got {e}"),
+            Ok(_) => panic!("{what}: opened an encrypted store"),
+        }
+    }
+    // The right key resumes without a LIST.
+    h.reset_counts();
+    let db = open(Some(key(1)));
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap();
+    let mut w = drive(watcher);
+    assert!(matches!(w.until(|_| true).await[0], Ev::Resumed(_)));
+    assert_matches(&reader, &h, &ResourceType::pods());
+    assert_eq!(h.counts().list, 0);
+
+    let plain_dir = tmp.path().join("plain");
+    let plain = Db::open(&plain_dir).unwrap();
+    sync_pods(&server, &plain).await;
+    plain.flush().unwrap();
+    assert!(
+        on_disk(&plain_dir, b"imagePullPolicy"),
+        "the check above can see plaintext"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modified_encrypted_record_is_a_corruption_error() {
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(20, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    {
+        let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(1))).unwrap();
+        sync_pods(&server, &db).await;
+        db.flush().unwrap();
+    }
+    // Flip one byte of one stored record, through sled itself.
+    {
+        let raw = sled::open(&dir).unwrap();
+        let tree = raw.open_tree("stream/pods").unwrap();
+        let k = b"ons-0\0pod-3".to_vec();
+        let mut v = tree.get(&k).unwrap().expect("record present").to_vec();
+        let last = v.len() - 1;
+        v[last] ^= 0x01;
+        tree.insert(k, v).unwrap();
+        raw.flush().unwrap();
+    }
+    let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(1))).unwrap();
+    let (reader, _w) = db
+        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap();
+    match reader.get_named(Some("ns-0"), "pod-3") {
+        Err(Error::Corrupt { detail, .. }) => {
+            assert!(detail.contains("authentication"), "{detail}")
+        }
+        other => panic!("expected a corruption error, got {other:?}"),
+    }
+    assert!(
+        reader.get_named(Some("ns-0"), "pod-4").unwrap().is_some(),
+        "other records still read"
+    );
+}
