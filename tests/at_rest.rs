@@ -263,3 +263,61 @@ async fn modified_encrypted_record_is_a_corruption_error() {
         "other records still read"
     );
 }
+
+/// The `kube-persist` tool reads stores, and refuses to print an encrypted one without its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_inspect_get_dump_with_and_without_key() {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(40, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    {
+        let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(9))).unwrap();
+        sync_pods(&server, &db).await;
+        db.flush().unwrap();
+    }
+    let hex: String = std::iter::repeat_n("09", 32).collect();
+    let cli = |args: &[&str], with_key: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kube-persist"));
+        cmd.args(args).env_remove("KUBE_PERSIST_KEY");
+        if with_key {
+            cmd.env("KUBE_PERSIST_KEY", &hex);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let d = dir.to_str().unwrap();
+    let (code, out, _) = cli(&["inspect", d], false);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("stream pods")
+            && out.contains("objects:    40")
+            && out.contains("encrypted:  yes"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&["get", d, "pods", "ns-1/pod-1"], false);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(err.contains("encrypted") && out.is_empty(), "{err}");
+    let (code, out, _) = cli(&["get", d, "pods", "ns-1/pod-1"], true);
+    assert_eq!(code, Some(0));
+    let pod: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(pod["metadata"]["name"], "pod-1");
+
+    let (code, _, err) = cli(&["dump", d, "pods"], false);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, out, _) = cli(&["dump", d, "pods"], true);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.lines().count(), 40);
+    assert!(
+        out.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    let (code, _, err) = cli(&["get", d, "nope", "x"], true);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("no stream"), "{err}");
+}

@@ -3,6 +3,7 @@
 
 pub(crate) mod cache;
 mod engine;
+pub(crate) mod inspect;
 mod keys;
 mod perms;
 pub(crate) mod reader;

@@ -1,0 +1,146 @@
+//! `kube-persist`: look inside a store directory.
+//!
+//! ```text
+//! kube-persist inspect DIR                       streams, kinds, checkpoints, object counts
+//! kube-persist get DIR STREAM [NAMESPACE/]NAME   one object as JSON
+//! kube-persist dump DIR STREAM                   every object, one JSON document per line
+//! ```
+//! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
+//! variable (64 hex characters). The store must not be open in another process.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use kube_persist::{Db, DbConfig, EncryptionKey};
+
+const USAGE: &str = "usage:
+  kube-persist inspect DIR [--key-file PATH]
+  kube-persist get DIR STREAM [NAMESPACE/]NAME [--key-file PATH]
+  kube-persist dump DIR STREAM [--key-file PATH]
+The key may also come from the KUBE_PERSIST_KEY environment variable (64 hex characters).";
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let key = match take_key(&mut args) {
+        Ok(k) => k,
+        Err(e) => return fail(&e),
+    };
+    let mut config = DbConfig::default();
+    if let Some(k) = key {
+        config = config.encryption_key(k);
+    }
+    let open = |dir: &str| Db::open_with(dir, config.clone()).map_err(|e| e.to_string());
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["inspect", dir] => open(dir).and_then(|db| inspect(&db)),
+        ["get", dir, stream, object] => open(dir).and_then(|db| get(&db, stream, object)),
+        ["dump", dir, stream] => open(dir).and_then(|db| dump(&db, stream)),
+        ["-h" | "--help"] => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => return fail(USAGE),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("kube-persist: {msg}");
+    ExitCode::from(2)
+}
+
+fn take_key(args: &mut Vec<String>) -> Result<Option<EncryptionKey>, String> {
+    if let Some(i) = args.iter().position(|a| a == "--key-file") {
+        let path = args.get(i + 1).cloned().ok_or("--key-file needs a path")?;
+        args.drain(i..=i + 1);
+        return EncryptionKey::from_file(&path)
+            .map(Some)
+            .map_err(|e| e.to_string());
+    }
+    match std::env::var("KUBE_PERSIST_KEY") {
+        Ok(hex) => EncryptionKey::from_hex(&hex)
+            .map(Some)
+            .map_err(|e| format!("KUBE_PERSIST_KEY: {e}")),
+        Err(_) => Ok(None),
+    }
+}
+
+fn inspect(db: &Db) -> Result<(), String> {
+    let streams = db.streams().map_err(|e| e.to_string())?;
+    let size = db.size_on_disk().map_err(|e| e.to_string())?;
+    println!(
+        "store {} ({:.1} MiB on disk, {} streams)",
+        db.path().display(),
+        size as f64 / (1 << 20) as f64,
+        streams.len()
+    );
+    for s in streams {
+        println!("stream {}", s.name);
+        println!(
+            "  kind:       {} {}{}",
+            s.api_version,
+            s.kind,
+            if s.metadata_only {
+                " (metadata only)"
+            } else {
+                ""
+            }
+        );
+        println!("  url:        {}", s.url);
+        if let Some(l) = &s.label_selector {
+            println!("  labels:     {l}");
+        }
+        if let Some(f) = &s.field_selector {
+            println!("  fields:     {f}");
+        }
+        if let Some(t) = &s.transform {
+            println!("  transform:  {t}");
+        }
+        println!(
+            "  encrypted:  {}",
+            s.key_fingerprint
+                .as_deref()
+                .map(|f| format!("yes (key {f})"))
+                .unwrap_or_else(|| "no".into())
+        );
+        println!("  phase:      {:?}", s.phase);
+        println!("  checkpoint: {}", s.checkpoint.as_deref().unwrap_or("-"));
+        println!("  objects:    {}", s.objects);
+    }
+    Ok(())
+}
+
+fn get(db: &Db, stream: &str, object: &str) -> Result<(), String> {
+    let (ns, name) = match object.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, object),
+    };
+    match db.raw_get(stream, ns, name).map_err(|e| e.to_string())? {
+        Some(json) => {
+            let v: serde_json::Value = serde_json::from_slice(&json)
+                .map_err(|e| format!("stored JSON of {object}: {e}"))?;
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            Ok(())
+        }
+        None => Err(format!("{object} is not in stream {stream:?}")),
+    }
+}
+
+fn dump(db: &Db, stream: &str) -> Result<(), String> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for entry in db.raw_objects(stream).map_err(|e| e.to_string())? {
+        let (_, json) = entry.map_err(|e| e.to_string())?;
+        out.write_all(&json)
+            .and_then(|_| out.write_all(b"\n"))
+            .map_err(|e| e.to_string())?;
+    }
+    out.flush().map_err(|e| e.to_string())
+}

@@ -1,0 +1,154 @@
+//! Trigger streams: what makes the controller schedule a reconcile.
+//!
+//! Every source (the main kind's persistent watcher, related kinds' persistent watchers,
+//! plain streams, user triggers) becomes one boxed stream of [`Trigger`]s; the runner
+//! merges them.
+
+use futures::stream::{self, BoxStream};
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::controller::{ReconcileReason, ReconcileRequest};
+use kube::runtime::reflector::ObjectRef;
+use serde::de::DeserializeOwned;
+
+use super::error::TriggerError;
+use crate::{Event, Watcher};
+
+/// One thing a trigger stream asks of the runner.
+pub(crate) enum Trigger<K: Resource> {
+    /// Schedule this object now.
+    Request(ReconcileRequest<K>),
+    /// Reconcile every stored object of the main kind (a sweep over the store on disk).
+    ReconcileAll,
+}
+
+/// A boxed trigger stream.
+pub(crate) type TriggerStream<K> = BoxStream<'static, Result<Trigger<K>, TriggerError>>;
+
+/// A reference without the `extra` fields (uid, resourceVersion): equality and hashing
+/// ignore them, and the scheduler may hold many references.
+pub(crate) fn bare_ref<K: Resource>(obj: &K, dyntype: K::DynamicType) -> ObjectRef<K> {
+    let mut r = ObjectRef::from_obj_with(obj, dyntype);
+    r.extra = Default::default();
+    r
+}
+
+/// The main kind's persistent watcher. Changes schedule the object itself; the end of the
+/// first list (`InitDone`), and a warm restart (`Resumed`) when `all_on_resume`, ask for a
+/// sweep. The first list's objects (`InitApply`) are not scheduled one by one: the sweep
+/// after `InitDone` reads them back from disk in chunks, so the scheduler never receives
+/// the whole first list at once.
+pub(crate) fn main_kind<K>(
+    watcher: Watcher<K>,
+    dyntype: K::DynamicType,
+    all_on_resume: bool,
+) -> TriggerStream<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+{
+    watcher
+        .stream()
+        .filter_map(move |ev| {
+            let out = match ev {
+                Ok(Event::Resumed { .. }) => all_on_resume.then_some(Ok(Trigger::ReconcileAll)),
+                Ok(Event::InitDone) => Some(Ok(Trigger::ReconcileAll)),
+                Ok(Event::Init | Event::InitApply(_)) => None,
+                Ok(Event::Apply(k) | Event::Delete(k)) => {
+                    Some(Ok(Trigger::Request(ReconcileRequest {
+                        obj_ref: bare_ref(&k, dyntype.clone()),
+                        reason: ReconcileReason::ObjectUpdated,
+                    })))
+                }
+                Err(e) => Some(Err(TriggerError::Store(e))),
+            };
+            futures::future::ready(out)
+        })
+        .boxed()
+}
+
+/// Objects a persistent watcher touched (applied, listed or deleted); errors as
+/// [`TriggerError::Store`].
+pub(crate) fn touched<O>(watcher: Watcher<O>) -> impl Stream<Item = Result<O, TriggerError>> + Send
+where
+    O: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    watcher.stream().filter_map(|ev| {
+        futures::future::ready(match ev {
+            Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => Some(Ok(o)),
+            Ok(Event::Resumed { .. } | Event::Init | Event::InitDone) => None,
+            Err(e) => Some(Err(TriggerError::Store(e))),
+        })
+    })
+}
+
+/// Related objects mapped to the main kind's objects, with the reason kube-runtime uses.
+pub(crate) fn related<K, O, I, S>(
+    objects: S,
+    other_dyntype: O::DynamicType,
+    mapper: impl Fn(O) -> I + Send + 'static,
+) -> TriggerStream<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Clone + Send,
+    O: Resource + Send + 'static,
+    O::DynamicType: Clone + Send + 'static,
+    I: IntoIterator<Item = ObjectRef<K>>,
+    S: Stream<Item = Result<O, TriggerError>> + Send + 'static,
+{
+    objects
+        .flat_map(move |res| {
+            let items: Vec<Result<Trigger<K>, TriggerError>> = match res {
+                Ok(o) => {
+                    let watched = ObjectRef::from_obj_with(&o, other_dyntype.clone()).erase();
+                    mapper(o)
+                        .into_iter()
+                        .map(|obj_ref| {
+                            Ok(Trigger::Request(ReconcileRequest {
+                                obj_ref,
+                                reason: ReconcileReason::RelatedObjectUpdated {
+                                    obj_ref: Box::new(watched.clone()),
+                                },
+                            }))
+                        })
+                        .collect()
+                }
+                Err(e) => vec![Err(e)],
+            };
+            stream::iter(items)
+        })
+        .boxed()
+}
+
+/// The owners of `child` that are of the main kind `K` (by apiVersion and kind).
+pub(crate) fn owners<K, O>(child: &O, dyntype: &K::DynamicType) -> Vec<ObjectRef<K>>
+where
+    K: Resource,
+    K::DynamicType: Clone,
+    O: Resource,
+{
+    let meta = child.meta();
+    let ns = meta.namespace.as_deref();
+    meta.owner_references
+        .iter()
+        .flatten()
+        .filter_map(|owner| ObjectRef::from_owner_ref(ns, owner, dyntype.clone()))
+        .collect()
+}
+
+/// User-supplied references, scheduled as `Unknown` (kube-runtime's `reconcile_on`).
+pub(crate) fn refs<K>(refs: impl Stream<Item = ObjectRef<K>> + Send + 'static) -> TriggerStream<K>
+where
+    K: Resource + 'static,
+{
+    refs.map(|obj_ref| Ok(Trigger::Request(ReconcileRequest::from(obj_ref))))
+        .boxed()
+}
+
+/// User-supplied "reconcile everything" ticks (kube-runtime's `reconcile_all_on`).
+pub(crate) fn all_on<K>(ticks: impl Stream<Item = ()> + Send + 'static) -> TriggerStream<K>
+where
+    K: Resource + 'static,
+{
+    ticks.map(|()| Ok(Trigger::ReconcileAll)).boxed()
+}

@@ -1,0 +1,191 @@
+//! Read-only access to a store without knowing its object types: what streams it holds,
+//! and their objects as JSON. Used by the `kube-persist` command-line tool.
+
+use std::sync::Arc;
+
+use super::engine::{Backend, SledTree};
+use super::keys::{self, IDENTITY_KEY, OBJECT, STATE_KEY};
+use super::record::{self, Identity, Record, State};
+use super::{Db, SyncPhase};
+use crate::crypto::Cipher;
+use crate::error::{Error, Result};
+
+const TREE_PREFIX: &str = "stream/";
+
+/// What a stored stream caches and where it is in its list/watch cycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamInfo {
+    /// The stream's name.
+    pub name: String,
+    /// API version of the cached kind.
+    pub api_version: String,
+    /// The cached kind.
+    pub kind: String,
+    /// The collection URL (group, version, plural, namespace).
+    pub url: String,
+    /// Label selector, if any.
+    pub label_selector: Option<String>,
+    /// Field selector, if any.
+    pub field_selector: Option<String>,
+    /// Whether only metadata is stored.
+    pub metadata_only: bool,
+    /// Name of the transform applied before writing, if any.
+    pub transform: Option<String>,
+    /// Fingerprint of the encryption key, for encrypted streams.
+    pub key_fingerprint: Option<String>,
+    /// Where the stream is in its list/watch cycle.
+    pub phase: SyncPhase,
+    /// The resourceVersion at which the stream was last complete.
+    pub checkpoint: Option<String>,
+    /// Number of stored objects.
+    pub objects: u64,
+}
+
+/// Objects of a stream as JSON, in key order; see [`Db::raw_objects`].
+pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
+
+impl Db {
+    /// The streams stored in this directory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.streams()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn streams(&self) -> Result<Vec<StreamInfo>> {
+        let mut out = Vec::new();
+        for name in self.inner.sled.tree_names() {
+            let Some(name) = std::str::from_utf8(&name)
+                .ok()
+                .and_then(|n| n.strip_prefix(TREE_PREFIX))
+            else {
+                continue;
+            };
+            let backend = self.tree(name)?;
+            let Some(identity) = self.read_meta::<Identity>(&*backend, name, IDENTITY_KEY)? else {
+                continue;
+            };
+            let state = self
+                .read_meta::<State>(&*backend, name, STATE_KEY)?
+                .unwrap_or_default();
+            out.push(StreamInfo {
+                name: name.to_string(),
+                api_version: identity.api_version,
+                kind: identity.kind,
+                url: identity.url,
+                label_selector: identity.label_selector,
+                field_selector: identity.field_selector,
+                metadata_only: identity.metadata_only,
+                transform: identity.transform,
+                key_fingerprint: identity.encryption,
+                phase: (&state.phase).into(),
+                checkpoint: state.last_synced,
+                objects: state.count,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
+    pub fn raw_get(
+        &self,
+        stream: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        let (backend, cipher) = self.readable(stream)?;
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        match backend.get(&key)? {
+            Some(v) => self.open_record(&key, &v, cipher.as_deref()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every stored object of `stream` as (`namespace/name`, JSON), read lazily from disk.
+    pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
+        let (backend, cipher) = self.readable(stream)?;
+        let (start, end) = keys::range(OBJECT, None);
+        let db = self.clone();
+        Ok(Box::new(backend.range(&start, &end).map(move |entry| {
+            let (k, v) = entry?;
+            let body = db.open_record(&k, &v, cipher.as_deref())?;
+            Ok((keys::display(&k[1..]), body))
+        })))
+    }
+
+    fn tree(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+        let path = &self.inner.path;
+        if !self
+            .inner
+            .sled
+            .tree_names()
+            .iter()
+            .any(|n| n == format!("{TREE_PREFIX}{stream}").as_bytes())
+        {
+            return Err(Error::Config(format!(
+                "no stream {stream:?} in the store at {}",
+                path.display()
+            )));
+        }
+        let tree = self
+            .inner
+            .sled
+            .open_tree(format!("{TREE_PREFIX}{stream}"))
+            .map_err(|e| Error::from_sled(path, e))?;
+        Ok(Arc::new(SledTree::new(tree, path, false)))
+    }
+
+    /// The stream's keyspace and cipher, refusing an encrypted stream without its key.
+    fn readable(&self, stream: &str) -> Result<(Arc<dyn Backend>, Option<Arc<Cipher>>)> {
+        let backend = self.tree(stream)?;
+        let identity = self.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
+        let stored = identity.and_then(|i| i.encryption);
+        if stored.is_some() && stored != self.key_fingerprint() {
+            return Err(Error::Encryption {
+                path: self.inner.path.clone(),
+                detail: format!(
+                    "stream {stream:?} is encrypted (key {}); give its key to read objects",
+                    stored.unwrap_or_default()
+                ),
+            });
+        }
+        let cipher = if stored.is_some() {
+            self.cipher()
+        } else {
+            None
+        };
+        Ok((backend, cipher))
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        backend: &dyn Backend,
+        stream: &str,
+        key: &[u8],
+    ) -> Result<Option<T>> {
+        match backend.get(key)? {
+            Some(b) => record::decode(&b)
+                .map(Some)
+                .map_err(|detail| Error::Corrupt {
+                    path: self.inner.path.clone(),
+                    detail: format!(
+                        "stream {stream:?}: {}: {detail}",
+                        String::from_utf8_lossy(key)
+                    ),
+                }),
+            None => Ok(None),
+        }
+    }
+
+    fn open_record(&self, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>> {
+        let corrupt = |detail: String| Error::Corrupt {
+            path: self.inner.path.clone(),
+            detail: format!("record {}: {detail}", keys::display(&key[1..])),
+        };
+        let rec: Record = record::decode(value).map_err(corrupt)?;
+        rec.open(key, cipher).map_err(corrupt)
+    }
+}
