@@ -59,74 +59,14 @@ async fn bench(n: usize) {
         .collect();
     let uniform_seq: Vec<usize> = (0..GETS).map(|_| rng.random_range(0..keys.len())).collect();
 
-    // kube-persist.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = kube_persist::Db::open(dir.path().join("store")).expect("open");
-    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded).
-    let config = || kube_persist::Config::default().hot_cache(128 << 20);
-    let (reader, persist_watcher) = db
-        .store("pods", Api::<Pod>::all(client.clone()), config())
-        .expect("stream");
-    let task = tokio::spawn(persist_watcher.run());
-    let t = Instant::now();
-    reader.wait_until_live().await.expect("ready");
+    let plain = measure_persist(&url, &client, &keys, &hot, &hot_seq, &uniform_seq, None).await;
+    let key = kube_persist::EncryptionKey::from_bytes([7; 32]);
+    let enc = measure_persist(&url, &client, &keys, &hot, &hot_seq, &uniform_seq, Some(key)).await;
     eprintln!(
-        "kube-persist synced {n} pods in {:.2} s",
-        t.elapsed().as_secs_f64()
+        "encryption cost: uniform get p50 {:.1} -> {:.1} us, apply {:.0} -> {:.0} events/s",
+        plain.uni50, enc.uni50, plain.apply_per_s, enc.apply_per_s
     );
-
-    let time_gets = |seq: &[usize]| -> Vec<Duration> {
-        seq.iter()
-            .map(|&i| {
-                let (ns, name) = &keys[i];
-                let t = Instant::now();
-                let got = reader.get_named(Some(ns), name).expect("get");
-                let d = t.elapsed();
-                assert!(got.is_some(), "{ns}/{name} missing");
-                d
-            })
-            .collect()
-    };
-    let _warm = time_gets(&hot);
-    let (hot50, hot99) = percentiles(time_gets(&hot_seq));
-    let (uni50, uni99) = percentiles(time_gets(&uniform_seq));
-    eprintln!(
-        "kube-persist Reader::get  hot keys (cache hits): p50 {hot50:.2} us p99 {hot99:.2} us; uniform random: p50 {uni50:.1} us p99 {uni99:.1} us"
-    );
-
-    // Apply throughput: updates are made while the watcher is stopped (the test server
-    // writes only a few thousand objects per second, slower than the store applies them),
-    // then the watcher resumes from its checkpoint and the server streams them all.
-    task.abort();
-    let _ = task.await;
-    let events = 50_000u64;
-    let changed = support::admin(
-        &url,
-        "POST",
-        &format!("/testkit/churn?updates={events}&creates=0&deletes=0&seed=3"),
-    )
-    .await;
-    let target = changed["revision"].as_u64().expect("revision");
-    let (reader, persist_watcher) = db
-        .store("pods", Api::<Pod>::all(client.clone()), config())
-        .expect("stream");
-    let t = Instant::now();
-    let task = tokio::spawn(persist_watcher.run());
-    while reader
-        .checkpoint()
-        .and_then(|c| c.parse::<u64>().ok())
-        .is_none_or(|c| c < target)
-    {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let apply_secs = t.elapsed().as_secs_f64();
-    let per_s = events as f64 / apply_secs;
-    let stats = reader.stats();
-    eprintln!(
-        "kube-persist applied {events} streamed watch events in {apply_secs:.2} s ({per_s:.0}/s, {} batches)",
-        stats.batches
-    );
-    task.abort();
+    let (hot50, uni50, uni99, per_s) = (plain.hot50, plain.uni50, plain.uni99, plain.apply_per_s);
 
     // kube-runtime's reflector Store::get on the same keys.
     let (store, writer) = reflector::store::<Pod>();
@@ -170,4 +110,105 @@ async fn bench(n: usize) {
     println!(
         "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0}"
     );
+}
+
+struct PersistFigures {
+    hot50: f64,
+    uni50: f64,
+    uni99: f64,
+    apply_per_s: f64,
+}
+
+/// Sync a kube-persist store, time `Reader::get` on hot and uniform keys, then time how fast
+/// it applies 50,000 streamed watch events.
+#[allow(clippy::too_many_arguments)]
+async fn measure_persist(
+    url: &str,
+    client: &kube::Client,
+    keys: &[(String, String)],
+    hot: &[usize],
+    hot_seq: &[usize],
+    uniform_seq: &[usize],
+    key: Option<kube_persist::EncryptionKey>,
+) -> PersistFigures {
+    let label = if key.is_some() { "kube-persist (encrypted)" } else { "kube-persist" };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut db_config = kube_persist::DbConfig::default();
+    if let Some(k) = key {
+        db_config = db_config.encryption_key(k);
+    }
+    let db = kube_persist::Db::open_with(dir.path().join("store"), db_config).expect("open");
+    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded).
+    let config = || kube_persist::Config::default().hot_cache(128 << 20);
+    let (reader, persist_watcher) = db
+        .store("pods", Api::<Pod>::all(client.clone()), config())
+        .expect("stream");
+    let task = tokio::spawn(persist_watcher.run());
+    let t = Instant::now();
+    reader.wait_until_live().await.expect("ready");
+    eprintln!(
+        "{label} synced {} pods in {:.2} s",
+        keys.len(),
+        t.elapsed().as_secs_f64()
+    );
+
+    let time_gets = |seq: &[usize]| -> Vec<Duration> {
+        seq.iter()
+            .map(|&i| {
+                let (ns, name) = &keys[i];
+                let t = Instant::now();
+                let got = reader.get_named(Some(ns), name).expect("get");
+                let d = t.elapsed();
+                assert!(got.is_some(), "{ns}/{name} missing");
+                d
+            })
+            .collect()
+    };
+    let _warm = time_gets(hot);
+    let (hot50, hot99) = percentiles(time_gets(hot_seq));
+    let (uni50, uni99) = percentiles(time_gets(uniform_seq));
+    eprintln!(
+        "{label} Reader::get  hot keys (cache hits): p50 {hot50:.2} us p99 {hot99:.2} us; uniform random: p50 {uni50:.1} us p99 {uni99:.1} us"
+    );
+
+    // Apply throughput: updates are made while the watcher is stopped (the test server
+    // writes only a few thousand objects per second, slower than the store applies them),
+    // then the watcher resumes from its checkpoint and the server streams them all.
+    task.abort();
+    let _ = task.await;
+    let events = 50_000u64;
+    let changed = support::admin(
+        &url,
+        "POST",
+        &format!("/testkit/churn?updates={events}&creates=0&deletes=0&seed=3"),
+    )
+    .await;
+    let target = changed["revision"].as_u64().expect("revision");
+    let (reader, persist_watcher) = db
+        .store("pods", Api::<Pod>::all(client.clone()), config())
+        .expect("stream");
+    let t = Instant::now();
+    let task = tokio::spawn(persist_watcher.run());
+    while reader
+        .checkpoint()
+        .and_then(|c| c.parse::<u64>().ok())
+        .is_none_or(|c| c < target)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let apply_secs = t.elapsed().as_secs_f64();
+    let per_s = events as f64 / apply_secs;
+    let stats = reader.stats();
+    eprintln!(
+        "{label} applied {events} streamed watch events in {apply_secs:.2} s ({per_s:.0}/s, {} batches)",
+        stats.batches
+    );
+    task.abort();
+
+    PersistFigures {
+        hot50,
+        uni50,
+        uni99,
+        apply_per_s: per_s,
+    }
 }
