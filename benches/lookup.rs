@@ -178,7 +178,7 @@ async fn measure_persist(
     let _ = task.await;
     let events = 50_000u64;
     let changed = support::admin(
-        &url,
+        url,
         "POST",
         &format!("/testkit/churn?updates={events}&creates=0&deletes=0&seed=3"),
     )

@@ -42,6 +42,9 @@ pub struct StreamInfo {
     pub objects: u64,
 }
 
+/// A stream's keyspace and the cipher for its bodies.
+type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
+
 /// Objects of a stream as JSON, in key order; see [`Db::raw_objects`].
 pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
 
@@ -139,7 +142,7 @@ impl Db {
     }
 
     /// The stream's keyspace and cipher, refusing an encrypted stream without its key.
-    fn readable(&self, stream: &str) -> Result<(Arc<dyn Backend>, Option<Arc<Cipher>>)> {
+    fn readable(&self, stream: &str) -> Result<Readable> {
         let backend = self.tree(stream)?;
         let identity = self.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
         let stored = identity.and_then(|i| i.encryption);
