@@ -56,7 +56,7 @@ pub use crypto::EncryptionKey;
 pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::inspect::{RawObjects, StreamInfo};
-pub use store::reader::{Iter, Reader};
+pub use store::reader::{ByIndex, Iter, Reader};
 pub use store::{Db, DbConfig, Durability, SyncPhase};
 pub use watcher::{Config, Event, Pair, Transform, Watcher};
 

@@ -35,9 +35,16 @@ fn config() -> Config {
     } else {
         Config::default()
     };
-    c.page_size(100)
-        .backoff(Duration::from_millis(10), Duration::from_millis(100))
-        .relist_jitter(Duration::from_millis(5))
+    c.index("node", |p: &Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .into_iter()
+            .collect()
+    })
+    .page_size(100)
+    .backoff(Duration::from_millis(10), Duration::from_millis(100))
+    .relist_jitter(Duration::from_millis(5))
 }
 
 /// The child process: runs the watcher forever and reports its state on stdout.
@@ -76,7 +83,8 @@ struct Running {
 }
 
 fn spawn_child(dir: &std::path::Path, url: &str, streaming: bool) -> Running {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    // /proc/self/exe runs this very binary even if cargo rebuilt (replaced) it meanwhile.
+    let mut child = Command::new("/proc/self/exe")
         .env("KP_CRASH_STREAMING", if streaming { "1" } else { "0" })
         .args([
             "--ignored",
@@ -179,6 +187,48 @@ fn inspect(
         reader.checkpoint(),
         common::store_versions(&reader),
     )
+}
+
+/// Whether the on-disk `node` index lists exactly the server's pods for every node.
+fn index_matches(
+    dir: &std::path::Path,
+    client: &kube::Client,
+    h: &kube_persist_testkit::ServerHandle,
+) -> bool {
+    let db = Db::open(dir).expect("store opens");
+    let (reader, _watcher) = db
+        .store("pods", Api::<Pod>::all(client.clone()), config())
+        .unwrap();
+    let mut want: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for o in h.list(&kube_persist_testkit::ResourceType::pods()) {
+        let node = o["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let key = format!(
+            "{}/{}",
+            o["metadata"]["namespace"].as_str().unwrap(),
+            o["metadata"]["name"].as_str().unwrap()
+        );
+        want.entry(node).or_default().insert(key);
+    }
+    (0..100).all(|i| {
+        let node = format!("node-{i}");
+        let got: std::collections::BTreeSet<String> = match reader.by_index("node", &node) {
+            Ok(it) => it
+                .map(|p| {
+                    let p = p.expect("indexed pod reads");
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.clone().unwrap(),
+                        p.metadata.name.clone().unwrap()
+                    )
+                })
+                .collect(),
+            Err(_) => return false,
+        };
+        got == want.get(&node).cloned().unwrap_or_default()
+    })
 }
 
 fn diff(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> String {
@@ -305,7 +355,13 @@ async fn crash_consistency_under_sigkill() {
             let (phase, _, store) = inspect(dir.path(), &client);
             let server = common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
             settled_checks += 1;
-            if phase != SyncPhase::Synced || store != server {
+            let index_ok = index_matches(dir.path(), &client, &h);
+            if !index_ok {
+                println!(
+                    "crash: settle after kill point {i}: the node index differs from the server"
+                );
+            }
+            if phase != SyncPhase::Synced || store != server || !index_ok {
                 divergences += 1;
                 println!(
                     "crash: settle after kill point {i}: phase {phase:?}: {}",

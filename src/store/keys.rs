@@ -3,13 +3,18 @@
 //! ```text
 //! o<namespace>\0<name>   object record (namespace is empty for cluster-scoped kinds)
 //! s<namespace>\0<name>   "seen unchanged" mark, only while a relist is in progress
-//! m<name>                store metadata (state, identity)
+//! i<index>\0<value>\0<namespace>\0<name>   secondary index entry (empty value)
+//! x<namespace>\0<name>   the object's index entries, to remove them on update/delete
+//! m<name>                store metadata (state, identity, built indexes)
 //! ```
 //! Keys order by namespace, then name, so one namespace is one prefix scan.
 
 pub(crate) const OBJECT: u8 = b'o';
 pub(crate) const SEEN: u8 = b's';
+pub(crate) const INDEX: u8 = b'i';
+pub(crate) const ENTRIES: u8 = b'x';
 pub(crate) const STATE_KEY: &[u8] = b"mstate";
+pub(crate) const INDEXES_KEY: &[u8] = b"mindexes";
 pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
 
 /// The suffix shared by an object's record and mark: `namespace \0 name`.
@@ -43,6 +48,34 @@ pub(crate) fn range(tag: u8, namespace: Option<&str>) -> (Vec<u8>, Vec<u8>) {
             (start, end)
         }
     }
+}
+
+/// `i<index>\0<value>\0`: the prefix of all entries of one index value.
+pub(crate) fn index_prefix(index: &str, value: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(index.len() + value.len() + 3);
+    k.push(INDEX);
+    k.extend_from_slice(index.as_bytes());
+    k.push(0);
+    k.extend_from_slice(value.as_bytes());
+    k.push(0);
+    k
+}
+
+/// The `[start, end)` range of every entry of one index.
+pub(crate) fn index_range(index: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut start = vec![INDEX];
+    start.extend_from_slice(index.as_bytes());
+    start.push(0);
+    let mut end = start.clone();
+    *end.last_mut().expect("non-empty") = 1;
+    (start, end)
+}
+
+/// The end of a prefix range: the prefix with its last byte incremented past any suffix.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    end.push(0xff);
+    end
 }
 
 /// Human-readable `namespace/name` (or `name`) for a key suffix, for logs and errors.

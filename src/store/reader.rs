@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kube::Resource;
+use kube::core::{Expression, Selector, SelectorExt};
 use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -165,6 +166,76 @@ where
         }
     }
 
+    /// The objects found under `value` in the secondary index `index` (see
+    /// [`Config::index`](crate::Config::index)), read lazily from disk without a scan.
+    /// Fails if the index is not configured or still being built.
+    pub fn by_index(&self, index: &str, value: &str) -> Result<ByIndex<K>> {
+        if !self.status.borrow().indexes.iter().any(|n| n == index) {
+            return Err(Error::Config(format!(
+                "index {index:?} is not configured on this stream, or is still being built"
+            )));
+        }
+        let prefix = keys::index_prefix(index, value);
+        let end = keys::prefix_end(&prefix);
+        Ok(ByIndex {
+            inner: self.backend.range(&prefix, &end),
+            prefix_len: prefix.len(),
+            reader: self.clone(),
+        })
+    }
+
+    /// The objects whose labels match `selector`, streamed from disk. Uses a label index
+    /// ([`Config::label_index`](crate::Config::label_index)) for a `key=value` or
+    /// `key in (..)` term when one exists; otherwise scans the store.
+    ///
+    /// ```no_run
+    /// # fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) -> Result<(), kube_persist::Error> {
+    /// use kube::core::{Expression, Selector};
+    /// let web: Selector = Expression::Equal("app".into(), "web".into()).into();
+    /// for pod in reader.select(&web)? {
+    ///     println!("{:?}", pod?.metadata.name);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn select(
+        &self,
+        selector: &Selector,
+    ) -> Result<Box<dyn Iterator<Item = Result<Arc<K>>> + Send>> {
+        let built = self.status.borrow().indexes.clone();
+        let mut candidates: Option<Vec<String>> = None;
+        let mut index = String::new();
+        for expr in selector.clone() {
+            let (key, values) = match expr {
+                Expression::Equal(k, v) => (k, vec![v]),
+                Expression::In(k, vs) => (k, vs.into_iter().collect()),
+                _ => continue,
+            };
+            let name = format!("label:{key}");
+            if built.contains(&name) {
+                index = name;
+                candidates = Some(values);
+                break;
+            }
+        }
+        let sel = selector.clone();
+        let matches = move |o: &Result<Arc<K>>| match o {
+            Ok(obj) => sel.matches(obj.meta().labels.as_ref().unwrap_or(&Default::default())),
+            Err(_) => true,
+        };
+        match candidates {
+            Some(values) => {
+                let mut iters = Vec::new();
+                for v in values {
+                    iters.push(self.by_index(&index, &v)?);
+                }
+                Ok(Box::new(iters.into_iter().flatten().filter(matches)))
+            }
+            None => Ok(Box::new(
+                self.iter().map(|r| r.map(Arc::new)).filter(matches),
+            )),
+        }
+    }
+
     /// The resourceVersion at which the store was last complete, if it ever was.
     pub fn checkpoint(&self) -> Option<String> {
         self.status.borrow().checkpoint.clone()
@@ -210,6 +281,39 @@ where
     /// Counters of the stream's watcher and writer.
     pub fn stats(&self) -> Stats {
         self.stats.snapshot()
+    }
+}
+
+/// Objects found through a secondary index; see [`Reader::by_index`].
+pub struct ByIndex<K> {
+    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
+    prefix_len: usize,
+    reader: Reader<K>,
+}
+
+impl<K> Iterator for ByIndex<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    type Item = Result<Arc<K>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let (key, _) = match self.inner.next()? {
+                Ok(e) => e,
+                Err(e) => return Some(Err(e)),
+            };
+            let suffix = &key[self.prefix_len..];
+            let text = String::from_utf8_lossy(suffix);
+            let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
+            let ns = (!ns.is_empty()).then_some(ns);
+            match self.reader.get_named(ns, name) {
+                Ok(Some(obj)) => return Some(Ok(obj)),
+                // Deleted between the index read and the object read: skip it.
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use super::Status;
 use super::cache::HotCache;
 use super::engine::{Backend, WriteBatch};
-use super::keys::{self, OBJECT, SEEN, STATE_KEY};
+use super::keys::{self, ENTRIES, INDEXES_KEY, OBJECT, SEEN, STATE_KEY};
 use super::record::{self, Phase, Record, State};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
@@ -23,6 +23,8 @@ pub(crate) struct Incoming {
     pub(crate) uid: String,
     pub(crate) resource_version: String,
     pub(crate) body: Vec<u8>,
+    /// Secondary index entries (index name, value).
+    pub(crate) index: Vec<(String, String)>,
 }
 
 /// One write to apply.
@@ -58,7 +60,12 @@ pub(crate) struct Writer {
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
+    /// Whether index entries are maintained (some index is configured).
+    indexed: bool,
 }
+
+/// Index entries of one object: (index name, value).
+type Entries = Vec<(String, String)>;
 
 impl Writer {
     pub(crate) fn new(
@@ -78,7 +85,13 @@ impl Writer {
             stats,
             cache,
             cipher,
+            indexed: false,
         }
+    }
+
+    /// Maintain index entries on every write from now on.
+    pub(crate) fn set_indexed(&mut self, indexed: bool) {
+        self.indexed = indexed;
     }
 
     pub(crate) fn state(&self) -> &State {
@@ -198,6 +211,8 @@ impl Writer {
             if rec.epoch != epoch && !marked {
                 tracing::debug!(object = %keys::display(suffix), "swept: absent from the new list");
                 batch.delete(key.clone());
+                let old = self.entries(suffix, &HashMap::new())?;
+                self.reindex(&mut batch, suffix, &old, &[]);
                 deleted += 1;
                 if emit {
                     let body = rec.open(&key, self.cipher.as_deref()).map_err(|detail| {
@@ -251,6 +266,7 @@ impl Writer {
         let mut changes = Vec::new();
         // Versions written earlier in this batch (a burst may touch one object twice).
         let mut pending: HashMap<Vec<u8>, Option<(String, u64)>> = HashMap::new();
+        let mut pending_entries: HashMap<Vec<u8>, Entries> = HashMap::new();
         let (mut written, mut unchanged, mut removed) = (0u64, 0u64, 0u64);
         for op in ops {
             let suffix = match &op {
@@ -286,6 +302,12 @@ impl Writer {
                     }
                     written += 1;
                     pending.insert(o.suffix.clone(), Some((o.resource_version.clone(), epoch)));
+                    if self.indexed {
+                        let old = self.entries(&o.suffix, &pending_entries)?;
+                        let new = o.index;
+                        self.reindex(&mut batch, &o.suffix, &old, &new);
+                        pending_entries.insert(o.suffix.clone(), new);
+                    }
                     let rec = Record::sealed(
                         &key,
                         o.resource_version,
@@ -311,6 +333,9 @@ impl Writer {
                     removed += 1;
                     batch.delete(keys::tagged(SEEN, &suffix));
                     batch.delete(key);
+                    let old = self.entries(&suffix, &pending_entries)?;
+                    self.reindex(&mut batch, &suffix, &old, &[]);
+                    pending_entries.insert(suffix.clone(), Vec::new());
                     pending.insert(suffix, None);
                     if emit {
                         changes.push(Change::Deleted(body));
@@ -323,6 +348,141 @@ impl Writer {
         Counters::add(&self.stats.objects_unchanged, unchanged);
         Counters::add(&self.stats.objects_deleted, removed);
         Ok(changes)
+    }
+
+    /// The index entries stored for an object (or written earlier in this batch).
+    fn entries(&self, suffix: &[u8], pending: &HashMap<Vec<u8>, Entries>) -> Result<Entries> {
+        if let Some(e) = pending.get(suffix) {
+            return Ok(e.clone());
+        }
+        let key = keys::tagged(ENTRIES, suffix);
+        match self.backend.get(&key)? {
+            Some(v) => record::decode(&v).map_err(|detail| Error::Corrupt {
+                path: self.path.clone(),
+                detail: format!("index entries of {}: {detail}", keys::display(suffix)),
+            }),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Replace an object's index entries `old` by `new` in `batch`.
+    fn reindex(
+        &self,
+        batch: &mut WriteBatch,
+        suffix: &[u8],
+        old: &[(String, String)],
+        new: &[(String, String)],
+    ) {
+        if old == new {
+            return;
+        }
+        for (name, value) in old.iter().filter(|e| !new.contains(e)) {
+            let mut k = keys::index_prefix(name, value);
+            k.extend_from_slice(suffix);
+            batch.delete(k);
+        }
+        for (name, value) in new.iter().filter(|e| !old.contains(e)) {
+            let mut k = keys::index_prefix(name, value);
+            k.extend_from_slice(suffix);
+            batch.put(k, Vec::new());
+        }
+        let key = keys::tagged(ENTRIES, suffix);
+        if new.is_empty() {
+            batch.delete(key);
+        } else {
+            batch.put(key, record::encode(&new.to_vec()));
+        }
+    }
+
+    /// The indexes built on disk.
+    pub(crate) fn built_indexes(&self) -> Result<Vec<String>> {
+        match self.backend.get(INDEXES_KEY)? {
+            Some(v) => record::decode(&v).map_err(|detail| Error::Corrupt {
+                path: self.path.clone(),
+                detail: format!("index list: {detail}"),
+            }),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Remove every entry of the indexes in `names` (no longer configured), in chunks.
+    pub(crate) fn drop_indexes(&mut self, names: &[String], drop_entry_lists: bool) -> Result<()> {
+        let mut ranges: Vec<(Vec<u8>, Vec<u8>)> =
+            names.iter().map(|n| keys::index_range(n)).collect();
+        if drop_entry_lists {
+            ranges.push(keys::range(ENTRIES, None));
+        }
+        for (start, end) in ranges {
+            loop {
+                let mut batch = WriteBatch::default();
+                for entry in self.backend.range(&start, &end).take(10_000) {
+                    batch.delete(entry?.0);
+                }
+                if batch.len() == 0 {
+                    break;
+                }
+                self.backend.apply(batch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Recompute the index entries of up to `limit` stored objects after `after`, with
+    /// `inspect` (which decodes the JSON body). Returns the last key, or `None` when done.
+    pub(crate) fn index_chunk(
+        &mut self,
+        after: Option<Vec<u8>>,
+        limit: usize,
+        inspect: &dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error>,
+    ) -> Result<Option<Vec<u8>>> {
+        let (start, end) = keys::range(OBJECT, None);
+        let from = match after {
+            Some(mut c) => {
+                c.push(0);
+                c
+            }
+            None => start,
+        };
+        let mut batch = WriteBatch::default();
+        let mut last = None;
+        let mut n = 0;
+        for entry in self.backend.range(&from, &end).take(limit) {
+            let (key, value) = entry?;
+            n += 1;
+            let suffix = key[1..].to_vec();
+            let rec = self.decode_record(&key, &value)?;
+            let body = rec
+                .open(&key, self.cipher.as_deref())
+                .map_err(|detail| Error::Corrupt {
+                    path: self.path.clone(),
+                    detail: format!("record {}: {detail}", keys::display(&suffix)),
+                })?;
+            match inspect(&body) {
+                Ok(new) => {
+                    let old = self.entries(&suffix, &HashMap::new())?;
+                    self.reindex(&mut batch, &suffix, &old, &new);
+                }
+                Err(e) => {
+                    tracing::warn!(object = %keys::display(&suffix), error = %e, "not indexed: does not decode")
+                }
+            }
+            last = Some(key);
+        }
+        self.cache.begin_write(std::iter::empty());
+        let applied = self.backend.apply(batch);
+        self.cache.end_write();
+        applied?;
+        Ok(if n < limit { None } else { last })
+    }
+
+    /// Record that `names` are the built indexes.
+    pub(crate) fn set_built_indexes(&mut self, names: &[String]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.put(INDEXES_KEY.to_vec(), record::encode(&names.to_vec()));
+        self.backend.apply(batch)?;
+        let names = names.to_vec();
+        self.status.send_modify(|s| s.indexes = names);
+        Ok(())
     }
 
     fn write(&mut self, mut batch: WriteBatch, next: State) -> Result<()> {

@@ -1,6 +1,9 @@
 //! Watcher configuration, in the style of `kube::runtime::watcher::Config`.
 
+use std::any::Any;
 use std::sync::Arc;
+
+use kube::Resource;
 use std::time::Duration;
 
 /// A transform applied to each object's JSON before it is written (e.g. to drop fields).
@@ -50,6 +53,7 @@ pub struct Config {
     /// Opt-in to writing sensitive objects (Secrets) to disk.
     pub allow_sensitive_data: bool,
     pub(crate) transform: Option<(String, Transform)>,
+    pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
 }
 
 impl Default for Config {
@@ -70,6 +74,7 @@ impl Default for Config {
             sensitive: None,
             allow_sensitive_data: false,
             transform: None,
+            indexes: Vec::new(),
         }
     }
 }
@@ -173,6 +178,50 @@ impl Config {
     pub fn allow_sensitive_data(mut self) -> Self {
         self.allow_sensitive_data = true;
         self
+    }
+
+    /// Maintain a secondary index `name` on disk: `f` maps an object to the values it is
+    /// found under with `Reader::by_index(name, value)` (client-go's Indexers). Entries are
+    /// written in the same atomic batch as the object and removed with it. An index added to
+    /// an existing store is built from disk, page by page, when the watcher starts.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let cfg = kube_persist::Config::default().index("node", |p: &Pod| {
+    ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    /// });
+    /// # let _ = cfg;
+    /// ```
+    pub fn index<K: 'static>(
+        mut self,
+        name: &str,
+        f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        let f: super::index::IndexFn<K> = Arc::new(f);
+        self.indexes.retain(|(n, _)| n != name);
+        self.indexes.push((name.to_string(), Arc::new(f)));
+        self
+    }
+
+    /// Index objects by the value of label `key`, under the index name `label:<key>`.
+    /// `Reader::select` uses it for selectors with `key=value` or `key in (...)`.
+    pub fn label_index<K: Resource + 'static>(self, key: &str) -> Self {
+        let k = key.to_string();
+        self.index(&format!("label:{key}"), move |obj: &K| {
+            obj.meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(&k))
+                .cloned()
+                .into_iter()
+                .collect()
+        })
+    }
+
+    pub(crate) fn index_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.indexes.iter().map(|(n, _)| n.clone()).collect();
+        names.sort();
+        names
     }
 
     /// Drop `metadata.managedFields` before writing (often half of an object's size).

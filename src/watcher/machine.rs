@@ -15,7 +15,8 @@ use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
 use super::config::Config;
-use super::raw::{self, BadObject, ListPage, StatusBody, Validator, WatchLine};
+use super::index::Inspector;
+use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::record::Phase;
@@ -61,7 +62,7 @@ pub(crate) struct Machine {
     request: Request,
     metadata_only: bool,
     cfg: Config,
-    validate: Option<Validator>,
+    validate: Option<Inspector>,
     writer: Writer,
     stats: Arc<Counters>,
     backoff: Backoff,
@@ -76,6 +77,8 @@ pub(crate) struct Machine {
     too_large: u32,
     /// Watch events received after a streaming list ended, held until its sweep is done.
     deferred: Vec<Vec<u8>>,
+    /// An index build in progress: the last object key indexed so far.
+    index_build: Option<Option<Vec<u8>>>,
 }
 
 impl Machine {
@@ -84,7 +87,7 @@ impl Machine {
         url: String,
         metadata_only: bool,
         cfg: Config,
-        validate: Option<Validator>,
+        validate: Option<Inspector>,
         writer: Writer,
         stats: Arc<Counters>,
     ) -> Self {
@@ -106,6 +109,7 @@ impl Machine {
             started: false,
             too_large: 0,
             deferred: Vec::new(),
+            index_build: None,
         }
     }
 
@@ -140,8 +144,12 @@ impl Machine {
 
     async fn step_inner(&mut self) -> Result<()> {
         if !self.started {
+            self.prepare_indexes()?;
             self.started = true;
             return self.start();
+        }
+        if let Some(after) = self.index_build.take() {
+            return self.build_index_chunk(after);
         }
         let was_synced = matches!(self.writer.state().phase, Phase::Synced { .. });
         match self.writer.state().phase.clone() {
@@ -166,6 +174,55 @@ impl Machine {
             if self.cold {
                 self.cold = false;
                 self.push(RawEvent::InitDone);
+            }
+        }
+        Ok(())
+    }
+
+    /// Compare the configured indexes with those built on disk: drop the ones no longer
+    /// configured, and schedule a build (page by page, from disk) for new ones.
+    fn prepare_indexes(&mut self) -> Result<()> {
+        let configured = self.cfg.index_names();
+        let built = self.writer.built_indexes()?;
+        self.writer.set_indexed(!configured.is_empty());
+        let removed: Vec<String> = built
+            .iter()
+            .filter(|n| !configured.contains(n))
+            .cloned()
+            .collect();
+        if !removed.is_empty() || (configured.is_empty() && !built.is_empty()) {
+            tracing::info!(indexes = ?removed, "dropping indexes no longer configured");
+            self.writer.drop_indexes(&removed, configured.is_empty())?;
+        }
+        let kept: Vec<String> = built
+            .into_iter()
+            .filter(|n| configured.contains(n))
+            .collect();
+        self.writer.set_built_indexes(&kept)?;
+        if kept != configured {
+            tracing::info!(indexes = ?configured, "building indexes from disk");
+            self.index_build = Some(None);
+        }
+        Ok(())
+    }
+
+    fn build_index_chunk(&mut self, after: Option<Vec<u8>>) -> Result<()> {
+        let Some(inspect) = self.validate.clone() else {
+            return Ok(());
+        };
+        match self
+            .writer
+            .index_chunk(after.clone(), self.cfg.page_size as usize, &*inspect)
+        {
+            Ok(Some(last)) => self.index_build = Some(Some(last)),
+            Ok(None) => {
+                let names = self.cfg.index_names();
+                tracing::info!(indexes = ?names, "indexes built");
+                self.writer.set_built_indexes(&names)?;
+            }
+            Err(e) => {
+                self.index_build = Some(after);
+                return Err(e);
             }
         }
         Ok(())
@@ -536,7 +593,7 @@ impl Machine {
     }
 
     fn incoming(&self, raw: &RawValue) -> Option<Incoming> {
-        match raw::incoming(raw, &self.cfg, self.validate) {
+        match raw::incoming(raw, &self.cfg, self.validate.as_ref()) {
             Ok(o) => Some(o),
             Err(bad) => {
                 self.bad(bad);

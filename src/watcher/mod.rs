@@ -2,6 +2,7 @@
 
 mod backoff;
 mod config;
+mod index;
 mod machine;
 mod raw;
 
@@ -124,10 +125,6 @@ where
     }
 }
 
-fn validate_as<K: DeserializeOwned>(body: &[u8]) -> std::result::Result<(), serde_json::Error> {
-    serde_json::from_slice::<K>(body).map(|_| ())
-}
-
 impl Db {
     /// Open the persistent stream `name` for the collection of `api`, returning its
     /// [`Reader`] and the [`Watcher`] that fills it.
@@ -183,9 +180,7 @@ impl Db {
             )));
         }
         let identity = identity::<K>(&url, &config, dyntype, false, self.key_fingerprint());
-        let validate = config
-            .validate
-            .then_some(validate_as::<K> as raw::Validator);
+        let validate = index::inspector::<K>(config.validate, &config.indexes)?;
         self.open_pair(
             name,
             api.into_client(),
@@ -218,9 +213,7 @@ impl Db {
             true,
             self.key_fingerprint(),
         );
-        let validate = config
-            .validate
-            .then_some(validate_as::<PartialObjectMeta<K>> as raw::Validator);
+        let validate = index::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
         self.open_pair(
             name,
             api.into_client(),
@@ -240,7 +233,7 @@ impl Db {
         url: String,
         config: Config,
         identity: Identity,
-        validate: Option<raw::Validator>,
+        validate: Option<index::Inspector>,
         metadata_only: bool,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
@@ -273,6 +266,12 @@ impl Db {
             cipher,
         );
         writer.publish();
+        // Indexes already built for exactly this configuration are usable at once.
+        let mut writer = writer;
+        let built = writer.built_indexes()?;
+        if built == config.index_names() {
+            writer.set_built_indexes(&built)?;
+        }
         let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
         Ok((
             reader,

@@ -8,11 +8,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::config::Config;
+use super::index::Inspector;
 use crate::store::object_suffix;
 use crate::store::writer::Incoming;
-
-/// Checks that an object's JSON decodes into the store's type.
-pub(crate) type Validator = fn(&[u8]) -> Result<(), serde_json::Error>;
 
 #[derive(Deserialize)]
 pub(crate) struct ListPage<'a> {
@@ -89,7 +87,7 @@ pub(crate) struct BadObject {
 pub(crate) fn incoming(
     raw: &RawValue,
     cfg: &Config,
-    validate: Option<Validator>,
+    inspect: Option<&Inspector>,
 ) -> Result<Incoming, BadObject> {
     let json = raw.get();
     let bad = |why: String, what: Option<String>| BadObject {
@@ -133,19 +131,21 @@ pub(crate) fn incoming(
         }
         None => json.as_bytes().to_vec(),
     };
-    if let Some(check) = validate {
-        check(&body).map_err(|e| {
+    let index = match inspect {
+        Some(check) => check(&body).map_err(|e| {
             bad(
                 format!("does not decode into the store's type: {e}"),
                 Some(what.clone()),
             )
-        })?;
-    }
+        })?,
+        None => Vec::new(),
+    };
     Ok(Incoming {
         suffix: object_suffix(m.namespace.as_deref(), &name),
         uid: m.uid.unwrap_or_default(),
         resource_version,
         body,
+        index,
     })
 }
 

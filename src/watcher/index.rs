@@ -1,0 +1,59 @@
+//! Secondary indexes: named functions from an object to index values, registered on the
+//! [`Config`](super::Config) and evaluated once per incoming object, on the write path.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// An index function for objects of type `K`.
+pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
+/// Index entries of one object: (index name, value).
+pub(crate) type Entries = Vec<(String, String)>;
+
+/// Decodes an object's JSON (validating it) and computes its index entries.
+pub(crate) type Inspector =
+    Arc<dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error> + Send + Sync>;
+
+/// Build the inspector for `K` from the type-erased index functions of a `Config`.
+/// `None` when there is nothing to check or index.
+pub(crate) fn inspector<K>(
+    validate: bool,
+    indexes: &[(String, Arc<dyn Any + Send + Sync>)],
+) -> Result<Option<Inspector>>
+where
+    K: DeserializeOwned + 'static,
+{
+    let mut fns: Vec<(String, IndexFn<K>)> = Vec::new();
+    for (name, f) in indexes {
+        if name.is_empty() || name.contains('\0') {
+            return Err(Error::Config(format!("invalid index name {name:?}")));
+        }
+        let f = f.downcast_ref::<IndexFn<K>>().ok_or_else(|| {
+            Error::Config(format!(
+                "index {name:?} was registered for another object type than this stream's"
+            ))
+        })?;
+        fns.push((name.clone(), f.clone()));
+    }
+    if !validate && fns.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(move |body: &[u8]| {
+        let obj: K = serde_json::from_slice(body)?;
+        let mut entries = Vec::new();
+        for (name, f) in &fns {
+            for value in f(&obj) {
+                if !value.contains('\0') {
+                    entries.push((name.clone(), value));
+                }
+            }
+        }
+        entries.sort();
+        entries.dedup();
+        Ok(entries)
+    })))
+}

@@ -1,0 +1,255 @@
+//! Secondary indexes on disk and label-selector queries, against the testkit server.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::core::{Expression, Selector};
+use kube_persist::{Config, Db, Reader};
+use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, make_pod};
+
+fn node_of(p: &Pod) -> Vec<String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .into_iter()
+        .collect()
+}
+
+fn cfg() -> Config {
+    Config::default()
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .relist_jitter(Duration::from_millis(10))
+        .index("node", node_of)
+        .label_index::<Pod>("app")
+}
+
+fn key(o: &serde_json::Value) -> String {
+    format!(
+        "{}/{}",
+        o["metadata"]["namespace"].as_str().unwrap(),
+        o["metadata"]["name"].as_str().unwrap()
+    )
+}
+
+/// node → pods on the server.
+fn server_nodes(h: &ServerHandle) -> BTreeMap<String, BTreeSet<String>> {
+    let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for o in h.list(&ResourceType::pods()) {
+        if let Some(n) = o["spec"]["nodeName"].as_str() {
+            m.entry(n.to_string()).or_default().insert(key(&o));
+        }
+    }
+    m
+}
+
+fn store_node(r: &Reader<Pod>, node: &str) -> BTreeSet<String> {
+    r.by_index("node", node)
+        .unwrap()
+        .map(|p| {
+            let p = p.unwrap();
+            assert_eq!(
+                node_of(&p),
+                vec![node.to_string()],
+                "index entry points at a pod on another node"
+            );
+            format!(
+                "{}/{}",
+                p.metadata.namespace.clone().unwrap(),
+                p.metadata.name.clone().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn assert_index_matches(r: &Reader<Pod>, h: &ServerHandle) {
+    let server = server_nodes(h);
+    for node in (0..100).map(|i| format!("node-{i}")) {
+        let want = server.get(&node).cloned().unwrap_or_default();
+        assert_eq!(store_node(r, &node), want, "pods on {node}");
+    }
+}
+
+fn move_pods(h: &ServerHandle, n: usize) {
+    let rt = ResourceType::pods();
+    let all = h.list(&rt);
+    for (i, o) in all.iter().take(n).enumerate() {
+        let mut o = o.clone();
+        o["spec"]["nodeName"] = format!("node-{}", (i * 7) % 100).into();
+        h.apply(&rt, o);
+    }
+    for o in all.iter().skip(n).take(n) {
+        h.delete(
+            &rt,
+            o["metadata"]["namespace"].as_str(),
+            o["metadata"]["name"].as_str().unwrap(),
+        );
+    }
+    for i in 0..n {
+        h.apply(
+            &rt,
+            make_pod("ns-1", &format!("idx-new-{i}"), 50_000 + i as u64),
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_follows_updates_deletes_and_relists() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(1500, 3);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), cfg())
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        assert_index_matches(&reader, &h);
+        move_pods(&h, 40);
+        converge(&reader, &h, &ResourceType::pods()).await;
+        assert_index_matches(&reader, &h);
+        w.stop().await;
+    }
+    // Changes while down, history compacted: the relist sweeps deleted pods and their entries.
+    move_pods(&h, 25);
+    h.compact();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg())
+        .unwrap();
+    let _w = drive(watcher);
+    converge(&reader, &h, &ResourceType::pods()).await;
+    assert_eq!(reader.stats().relists, 1);
+    assert_index_matches(&reader, &h);
+    assert!(
+        reader.by_index("nope", "x").is_err(),
+        "unknown index is an error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(1200, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let base = || Config::default().backoff(Duration::from_millis(20), Duration::from_millis(200));
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (_r, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), base())
+            .unwrap();
+        let mut w = drive(watcher);
+        w.until(|e| *e == Ev::InitDone).await;
+        w.stop().await;
+    }
+    h.reset_counts();
+    {
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                base().index("node", node_of),
+            )
+            .unwrap();
+        assert!(
+            reader.by_index("node", "node-1").is_err(),
+            "not built before the watcher runs"
+        );
+        let w = drive(watcher);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while reader.by_index("node", "node-1").is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "index never built");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_index_matches(&reader, &h);
+        assert_eq!(
+            h.counts().list,
+            0,
+            "building an index reads the disk, not the server"
+        );
+        w.stop().await;
+    }
+    // Without the index, it is gone (and lookups say so).
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), base())
+        .unwrap();
+    let _w = drive(watcher);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(reader.by_index("node", "node-1").is_err());
+    assert_eq!(reader.len(), 1200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_by_labels_with_and_without_an_index() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(800, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (indexed, w1) = db
+        .store("indexed", Api::<Pod>::all(server.client()), cfg())
+        .unwrap();
+    let (plain, w2) = db
+        .store("plain", Api::<Pod>::all(server.client()), Config::default())
+        .unwrap();
+    let mut d1 = drive(w1);
+    let mut d2 = drive(w2);
+    d1.until(|e| *e == Ev::InitDone).await;
+    d2.until(|e| *e == Ev::InitDone).await;
+    let pods = h.list(&ResourceType::pods());
+    let app = pods[0]["metadata"]["labels"]["app"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tier = pods[0]["metadata"]["labels"]["tier"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let selectors: Vec<Selector> = vec![
+        Expression::Equal("app".into(), app.clone()).into(),
+        Selector::from_iter([
+            Expression::Equal("app".into(), app.clone()),
+            Expression::NotEqual("tier".into(), tier.clone()),
+        ]),
+        Expression::Equal("tier".into(), tier.clone()).into(),
+    ];
+    for sel in selectors {
+        let want: BTreeSet<String> = pods
+            .iter()
+            .filter(|o| {
+                let labels: BTreeMap<String, String> =
+                    serde_json::from_value(o["metadata"]["labels"].clone()).unwrap();
+                kube::core::SelectorExt::matches(&sel, &labels)
+            })
+            .map(key)
+            .collect();
+        assert!(!want.is_empty(), "selector {sel} selects something");
+        for r in [&indexed, &plain] {
+            let got: BTreeSet<String> = r
+                .select(&sel)
+                .unwrap()
+                .map(|p| {
+                    let p = p.unwrap();
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.clone().unwrap(),
+                        p.metadata.name.clone().unwrap()
+                    )
+                })
+                .collect();
+            assert_eq!(got, want, "selector {sel}");
+        }
+    }
+}
