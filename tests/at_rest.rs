@@ -174,8 +174,9 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
     let dir = tmp.path().join("cache");
     let open = |k: Option<EncryptionKey>| {
         let cfg = match k {
-            Some(k) => DbConfig::default().encryption_key(k),
-            None => DbConfig::default(),
+            // Uncompressed, so that only encryption can hide the bodies.
+            Some(k) => DbConfig::default().compression(false).encryption_key(k),
+            None => DbConfig::default().compression(false),
         };
         Db::open_with(&dir, cfg).unwrap()
     };
@@ -216,7 +217,7 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
     assert_eq!(h.counts().list, 0);
 
     let plain_dir = tmp.path().join("plain");
-    let plain = Db::open(&plain_dir).unwrap();
+    let plain = Db::open_with(&plain_dir, DbConfig::default().compression(false)).unwrap();
     sync_pods(&server, &plain).await;
     plain.flush().unwrap();
     assert!(

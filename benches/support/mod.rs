@@ -251,6 +251,9 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             let dir = opts.dir.clone().expect("--dir for the persist client");
             let knob = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
             let mut dbc = kube_persist::DbConfig::default();
+            if knob("KP_COMPRESSION") == Some(0) {
+                dbc = dbc.compression(false);
+            }
             if let Some(c) = knob("KP_CACHE") {
                 dbc = dbc.cache_capacity(c);
             }

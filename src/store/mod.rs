@@ -53,6 +53,7 @@ pub struct DbConfig {
     durability: Durability,
     encryption: Option<EncryptionKey>,
     strict_permissions: bool,
+    compression: bool,
 }
 
 impl Default for DbConfig {
@@ -62,6 +63,7 @@ impl Default for DbConfig {
             durability: Durability::Periodic(Duration::from_millis(500)),
             encryption: None,
             strict_permissions: false,
+            compression: true,
         }
     }
 }
@@ -94,6 +96,14 @@ impl DbConfig {
         self
     }
 
+    /// Compress stored object bodies with zstd (default on: Pod JSON shrinks several times,
+    /// see BENCHMARKS.md). Records remember whether they are compressed, so this can change
+    /// between runs.
+    pub fn compression(mut self, on: bool) -> Self {
+        self.compression = on;
+        self
+    }
+
     /// The configured cache capacity in bytes.
     pub fn cache_capacity_bytes(&self) -> u64 {
         self.cache_capacity
@@ -122,6 +132,52 @@ struct DbInner {
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
     open_streams: Mutex<HashSet<String>>,
+}
+
+/// Store directories whose last `Db` handle in this process was dropped recently. sled
+/// releases its file lock only when deferred destructors run, a moment after the drop.
+static RECENTLY_CLOSED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        let mut closed = RECENTLY_CLOSED.lock().unwrap_or_else(|p| p.into_inner());
+        if !closed.contains(&self.path) {
+            closed.push(self.path.clone());
+        }
+    }
+}
+
+/// Run `open`; if the store is locked and this process closed it a moment ago, retry for
+/// up to two seconds while sled finishes releasing it. A lock held by another process (or
+/// by a live handle in this one) is reported at once.
+fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let res = open();
+        let recently_closed = || {
+            RECENTLY_CLOSED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|p| p == path)
+        };
+        match res {
+            Err(Error::Locked { .. })
+                if recently_closed() && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => {
+                if other.is_ok() {
+                    RECENTLY_CLOSED
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|p| p != path);
+                }
+                return other;
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Db {
@@ -157,13 +213,15 @@ impl Db {
             Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
             Durability::EveryBatch => None,
         };
-        let sled = sled::Config::new()
+        // Whether sled's log holds anything: if it does, sled must recover something from it.
+        let had_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
+        let sled_config = sled::Config::new()
             .path(&path)
             .cache_capacity(config.cache_capacity)
             .mode(sled::Mode::LowSpace)
-            .flush_every_ms(flush_every_ms)
-            .open()
-            .map_err(|e| Error::from_sled(&path, e))?;
+            .flush_every_ms(flush_every_ms);
+        let sled = open_after_close(&path, || open_sled(&sled_config, &path))?;
+        check_marker(&sled, &path, had_data)?;
         perms::tighten(&path)?;
         tracing::info!(path = %path.display(), recovered = sled.was_recovered(), "store opened");
         Ok(Db {
@@ -177,9 +235,78 @@ impl Db {
         })
     }
 
+    /// Remove the store directory at `path` and everything in it, so that the next start
+    /// lists from scratch. Use it after [`Error::Corrupt`]: nothing is lost that the API
+    /// server cannot give again.
+    ///
+    /// A path that does not exist is not an error (there is nothing to remove). To guard
+    /// against a wrong path, it refuses (with [`Error::Config`]) a directory that does not
+    /// look like a store: it must hold sled's `conf` and `db` files and nothing but sled's
+    /// files (`conf`, `db`, `blobs/`, `snap.*`). It refuses (with [`Error::Locked`]) a store
+    /// that is open, in this process or another one; checking that lock opens the store,
+    /// which costs a recovery scan when the store is healthy.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("cache");
+    /// drop(kube_persist::Db::open(&path)?);
+    /// kube_persist::Db::destroy(&path)?;
+    /// assert!(!path.exists());
+    /// // Not a store directory: refused.
+    /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
+    /// assert!(kube_persist::Db::destroy(dir.path()).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn destroy(path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let io = |e| Error::from_io(path.to_path_buf(), e);
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(e)),
+        };
+        let refuse = |why: String| {
+            Error::Config(format!(
+                "refusing to remove {}: {why}, so it does not look like a kube-persist store",
+                path.display()
+            ))
+        };
+        for entry in entries {
+            let name = entry.map_err(io)?.file_name();
+            let name = name.to_string_lossy();
+            if !matches!(&*name, "conf" | "db" | "blobs") && !name.starts_with("snap.") {
+                return Err(refuse(format!(
+                    "it holds {name:?}, which is not a sled file"
+                )));
+            }
+        }
+        for file in ["conf", "db"] {
+            if !path.join(file).is_file() {
+                return Err(refuse(format!("it has no sled {file:?} file")));
+            }
+        }
+        // sled takes the directory's lock before it reads anything else: a held lock is
+        // `Locked`; any other failure (the corruption being wiped) does not prevent removal.
+        match open_sled(&sled::Config::new().path(path), path) {
+            Err(Error::Locked { path }) => return Err(Error::Locked { path }),
+            Ok(db) => drop(db),
+            Err(e) => {
+                tracing::info!(path = %path.display(), error = %e, "removing a store that does not open")
+            }
+        }
+        std::fs::remove_dir_all(path).map_err(io)?;
+        tracing::warn!(path = %path.display(), "store removed; the next start lists from scratch");
+        Ok(())
+    }
+
     /// The store directory.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    pub(crate) fn compression(&self) -> bool {
+        self.inner.config.compression
     }
 
     pub(crate) fn cipher(&self) -> Option<Arc<Cipher>> {
@@ -355,4 +482,60 @@ pub(crate) struct Status {
     pub(crate) live: bool,
     pub(crate) count: u64,
     pub(crate) checkpoint: Option<String>,
+    /// Secondary indexes built on disk and ready for `Reader::by_index`.
+    pub(crate) indexes: Vec<String>,
+}
+
+/// Open sled, turning a panic inside it (which some damaged files cause) into
+/// [`Error::Corrupt`] naming the path.
+fn open_sled(config: &sled::Config, path: &Path) -> Result<sled::Db> {
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+    match opened {
+        // sled reports a `conf` file it cannot parse as a store from an old sled version.
+        Ok(Err(sled::Error::Unsupported(detail))) if detail.contains("earlier than 0.29") => {
+            Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("its conf file does not parse ({detail})"),
+            })
+        }
+        Ok(res) => res.map_err(|e| Error::from_sled(path, e)),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(path = %path.display(), panic = %msg, "sled panicked while opening the store");
+            Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("the storage engine panicked while opening it: {msg}"),
+            })
+        }
+    }
+}
+
+/// Key (in sled's default tree) written once when a store is created.
+const MARKER_KEY: &[u8] = b"kube-persist/store";
+
+/// Tell a store that sled could not read from a new one. sled recovers a log whose bytes are
+/// garbage as an empty database, silently; a store always holds its marker, so a non-empty
+/// log that recovers to nothing is reported as [`Error::Corrupt`].
+fn check_marker(sled: &sled::Db, path: &Path, had_data: bool) -> Result<()> {
+    let err = |e| Error::from_sled(path, e);
+    if sled.contains_key(MARKER_KEY).map_err(err)? {
+        return Ok(());
+    }
+    // Stores written before the marker existed have stream trees: adopt them.
+    let has_trees = sled.tree_names().len() > 1;
+    if had_data && !has_trees && sled.is_empty() {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: "its db file holds data, but the storage engine recovered nothing from it \
+                     (overwritten or not a sled log)"
+                .into(),
+        });
+    }
+    sled.insert(MARKER_KEY, &b"1"[..]).map_err(err)?;
+    sled.flush().map_err(err)?;
+    Ok(())
 }

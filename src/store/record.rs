@@ -7,7 +7,10 @@ use crate::crypto::Cipher;
 
 /// Version of the on-disk format. Part of the store identity: a store written with
 /// another format version is not resumed but rebuilt.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
+
+/// zstd level for stored bodies: level 1 keeps writes fast and still shrinks Pod JSON ~4x.
+const ZSTD_LEVEL: i32 = 1;
 
 /// One stored object: the few fields the store needs plus the JSON body.
 #[derive(Debug, Serialize, Deserialize)]
@@ -16,6 +19,8 @@ pub(crate) struct Record {
     pub(crate) uid: String,
     /// The list epoch in which this version was written (see [`State::epoch`]).
     pub(crate) epoch: u64,
+    /// Whether `body` is zstd-compressed (before encryption).
+    pub(crate) compressed: bool,
     pub(crate) body: Vec<u8>,
 }
 
@@ -121,6 +126,7 @@ impl Record {
         aad.push(0);
         aad.extend_from_slice(self.uid.as_bytes());
         aad.extend_from_slice(&self.epoch.to_be_bytes());
+        aad.push(self.compressed as u8);
         aad
     }
 
@@ -132,28 +138,43 @@ impl Record {
         epoch: u64,
         plain: &[u8],
         cipher: Option<&Cipher>,
+        compress: bool,
     ) -> Record {
+        // Compress first (ciphertext does not compress); keep the result only if smaller.
+        let packed = compress
+            .then(|| zstd::bulk::compress(plain, ZSTD_LEVEL).ok())
+            .flatten()
+            .filter(|c| c.len() < plain.len());
         let mut rec = Record {
             resource_version,
             uid,
             epoch,
+            compressed: packed.is_some(),
             body: Vec::new(),
         };
+        let data = packed.as_deref().unwrap_or(plain);
         rec.body = match cipher {
-            Some(c) => c.seal(plain, &rec.aad(key)),
-            None => plain.to_vec(),
+            Some(c) => c.seal(data, &rec.aad(key)),
+            None => data.to_vec(),
         };
         rec
     }
 
     /// The plaintext JSON body, or why it cannot be read (wrong key or tampering).
     pub(crate) fn open(self, key: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>, String> {
-        match cipher {
-            None => Ok(self.body),
+        let data = match cipher {
+            None => self.body,
             Some(c) => c.open(&self.body, &self.aad(key)).ok_or_else(|| {
                 "encrypted record fails authentication (wrong key, or modified on disk)".to_string()
-            }),
+            })?,
+        };
+        if !self.compressed {
+            return Ok(data);
         }
+        let mut out = Vec::new();
+        zstd::stream::copy_decode(&data[..], &mut out)
+            .map_err(|e| format!("compressed body does not decompress: {e}"))?;
+        Ok(out)
     }
 }
 
@@ -180,6 +201,7 @@ mod tests {
             resource_version: "42".into(),
             uid: "u".into(),
             epoch: 3,
+            compressed: false,
             body: br#"{"a":1}"#.to_vec(),
         };
         let back: Record = decode(&encode(&r)).unwrap();

@@ -62,6 +62,8 @@ pub(crate) struct Writer {
     cipher: Option<Arc<Cipher>>,
     /// Whether index entries are maintained (some index is configured).
     indexed: bool,
+    /// Whether bodies are zstd-compressed.
+    compress: bool,
 }
 
 /// Index entries of one object: (index name, value).
@@ -86,7 +88,13 @@ impl Writer {
             cache,
             cipher,
             indexed: false,
+            compress: true,
         }
+    }
+
+    /// Compress bodies written from now on (or not).
+    pub(crate) fn set_compress(&mut self, compress: bool) {
+        self.compress = compress;
     }
 
     /// Maintain index entries on every write from now on.
@@ -315,6 +323,7 @@ impl Writer {
                         epoch,
                         &o.body,
                         self.cipher.as_deref(),
+                        self.compress,
                     );
                     batch.put(key, record::encode(&rec));
                     if emit {

@@ -268,6 +268,7 @@ impl Db {
         writer.publish();
         // Indexes already built for exactly this configuration are usable at once.
         let mut writer = writer;
+        writer.set_compress(self.compression());
         let built = writer.built_indexes()?;
         if built == config.index_names() {
             writer.set_built_indexes(&built)?;
