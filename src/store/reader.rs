@@ -48,6 +48,7 @@ pub struct Reader<K> {
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
+    keys_only: bool,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -60,6 +61,7 @@ impl<K> Clone for Reader<K> {
             stats: self.stats.clone(),
             cache: self.cache.clone(),
             cipher: self.cipher.clone(),
+            keys_only: self.keys_only,
             _k: PhantomData,
         }
     }
@@ -93,8 +95,25 @@ where
             stats,
             cache,
             cipher,
+            keys_only: false,
             _k: PhantomData,
         }
+    }
+
+    /// This reader's stream stores no bodies ([`Config::keys_only`](crate::Config::keys_only)).
+    pub(crate) fn keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
+    }
+
+    fn bodies(&self) -> Result<()> {
+        if self.keys_only {
+            return Err(Error::Config(format!(
+                "the stream in {} is keys-only: it stores no objects to read (use its events)",
+                self.path.display()
+            )));
+        }
+        Ok(())
     }
 
     /// The stored object for `obj_ref`, if any.
@@ -104,6 +123,7 @@ where
 
     /// The stored object with this namespace (`None` for cluster-scoped kinds) and name.
     pub fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>> {
+        self.bodies()?;
         let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
         let generation = if self.cache.enabled() {
             match self.cache.get(&key) {
@@ -158,8 +178,12 @@ where
     }
 
     fn iter_range(&self, start: &[u8], end: &[u8]) -> Iter<K> {
+        let inner: Box<dyn Iterator<Item = Result<Entry>> + Send> = match self.bodies() {
+            Ok(()) => self.backend.range(start, end),
+            Err(e) => Box::new(std::iter::once(Err(e))),
+        };
         Iter {
-            inner: self.backend.range(start, end),
+            inner,
             path: self.path.clone(),
             cipher: self.cipher.clone(),
             _k: PhantomData,

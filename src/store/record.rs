@@ -80,6 +80,8 @@ pub(crate) struct Identity {
     pub(crate) label_selector: Option<String>,
     pub(crate) field_selector: Option<String>,
     pub(crate) metadata_only: bool,
+    /// Only keys, uids and resourceVersions are stored (no bodies).
+    pub(crate) keys_only: bool,
     /// Name of the transform applied before writing, if any.
     pub(crate) transform: Option<String>,
     /// Fingerprint of the encryption key, for encrypted stores.
@@ -109,6 +111,7 @@ impl Identity {
         cmp!(label_selector);
         cmp!(field_selector);
         cmp!(metadata_only);
+        cmp!(keys_only);
         cmp!(transform);
         cmp!(encryption);
         diffs.join(", ")

@@ -64,6 +64,8 @@ pub(crate) struct Writer {
     indexed: bool,
     /// Whether bodies are zstd-compressed.
     compress: bool,
+    /// Keys-only mode: no bodies stored; (apiVersion, kind) to describe swept objects.
+    keys_only: Option<(String, String)>,
 }
 
 /// Index entries of one object: (index name, value).
@@ -89,7 +91,13 @@ impl Writer {
             cipher,
             indexed: false,
             compress: true,
+            keys_only: None,
         }
+    }
+
+    /// Store no bodies from now on; swept objects are described with this (apiVersion, kind).
+    pub(crate) fn set_keys_only(&mut self, type_meta: Option<(String, String)>) {
+        self.keys_only = type_meta;
     }
 
     /// Compress bodies written from now on (or not).
@@ -222,7 +230,9 @@ impl Writer {
                 let old = self.entries(suffix, &HashMap::new())?;
                 self.reindex(&mut batch, suffix, &old, &[]);
                 deleted += 1;
-                if emit {
+                if emit && self.keys_only.is_some() {
+                    changes.push(Change::Deleted(self.describe(suffix, &rec)));
+                } else if emit {
                     let body = rec.open(&key, self.cipher.as_deref()).map_err(|detail| {
                         Error::Corrupt {
                             path: self.path.clone(),
@@ -321,7 +331,11 @@ impl Writer {
                         o.resource_version,
                         o.uid,
                         epoch,
-                        &o.body,
+                        if self.keys_only.is_some() {
+                            &[]
+                        } else {
+                            &o.body
+                        },
                         self.cipher.as_deref(),
                         self.compress,
                     );
@@ -357,6 +371,25 @@ impl Writer {
         Counters::add(&self.stats.objects_unchanged, unchanged);
         Counters::add(&self.stats.objects_deleted, removed);
         Ok(changes)
+    }
+
+    /// A minimal object for a key-only record: type, name, namespace, uid, resourceVersion.
+    fn describe(&self, suffix: &[u8], rec: &Record) -> Vec<u8> {
+        let (api_version, kind) = self.keys_only.clone().unwrap_or_default();
+        let text = String::from_utf8_lossy(suffix);
+        let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
+        let mut meta = serde_json::json!({
+            "name": name,
+            "uid": rec.uid,
+            "resourceVersion": rec.resource_version,
+        });
+        if !ns.is_empty() {
+            meta["namespace"] = ns.into();
+        }
+        serde_json::to_vec(
+            &serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": meta}),
+        )
+        .unwrap_or_default()
     }
 
     /// The index entries stored for an object (or written earlier in this batch).

@@ -52,6 +52,8 @@ pub struct Config {
     pub sensitive: Option<bool>,
     /// Opt-in to writing sensitive objects (Secrets) to disk.
     pub allow_sensitive_data: bool,
+    /// Store only each object's key, uid and resourceVersion (see [`Config::keys_only`]).
+    pub keys_only: bool,
     pub(crate) transform: Option<(String, Transform)>,
     pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
 }
@@ -73,6 +75,7 @@ impl Default for Config {
             hot_cache_bytes: 8 << 20,
             sensitive: None,
             allow_sensitive_data: false,
+            keys_only: false,
             transform: None,
             indexes: Vec::new(),
         }
@@ -222,6 +225,20 @@ impl Config {
         let mut names: Vec<String> = self.indexes.iter().map(|(n, _)| n.clone()).collect();
         names.sort();
         names
+    }
+
+    /// Keys-only mode, between a watch and an informer: the store keeps only each object's
+    /// key, uid and resourceVersion on disk, not its body. The event stream still carries
+    /// the full objects as the server sends them, and after a restart or a `410` relist it
+    /// yields only the real differences (no flood of re-adds); memory stays bounded by one
+    /// page. Deletions found by a relist carry an object with only `apiVersion`, `kind`,
+    /// name, namespace, uid and resourceVersion. `Reader::get`/`iter` are not available.
+    ///
+    /// Use it to ship events (audit, sync to another system, triggers) exactly once per
+    /// change; use the full store when the controller reads objects back.
+    pub fn keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
     }
 
     /// Drop `metadata.managedFields` before writing (often half of an object's size).

@@ -113,6 +113,10 @@ impl Machine {
         }
     }
 
+    pub(crate) fn writer_mut(&mut self) -> &mut Writer {
+        &mut self.writer
+    }
+
     pub(crate) fn set_emit(&mut self, emit: bool) {
         self.emit = emit;
     }

@@ -172,7 +172,10 @@ impl Db {
     {
         let url = api.resource_url().to_string();
         let kind = K::kind(dyntype);
-        if config.sensitive.unwrap_or(kind == "Secret") && !config.allow_sensitive_data {
+        if config.sensitive.unwrap_or(kind == "Secret")
+            && !config.allow_sensitive_data
+            && !config.keys_only
+        {
             return Err(crate::Error::Config(format!(
                 "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
                  Config::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
@@ -180,8 +183,11 @@ impl Db {
             )));
         }
         let identity = identity::<K>(&url, &config, dyntype, false, self.key_fingerprint());
+        let keys_only = config
+            .keys_only
+            .then(|| (identity.api_version.clone(), identity.kind.clone()));
         let validate = index::inspector::<K>(config.validate, &config.indexes)?;
-        self.open_pair(
+        let (reader, mut watcher) = self.open_pair(
             name,
             api.into_client(),
             url,
@@ -189,7 +195,14 @@ impl Db {
             identity,
             validate,
             false,
-        )
+        )?;
+        match keys_only {
+            Some(type_meta) => {
+                watcher.machine.writer_mut().set_keys_only(Some(type_meta));
+                Ok((reader.keys_only(), watcher))
+            }
+            None => Ok((reader, watcher)),
+        }
     }
 
     /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
@@ -301,6 +314,7 @@ fn identity<K: Resource>(
         label_selector: cfg.label_selector.clone(),
         field_selector: cfg.field_selector.clone(),
         metadata_only,
+        keys_only: cfg.keys_only,
         transform: cfg.transform.as_ref().map(|t| t.0.clone()),
         encryption,
     }

@@ -1,4 +1,5 @@
-//! Secondary indexes on disk and label-selector queries, against the testkit server.
+//! Beyond the in-memory caches: secondary indexes on disk, label-selector queries and the
+//! keys-only delta watcher, against the testkit server.
 
 mod common;
 
@@ -252,4 +253,137 @@ async fn select_by_labels_with_and_without_an_index() {
             assert_eq!(got, want, "selector {sel}");
         }
     }
+}
+
+/// Keys-only: no bodies on disk, full objects in the events, and after a restart with a
+/// compacted history only the real differences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_only_stream_reports_exact_differences() {
+    use futures::StreamExt;
+    use kube_persist::Event;
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(1000, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = || {
+        Config::default()
+            .keys_only()
+            .backoff(Duration::from_millis(20), Duration::from_millis(200))
+            .relist_jitter(Duration::from_millis(10))
+    };
+    let full_dir = tmp.path().join("full");
+    let keys_dir = tmp.path().join("keys");
+    {
+        let full = Db::open(&full_dir).unwrap();
+        let (_r, w) = full
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                Config::default().drop_managed_fields(),
+            )
+            .unwrap();
+        let mut w = drive(w);
+        w.until(|e| *e == Ev::InitDone).await;
+        w.stop().await;
+        full.flush().unwrap();
+    }
+    {
+        let db = Db::open(&keys_dir).unwrap();
+        let (reader, w) = db
+            .store("pods", Api::<Pod>::all(server.client()), cfg())
+            .unwrap();
+        let mut w = drive(w);
+        let evs = w.until(|e| *e == Ev::InitDone).await;
+        assert_eq!(
+            evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count(),
+            1000
+        );
+        assert_eq!(reader.len(), 1000);
+        assert!(
+            reader.get_named(Some("ns-0"), "pod-0").is_err(),
+            "keys-only has no bodies to read"
+        );
+        w.stop().await;
+        db.flush().unwrap();
+    }
+    let size = |d: &std::path::Path| -> u64 {
+        std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+            .sum()
+    };
+    assert!(
+        size(&keys_dir) * 3 < size(&full_dir),
+        "keys-only store ({} bytes) is much smaller than the full one ({} bytes)",
+        size(&keys_dir),
+        size(&full_dir)
+    );
+
+    // Changes while down, history compacted: restart relists and reports exact deltas.
+    let rt = ResourceType::pods();
+    let all = h.list(&rt);
+    let deleted: BTreeSet<String> = all.iter().take(5).map(key).collect();
+    for o in all.iter().take(5) {
+        h.delete(
+            &rt,
+            o["metadata"]["namespace"].as_str(),
+            o["metadata"]["name"].as_str().unwrap(),
+        );
+    }
+    let mut updated = BTreeSet::new();
+    for o in all.iter().skip(5).take(5) {
+        let mut o = o.clone();
+        o["metadata"]["labels"]["changed"] = "yes".into();
+        updated.insert(key(&o));
+        h.apply(&rt, o);
+    }
+    h.apply(&rt, make_pod("ns-0", "keys-new", 99));
+    updated.insert("ns-0/keys-new".to_string());
+    h.compact();
+    let db = Db::open(&keys_dir).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg())
+        .unwrap();
+    let mut events = std::pin::pin!(watcher.stream());
+    let (mut applied, mut gone) = (BTreeSet::new(), BTreeSet::new());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while applied.len() < 6 || gone.len() < 5 {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("events in time")
+            .unwrap();
+        match ev.unwrap() {
+            Event::Apply(p) => {
+                assert!(
+                    p.spec.is_some(),
+                    "Apply carries the full object from the server"
+                );
+                applied.insert(format!(
+                    "{}/{}",
+                    p.metadata.namespace.unwrap(),
+                    p.metadata.name.unwrap()
+                ));
+            }
+            Event::Delete(p) => {
+                assert!(p.metadata.uid.is_some() && p.metadata.resource_version.is_some());
+                gone.insert(format!(
+                    "{}/{}",
+                    p.metadata.namespace.unwrap(),
+                    p.metadata.name.unwrap()
+                ));
+            }
+            Event::Resumed { .. } => {}
+            other => panic!("unexpected event after a keys-only restart: {other:?}"),
+        }
+    }
+    assert_eq!(
+        applied, updated,
+        "only the changed objects, no flood of re-adds"
+    );
+    assert_eq!(gone, deleted);
+    assert_eq!(reader.len(), 1000 - 5 + 1);
+    assert_eq!(reader.stats().relists, 1);
+    assert_eq!(reader.stats().objects_unchanged, 1000 - 5 - 5);
 }
