@@ -288,7 +288,7 @@ impl Db {
         }
         // sled takes the directory's lock before it reads anything else: a held lock is
         // `Locked`; any other failure (the corruption being wiped) does not prevent removal.
-        match open_sled(&sled::Config::new().path(path), path) {
+        match open_after_close(path, || open_sled(&sled::Config::new().path(path), path)) {
             Err(Error::Locked { path }) => return Err(Error::Locked { path }),
             Ok(db) => drop(db),
             Err(e) => {

@@ -17,14 +17,18 @@ pub(crate) struct FaultState {
     page_delay: Duration,
     malformed_next_list: bool,
     malformed_next_watch: bool,
+    inject_list: Vec<Vec<u8>>,
+    inject_watch: Vec<Vec<u8>>,
 }
 
 /// Faults consumed by one WATCH request.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct WatchFaults {
     pub drop_after: Option<usize>,
     pub gone: bool,
     pub malformed: bool,
+    /// Raw objects sent first, each as one `ADDED` event, bytes as-is.
+    pub injected: Vec<Vec<u8>>,
 }
 
 impl FaultState {
@@ -50,7 +54,13 @@ impl FaultState {
             drop_after: self.drop_watch_after.take(),
             gone: std::mem::take(&mut self.gone_next_watch),
             malformed: std::mem::take(&mut self.malformed_next_watch),
+            injected: std::mem::take(&mut self.inject_watch),
         }
+    }
+
+    /// Consumes the raw items to splice into the next LIST page.
+    pub(crate) fn take_injected_list(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.inject_list)
     }
 
     /// Consumes the one-shot malformed-list fault.
@@ -120,6 +130,23 @@ impl Faults {
     /// The next WATCH first sends one ADDED event whose object is malformed the same way.
     pub fn malformed_next_watch(&self) {
         self.shared.faults().malformed_next_watch = true;
+    }
+
+    /// The next LIST page gets `raw` spliced into its `items` array as one more item, bytes
+    /// as-is: it may be any JSON (or not JSON at all, or not UTF-8). Calls before that LIST
+    /// accumulate (each is one item, in call order). Use it to test how a client handles bad
+    /// objects: missing fields, invalid UTF-8 in a string, malformed JSON.
+    pub fn inject_next_list(&self, raw: Vec<u8>) {
+        self.shared.faults().inject_list.push(raw);
+    }
+
+    /// The next WATCH stream first sends one line `{"type":"ADDED","object":<raw>}` with the
+    /// bytes of `raw` as-is (before any initial event), then continues normally. Calls before
+    /// that WATCH accumulate (one line each, in call order). `raw` should not contain a
+    /// newline, which would split the line. Counts as an event for
+    /// [`Faults::drop_watch_after`].
+    pub fn inject_next_watch(&self, raw: Vec<u8>) {
+        self.shared.faults().inject_watch.push(raw);
     }
 
     /// Ends every currently open WATCH stream cleanly (clients see end-of-stream and

@@ -348,7 +348,10 @@ async fn list(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    let malformed = shared.faults().take_malformed_list();
+    let (malformed, injected) = {
+        let mut f = shared.faults();
+        (f.take_malformed_list(), f.take_injected_list())
+    };
 
     let (page, snapshot, served, epoch, rt) = {
         let st = shared.state();
@@ -460,6 +463,14 @@ async fn list(
             out.push(b',');
         }
         out.extend_from_slice(&malformed_item(&rt, meta_only));
+        first = false;
+    }
+    for raw in &injected {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(raw);
     }
     out.extend_from_slice(b"]}");
     Ok(json_response(StatusCode::OK, out))

@@ -30,6 +30,8 @@
 //!   `POST /testkit/seed?pods=N&namespaces=M`, and under `POST /testkit/faults/`:
 //!   `gone-next-watch`, `drop-watch-after?events=N`, `fail-next?verb=list&status=503&count=1`,
 //!   `page-delay?ms=N`, `malformed-next-list`, `malformed-next-watch`, `close-watches`, `clear`.
+//!   The raw injections ([`Faults::inject_next_list`], [`Faults::inject_next_watch`]) are
+//!   in-process only.
 //!
 //! Note: a [`kube::Client`] built by [`TestServer::client`] keeps kube's default retry layer,
 //! which transparently retries 429/503/504 responses (up to 15 times with backoff). Use

@@ -137,6 +137,7 @@ pub(crate) fn start(
         ));
     }
     let faults = shared.faults().take_watch();
+    let drop_after = faults.drop_after;
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let task = {
         let st = shared.state();
@@ -170,7 +171,7 @@ pub(crate) fn start(
                 tx,
                 buf: Vec::new(),
                 events: 0,
-                limit: faults.drop_after,
+                limit: drop_after,
             },
         }
     };
@@ -248,6 +249,12 @@ impl WatchTask {
         if self.faults.malformed {
             let item = malformed_item(&self.rt, self.meta_only);
             if !self.out.event("ADDED", &item) {
+                self.out.flush().await;
+                return;
+            }
+        }
+        for raw in std::mem::take(&mut self.faults.injected) {
+            if !self.out.event("ADDED", &raw) {
                 self.out.flush().await;
                 return;
             }
