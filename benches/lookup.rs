@@ -61,7 +61,16 @@ async fn bench(n: usize) {
 
     let plain = measure_persist(&url, &client, &keys, &hot, &hot_seq, &uniform_seq, None).await;
     let key = kube_persist::EncryptionKey::from_bytes([7; 32]);
-    let enc = measure_persist(&url, &client, &keys, &hot, &hot_seq, &uniform_seq, Some(key)).await;
+    let enc = measure_persist(
+        &url,
+        &client,
+        &keys,
+        &hot,
+        &hot_seq,
+        &uniform_seq,
+        Some(key),
+    )
+    .await;
     eprintln!(
         "encryption cost: uniform get p50 {:.1} -> {:.1} us, apply {:.0} -> {:.0} events/s",
         plain.uni50, enc.uni50, plain.apply_per_s, enc.apply_per_s
@@ -131,7 +140,11 @@ async fn measure_persist(
     uniform_seq: &[usize],
     key: Option<kube_persist::EncryptionKey>,
 ) -> PersistFigures {
-    let label = if key.is_some() { "kube-persist (encrypted)" } else { "kube-persist" };
+    let label = if key.is_some() {
+        "kube-persist (encrypted)"
+    } else {
+        "kube-persist"
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let mut db_config = kube_persist::DbConfig::default();
     if let Some(k) = key {

@@ -46,12 +46,14 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod controller;
 mod crypto;
 mod error;
 mod stats;
 mod store;
 mod watcher;
 
+pub use controller::Controller;
 pub use crypto::EncryptionKey;
 pub use error::{Error, Result};
 pub use stats::Stats;

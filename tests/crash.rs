@@ -15,7 +15,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -83,23 +83,15 @@ struct Running {
 }
 
 fn spawn_child(dir: &std::path::Path, url: &str, streaming: bool) -> Running {
-    // /proc/self/exe runs this very binary even if cargo rebuilt (replaced) it meanwhile.
-    let mut child = Command::new("/proc/self/exe")
-        .env("KP_CRASH_STREAMING", if streaming { "1" } else { "0" })
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir)
-        .env("KP_CRASH_URL", url)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn child");
+    let streaming = if streaming { "1" } else { "0" };
+    let mut child = common::spawn_self(
+        "crash_child",
+        &[
+            ("KP_CRASH_STREAMING", streaming.as_ref()),
+            (CHILD_ENV, dir.as_os_str()),
+            ("KP_CRASH_URL", url.as_ref()),
+        ],
+    );
     let out = child.stdout.take().unwrap();
     let lines = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();
@@ -231,32 +223,11 @@ fn index_matches(
     })
 }
 
-fn diff(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> String {
-    let missing: Vec<_> = b.keys().filter(|k| !a.contains_key(*k)).take(3).collect();
-    let extra: Vec<_> = a.keys().filter(|k| !b.contains_key(*k)).take(3).collect();
-    let stale: Vec<_> = b
-        .iter()
-        .filter(|(k, v)| a.get(*k).is_some_and(|x| x != *v))
-        .take(3)
-        .collect();
-    format!(
-        "store {} vs server {}: missing {missing:?} extra {extra:?} stale {stale:?}",
-        a.len(),
-        b.len()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_consistency_under_sigkill() {
     common::init_tracing();
-    let seed: u64 = std::env::var("KP_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    let kills: usize = std::env::var("KP_CRASH_KILLS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let seed: u64 = common::env_num("KP_CRASH_SEED").unwrap_or_else(|| rand::rng().random());
+    let kills: usize = common::env_num("KP_CRASH_KILLS").unwrap_or(60);
     println!("crash: seed {seed} (replay with KP_CRASH_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
 
@@ -332,7 +303,7 @@ async fn crash_consistency_under_sigkill() {
                     divergences += 1;
                     println!(
                         "crash: kill point {i} (strategy {strategy}): divergence at checkpoint {rv}: {}",
-                        diff(&store, &server)
+                        common::diff("store", &store, &server)
                     );
                 }
             }
@@ -365,7 +336,7 @@ async fn crash_consistency_under_sigkill() {
                 divergences += 1;
                 println!(
                     "crash: settle after kill point {i}: phase {phase:?}: {}",
-                    diff(&store, &server)
+                    common::diff("store", &store, &server)
                 );
             }
             churning.store(true, Ordering::Relaxed);

@@ -17,10 +17,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{converge, init_tracing, server_versions, store_versions};
+use common::{converge, diff, env_num, init_tracing, server_versions, spawn_self, store_versions};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Resource};
@@ -162,29 +162,6 @@ fn server_pods(h: &ServerHandle) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn diff(what: &str, have: &BTreeMap<String, String>, want: &BTreeMap<String, String>) -> String {
-    let missing: Vec<_> = want
-        .keys()
-        .filter(|k| !have.contains_key(*k))
-        .take(3)
-        .collect();
-    let extra: Vec<_> = have
-        .keys()
-        .filter(|k| !want.contains_key(*k))
-        .take(3)
-        .collect();
-    let stale: Vec<_> = want
-        .iter()
-        .filter(|(k, v)| have.get(*k).is_some_and(|x| x != *v))
-        .take(3)
-        .collect();
-    format!(
-        "{what} {} vs server {}: missing {missing:?} extra {extra:?} stale {stale:?}",
-        have.len(),
-        want.len()
-    )
-}
-
 // ---------------------------------------------------------------------------------------
 // A. Model-based test
 // ---------------------------------------------------------------------------------------
@@ -269,10 +246,6 @@ fn random_pod_key(h: &ServerHandle, rng: &mut StdRng) -> Option<(String, String)
         .into_keys()
         .collect();
     (!keys.is_empty()).then(|| keys[rng.random_range(0..keys.len())].clone())
-}
-
-fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|s| s.parse().ok())
 }
 
 /// Random faults against the model "store == server after each settle" (see the module docs).
@@ -514,20 +487,7 @@ impl Drop for ChildGuard {
 fn second_process_gets_locked_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "lock_holder_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(LOCK_CHILD_ENV, &path)
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn child");
+    let mut child = spawn_self("lock_holder_child", &[(LOCK_CHILD_ENV, path.as_os_str())]);
     let out = child.stdout.take().unwrap();
     let guard = ChildGuard(child);
     let (tx, rx) = std::sync::mpsc::channel();

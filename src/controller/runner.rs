@@ -24,11 +24,11 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::Config;
 use super::action::requeue_after;
 use super::error::ControllerError;
 use super::sweep::Sweep;
 use super::triggers::{Trigger, TriggerStream};
-use super::{Config, Hash2};
 use crate::Reader;
 
 /// What one `run` stream yields.
@@ -68,7 +68,7 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
 }
 
 /// The controller's stream of reconcile results.
-pub(crate) struct Runner<K: Resource, Ctx, E> {
+pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     p: Parts<K, Ctx, E>,
     triggers: Option<SelectAll<TriggerStream<K>>>,
     schedule_tx: UnboundedSender<ScheduleRequest<ReconcileRequest<K>>>,
@@ -83,12 +83,12 @@ pub(crate) struct Runner<K: Resource, Ctx, E> {
 }
 
 // Nothing is pinned structurally: the scheduler is boxed and pinned on its own.
-impl<K: Resource, Ctx, E> Unpin for Runner<K, Ctx, E> {}
+impl<K: Resource, Ctx, E: 'static> Unpin for Runner<K, Ctx, E> {}
 
 impl<K, Ctx, E> Runner<K, Ctx, E>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Hash2,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {
@@ -121,7 +121,10 @@ where
 
     fn begin_shutdown(&mut self) {
         if !self.shutting_down {
-            tracing::debug!(running = self.running.len(), "controller shutting down gracefully");
+            tracing::debug!(
+                running = self.running.len(),
+                "controller shutting down gracefully"
+            );
             self.shutting_down = true;
             // Stops the watchers (releasing their streams) and any sweep; running
             // reconciles finish, nothing new starts.
@@ -200,9 +203,10 @@ where
         let obj = match self.p.reader.get(&request.obj_ref) {
             Ok(Some(obj)) => obj,
             Ok(None) => {
-                self.out.push_back(Err(ControllerError::ObjectNotFound(Box::new(
-                    request.obj_ref.erase(),
-                ))));
+                self.out
+                    .push_back(Err(ControllerError::ObjectNotFound(Box::new(
+                        request.obj_ref.erase(),
+                    ))));
                 return;
             }
             Err(e) => {
@@ -268,7 +272,7 @@ where
 impl<K, Ctx, E> Stream for Runner<K, Ctx, E>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Hash2,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {

@@ -42,15 +42,15 @@ where
                         if buf.len() < chunk {
                             continue;
                         }
-                        tx.blocking_send(Ok(std::mem::replace(
-                            &mut buf,
-                            Vec::with_capacity(chunk),
-                        )))
+                        tx.blocking_send(Ok(std::mem::replace(&mut buf, Vec::with_capacity(chunk))))
                     }
                     Err(e) => tx.blocking_send(Err(e)),
                 };
                 if sent.is_err() {
-                    tracing::debug!(total, "sweep abandoned (controller stopped or a new sweep began)");
+                    tracing::debug!(
+                        total,
+                        "sweep abandoned (controller stopped or a new sweep began)"
+                    );
                     return;
                 }
             }

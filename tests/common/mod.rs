@@ -192,26 +192,10 @@ pub fn assert_matches<K: Resource + DeserializeOwned + Send + Sync + 'static>(
 ) {
     let server = server_versions(h, rt);
     let store = store_versions(r);
-    let missing: Vec<_> = server
-        .keys()
-        .filter(|k| !store.contains_key(*k))
-        .take(5)
-        .collect();
-    let extra: Vec<_> = store
-        .keys()
-        .filter(|k| !server.contains_key(*k))
-        .take(5)
-        .collect();
-    let stale: Vec<_> = server
-        .iter()
-        .filter(|(k, v)| store.get(*k).is_some_and(|s| s != *v))
-        .take(5)
-        .collect();
     assert!(
-        missing.is_empty() && extra.is_empty() && stale.is_empty(),
-        "store differs from server ({} vs {} objects): missing {missing:?}, extra {extra:?}, stale {stale:?}",
-        store.len(),
-        server.len()
+        store == server,
+        "store differs: {}",
+        diff("store", &store, &server)
     );
     assert_eq!(r.len(), server.len() as u64, "Reader::len");
     for k in server.keys().take(50) {
@@ -241,4 +225,58 @@ pub async fn converge<K: Resource + DeserializeOwned + Send + Sync + 'static>(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// What differs between two `key -> resourceVersion` maps (a few of each kind), for messages.
+pub fn diff(
+    what: &str,
+    have: &BTreeMap<String, String>,
+    want: &BTreeMap<String, String>,
+) -> String {
+    let missing: Vec<_> = want
+        .keys()
+        .filter(|k| !have.contains_key(*k))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = have
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .take(5)
+        .collect();
+    let stale: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| have.get(*k).is_some_and(|x| x != *v))
+        .take(5)
+        .collect();
+    format!(
+        "{what} {} vs server {}: missing {missing:?} extra {extra:?} stale {stale:?}",
+        have.len(),
+        want.len()
+    )
+}
+
+/// A number from the environment (seeds, step counts).
+pub fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+/// Start this test binary again as a child process running only the `#[ignore]`d test
+/// `test_name`, with `envs`; stdout is piped, stderr discarded. `/proc/self/exe` runs this
+/// very binary even if cargo rebuilt (replaced) it meanwhile.
+pub fn spawn_self(test_name: &str, envs: &[(&str, &std::ffi::OsStr)]) -> std::process::Child {
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test_name,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("RUST_LOG", "off")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child test process")
 }

@@ -1,0 +1,394 @@
+//! An example operator on kube-persist's controller: it labels every Pod with the name of
+//! its owner (`example.kube-persist.rs/owner=<owner>`), writing through the API.
+//!
+//! ```text
+//! cargo run --release --example operator [-- --pods N] [--new M]   # no cluster needed
+//! cargo run --release --example operator -- --cluster [--dir DIR]  # a real cluster (KUBECONFIG)
+//! ```
+//!
+//! Without `--cluster` it starts `testkit-server` (a local Kubernetes API server) with N Pods
+//! and runs the same reconciler, in separate processes, on kube-persist's `Controller` and on
+//! kube-runtime's `Controller`: a cold start (label every Pod), then a restart after M new
+//! Pods appeared. It prints wall time, LIST calls and peak RSS (VmHWM) of each.
+//!
+//! The port is one constructor: compare [`persistent_controller`] with [`runtime_controller`].
+//! `reconcile` and `error_policy` are plain kube-runtime code.
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::{Api, Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+
+/// The label the operator maintains.
+pub const OWNER_LABEL: &str = "example.kube-persist.rs/owner";
+
+/// The reconciler's context.
+pub struct Ctx {
+    /// Client for writes.
+    pub client: Client,
+    /// Pods relabeled so far.
+    pub writes: AtomicU64,
+    /// Reconciles so far.
+    pub reconciles: AtomicU64,
+}
+
+impl Ctx {
+    /// A context writing through `client`.
+    pub fn new(client: Client) -> Arc<Ctx> {
+        Arc::new(Ctx {
+            client,
+            writes: AtomicU64::new(0),
+            reconciles: AtomicU64::new(0),
+        })
+    }
+}
+
+/// What can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// The write failed (409 Conflict when the cached Pod is older than the server's).
+    #[error("cannot label the pod: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The label value a Pod should carry: its controller owner's name, else `none`.
+pub fn wanted_owner(pod: &Pod) -> String {
+    let owners = pod.owner_references();
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .or(owners.first())
+        .map_or_else(|| "none".to_string(), |o| o.name.clone())
+}
+
+/// Labels the Pod with its owner. Idempotent: a labeled Pod is left alone.
+pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, OperatorError> {
+    ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    let want = wanted_owner(&pod);
+    if pod.labels().get(OWNER_LABEL) != Some(&want) {
+        let mut labeled = (*pod).clone();
+        labeled.labels_mut().insert(OWNER_LABEL.to_string(), want);
+        // The cached resourceVersion makes this an optimistic write: 409 if the cache is stale.
+        let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
+        api.replace(&pod.name_any(), &PostParams::default(), &labeled)
+            .await?;
+        ctx.writes.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(Action::requeue(Duration::from_secs(3600)))
+}
+
+/// Retries soon: a conflict resolves once the cache has the newer Pod.
+pub fn error_policy(_pod: Arc<Pod>, _err: &OperatorError, _ctx: Arc<Ctx>) -> Action {
+    Action::requeue(Duration::from_millis(500))
+}
+
+/// The operator's controller on kube-persist: Pods cached on disk in `db`, resumed without a
+/// LIST after a restart, every stored Pod reconciled once after a restart.
+pub fn persistent_controller(
+    db: &kube_persist::Db,
+    client: Client,
+) -> kube_persist::Result<kube_persist::Controller<Pod>> {
+    use kube_persist::controller::{Config, Controller};
+    Controller::for_store(
+        db,
+        "pods",
+        Api::<Pod>::all(client),
+        kube_persist::Config::default(),
+        Config::default().concurrency(16),
+    )
+}
+
+/// The same operator's controller on kube-runtime (Pods in memory), for comparison.
+pub fn runtime_controller(client: Client) -> kube::runtime::Controller<Pod> {
+    use kube::runtime::{Controller, controller::Config, watcher};
+    Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+        .with_config(Config::default().concurrency(16))
+}
+
+/// What a measured operator process reports.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Report {
+    ms: u64,
+    peak_rss_kib: u64,
+    writes: u64,
+    reconciles: u64,
+    #[serde(default)]
+    list_calls: u64,
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Some(role) = flag(&args, "--role") {
+        let report = rt.block_on(child(&role, &args));
+        println!(
+            "operator-result {}",
+            serde_json::to_string(&report).unwrap()
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    if args.iter().any(|a| a == "--cluster") {
+        return rt.block_on(cluster(flag(&args, "--dir")));
+    }
+    let pods = flag(&args, "--pods")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let new = flag(&args, "--new")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    rt.block_on(compare(pods, new))
+}
+
+/// Runs the persistent operator against a real cluster until Ctrl-C.
+async fn cluster(dir: Option<String>) -> std::process::ExitCode {
+    let dir = dir.unwrap_or_else(|| "/tmp/kube-persist-operator".into());
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("no cluster: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let db = kube_persist::Db::open(&dir).expect("open the store");
+    let ctx = Ctx::new(client.clone());
+    persistent_controller(&db, client)
+        .expect("open the pods stream")
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                eprintln!("{e}");
+            }
+        })
+        .await;
+    println!("labeled {} pods", ctx.writes.load(Ordering::Relaxed));
+    std::process::ExitCode::SUCCESS
+}
+
+/// A measured operator process: runs until every Pod in its cache carries the right label
+/// and `--expect N` Pods are cached, then reports.
+async fn child(role: &str, args: &[String]) -> Report {
+    let start = Instant::now();
+    let url = flag(args, "--url").expect("--url");
+    let expect: usize = flag(args, "--expect")
+        .and_then(|v| v.parse().ok())
+        .expect("--expect");
+    let client = kube_persist_testkit::client_for(&url, None);
+    let ctx = Ctx::new(client.clone());
+    match role {
+        "persist" => {
+            let db = kube_persist::Db::open(flag(args, "--dir").expect("--dir")).expect("open");
+            let controller = persistent_controller(&db, client).expect("open the pods stream");
+            let reader = controller.reader();
+            let run = controller.run(reconcile, error_policy, ctx.clone());
+            let task = tokio::spawn(run.for_each(|_| async {}));
+            until_converged(&ctx, || {
+                converged(
+                    reader.iter().map(|p| p.expect("stored pod decodes")),
+                    expect,
+                )
+            })
+            .await;
+            task.abort();
+            let _ = task.await;
+            db.flush().expect("flush");
+        }
+        _ => {
+            let controller = runtime_controller(client);
+            let store = controller.store();
+            let run = controller.run(reconcile, error_policy, ctx.clone());
+            let task = tokio::spawn(run.for_each(|_| async {}));
+            until_converged(&ctx, || {
+                converged(store.state().iter().map(|p| p.as_ref()), expect)
+            })
+            .await;
+            task.abort();
+        }
+    }
+    let (peak_rss_kib, _) = support::rss_kib();
+    Report {
+        ms: start.elapsed().as_millis() as u64,
+        peak_rss_kib,
+        writes: ctx.writes.load(Ordering::Relaxed),
+        reconciles: ctx.reconciles.load(Ordering::Relaxed),
+        list_calls: 0,
+    }
+}
+
+/// Whether exactly `expect` Pods are cached, each labeled with its owner.
+fn converged<P: std::borrow::Borrow<Pod>>(pods: impl Iterator<Item = P>, expect: usize) -> bool {
+    let mut n = 0;
+    for p in pods {
+        let p = p.borrow();
+        if p.labels().get(OWNER_LABEL) != Some(&wanted_owner(p)) {
+            return false;
+        }
+        n += 1;
+    }
+    n == expect
+}
+
+/// Returns once `check` holds, checking (a full scan of the cache) only while the operator
+/// is quiet.
+async fn until_converged(ctx: &Ctx, mut check: impl FnMut() -> bool) {
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = ctx.reconciles.load(Ordering::Relaxed);
+        if now == last && check() {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// Runs one measured operator process and returns its report.
+fn run_child(role: &str, url: &str, dir: &std::path::Path, expect: usize) -> Report {
+    let out = Command::new(std::env::current_exe().expect("current exe"))
+        .args([
+            "--role",
+            role,
+            "--url",
+            url,
+            "--expect",
+            &expect.to_string(),
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn operator process");
+    let mut child = out;
+    let mut report = None;
+    for line in BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        if let Some(json) = line.strip_prefix("operator-result ") {
+            report = Some(serde_json::from_str(json).expect("operator report"));
+        }
+    }
+    let status = child.wait().expect("wait for the operator process");
+    assert!(status.success(), "{role} operator failed: {status}");
+    report.unwrap_or_else(|| panic!("{role} operator printed no result"))
+}
+
+async fn measured(
+    url: &str,
+    role: &str,
+    dir: &std::path::Path,
+    expect: usize,
+    label: &str,
+) -> Report {
+    support::admin(url, "POST", "/testkit/reset-counts").await;
+    let mut r = tokio::task::block_in_place(|| run_child(role, url, dir, expect));
+    r.list_calls = support::list_calls(url).await;
+    println!(
+        "  {label}: {:.2} s, {} reconciles, {} pods labeled, {} LIST calls, peak RSS {:.0} MiB",
+        r.ms as f64 / 1000.0,
+        r.reconciles,
+        r.writes,
+        r.list_calls,
+        support::mib(r.peak_rss_kib)
+    );
+    r
+}
+
+/// Cold start and restart of both controllers against fresh `testkit-server` processes.
+async fn compare(pods: usize, new: usize) -> std::process::ExitCode {
+    println!("operator: label {pods} Pods with their owner, then restart after {new} new Pods");
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let create = format!("/testkit/churn?updates=0&creates={new}&deletes=0&seed=7");
+    let mut rows = Vec::new();
+    for (role, name) in [("persist", "kube-persist"), ("runtime", "kube-runtime")] {
+        let server = support::start_server(pods, &[]);
+        let dir = tmp.path().join(role);
+        let cold = measured(&server.url, role, &dir, pods, &format!("{name} cold start")).await;
+        support::admin(&server.url, "POST", &create).await;
+        let warm = measured(
+            &server.url,
+            role,
+            &dir,
+            pods + new,
+            &format!("{name} restart"),
+        )
+        .await;
+        rows.push((cold, warm));
+    }
+    let (p, r) = (&rows[0], &rows[1]);
+    let secs = |x: &Report| format!("{:.2} s", x.ms as f64 / 1000.0);
+    let rss = |x: &Report| format!("{:.0} MiB", support::mib(x.peak_rss_kib));
+    println!();
+    println!(
+        "{:<40}{:>24}{:>26}",
+        "", "kube-persist Controller", "kube-runtime Controller"
+    );
+    let table: [(&str, String, String); 8] = [
+        ("cold start: time to all labeled", secs(&p.0), secs(&r.0)),
+        (
+            "cold start: LIST calls",
+            p.0.list_calls.to_string(),
+            r.0.list_calls.to_string(),
+        ),
+        (
+            "cold start: reconciles",
+            p.0.reconciles.to_string(),
+            r.0.reconciles.to_string(),
+        ),
+        ("cold start: peak RSS", rss(&p.0), rss(&r.0)),
+        ("restart: time to all labeled", secs(&p.1), secs(&r.1)),
+        (
+            "restart: LIST calls",
+            p.1.list_calls.to_string(),
+            r.1.list_calls.to_string(),
+        ),
+        (
+            "restart: reconciles",
+            p.1.reconciles.to_string(),
+            r.1.reconciles.to_string(),
+        ),
+        ("restart: peak RSS", rss(&p.1), rss(&r.1)),
+    ];
+    for (what, a, b) in table {
+        println!("{what:<40}{a:>24}{b:>26}");
+    }
+    println!();
+    let ok = p.1.list_calls == 0 && p.1.writes == new as u64;
+    if ok {
+        println!(
+            "operator ok: the persistent restart made 0 LIST calls and labeled the {new} new Pods"
+        );
+        std::process::ExitCode::SUCCESS
+    } else {
+        println!(
+            "operator FAILED: restart made {} LIST calls, labeled {} Pods",
+            p.1.list_calls, p.1.writes
+        );
+        std::process::ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,181 @@
+//! The persistent watcher as a trigger stream for kube-runtime's own `Controller`.
+//!
+//! For controllers that keep their main kind in memory (kube-runtime's `Controller`) and
+//! move only the big related kinds (Pods, Nodes, ConfigMaps) to disk.
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::core::Status;
+use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
+
+use super::error::TriggerError;
+use super::triggers::touched;
+use crate::{Error, Watcher};
+
+impl<K> Watcher<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    /// The objects this watcher touches (created, changed, listed or deleted), with errors
+    /// as kube-runtime's [`watcher::Error`]: a trigger stream for kube-runtime's controller
+    /// machinery, like `WatchStreamExt::touched_objects` on kube-runtime's watcher. Feed it
+    /// to `trigger_owners` / `trigger_with` and kube-runtime's `applier` (below), or to
+    /// `Controller::owns_stream` / `watches_stream` (kube 5.0 gates those behind its
+    /// `unstable-runtime` feature).
+    ///
+    /// The watcher keeps its store on disk up to date as it goes; read it through the
+    /// [`Reader`](crate::Reader) from your reconciler.
+    ///
+    /// What is (not) yielded:
+    /// - `Apply`, `InitApply` and `Delete` events yield their object;
+    /// - a warm restart ([`Event::Resumed`](crate::Event::Resumed)) yields nothing: the
+    ///   in-memory main kind is listed again at start and reconciled in full anyway, and the
+    ///   watch resumes from the checkpoint and yields every change made while the process
+    ///   was down;
+    /// - a relist after `410 Gone` yields only the objects that changed or disappeared.
+    ///
+    /// Errors are mapped by [`to_watcher_error`](super::to_watcher_error) (see there). They
+    /// are informational: the persistent watcher retries with its own jittered backoff and
+    /// the stream goes on (kube-runtime reports them as `controller::Error::QueueError`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::{sync::Arc, time::Duration};
+    /// use futures::{StreamExt, stream};
+    /// use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
+    /// use kube::{Api, Client};
+    /// use kube::runtime::{WatchStreamExt, applier, reflector, watcher};
+    /// use kube::runtime::controller::{Action, Config, trigger_owners, trigger_self};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+    /// // The big kind on disk ...
+    /// let (pods, pod_watcher) = db.store("pods", Api::<Pod>::all(client.clone()), kube_persist::Config::default())?;
+    /// // ... the main kind in kube-runtime's in-memory store, as before.
+    /// let (store, writer) = reflector::store::<ReplicaSet>();
+    /// let replicasets = watcher(Api::<ReplicaSet>::all(client), watcher::Config::default()).default_backoff();
+    /// let queue = stream::select(
+    ///     trigger_self(reflector(writer, replicasets).applied_objects(), ()),
+    ///     trigger_owners(pod_watcher.touched_objects(), (), ()),
+    /// );
+    /// applier(
+    ///     |rs: Arc<ReplicaSet>, pods: Arc<kube_persist::Reader<Pod>>| Box::pin(async move {
+    ///         let ns = rs.metadata.namespace.clone().unwrap_or_default();
+    ///         println!("{} pods in {ns}", pods.iter_namespace(&ns).count());
+    ///         Ok::<_, kube_persist::Error>(Action::await_change())
+    ///     }),
+    ///     |_, _, _| Action::requeue(Duration::from_secs(5)),
+    ///     Arc::new(pods),
+    ///     store,
+    ///     queue,
+    ///     Config::default(),
+    /// )
+    /// .for_each(|_| async {})
+    /// .await;
+    /// # Ok(()) }
+    /// ```
+    pub fn touched_objects(self) -> impl Stream<Item = Result<K, watcher::Error>> + Send {
+        touched(self).map(|res| {
+            res.map_err(|e| match e {
+                TriggerError::Store(e) => to_watcher_error(e),
+                TriggerError::Watcher(e) => e,
+            })
+        })
+    }
+}
+
+/// Maps a kube-persist [`Error`] to kube-runtime's [`watcher::Error`], whose variants only
+/// describe API calls. The mapping keeps every detail reachable:
+///
+/// | kube-persist | kube-runtime |
+/// |---|---|
+/// | [`Error::WatchStatus`] (an `ERROR` event on the watch) | `WatchError(Status)` with its code, reason and message |
+/// | [`Error::Kube`] of a LIST request | `InitialListFailed(source)` (also for relists and continued lists) |
+/// | [`Error::Kube`] of a WATCH request | `WatchFailed(source)` (connecting and streaming are not told apart) |
+/// | anything else: the store (`Locked`, `Corrupt`, `DiskFull`, `Io`, `Storage`, `Decode`, ...), a malformed answer (`Protocol`), `Config` | `WatchFailed(kube::Error::Service(original))` |
+///
+/// In the last row the original error is the source of the `kube::Error`: downcast it to
+/// get it back. kube-runtime's `NoResourceVersion` and `WatchStartFailed` are never used.
+///
+/// ```
+/// use std::error::Error as _;
+/// use kube::runtime::watcher;
+/// use kube_persist::{Error, controller::to_watcher_error};
+///
+/// let e = to_watcher_error(Error::Config("bad stream name".into()));
+/// let original = match &e {
+///     watcher::Error::WatchFailed(kube::Error::Service(inner)) => inner.downcast_ref::<Error>(),
+///     _ => None,
+/// };
+/// assert!(matches!(original, Some(Error::Config(_))));
+/// assert!(e.source().is_some());
+/// ```
+pub fn to_watcher_error(err: Error) -> watcher::Error {
+    match err {
+        Error::WatchStatus {
+            code,
+            reason,
+            message,
+            ..
+        } => {
+            let status = Status::failure(&message, &reason).with_code(code);
+            watcher::Error::WatchError(Box::new(status))
+        }
+        Error::Kube { context, source } if context.starts_with("LIST") => {
+            watcher::Error::InitialListFailed(source)
+        }
+        Error::Kube { source, .. } => watcher::Error::WatchFailed(source),
+        other => watcher::Error::WatchFailed(kube::Error::Service(Box::new(other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_each_kind_of_error() {
+        let e = to_watcher_error(Error::WatchStatus {
+            url: "/api/v1/pods".into(),
+            resource_version: "7".into(),
+            code: 500,
+            reason: "InternalError".into(),
+            message: "etcd down".into(),
+        });
+        match e {
+            watcher::Error::WatchError(s) => {
+                assert_eq!(
+                    (s.code, s.reason.as_str(), s.message.as_str()),
+                    (500, "InternalError", "etcd down")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let api = || kube::Error::Api(Box::new(Status::failure("no", "Forbidden").with_code(403)));
+        let list = Error::Kube {
+            context: "LIST /api/v1/pods (continue: false)".into(),
+            source: api(),
+        };
+        assert!(
+            matches!(to_watcher_error(list), watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 403)
+        );
+        let watch = Error::Kube {
+            context: "WATCH /api/v1/pods from resourceVersion \"7\"".into(),
+            source: api(),
+        };
+        assert!(
+            matches!(to_watcher_error(watch), watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 403)
+        );
+        let disk = to_watcher_error(Error::DiskFull { path: "/x".into() });
+        match disk {
+            watcher::Error::WatchFailed(kube::Error::Service(inner)) => {
+                assert!(matches!(
+                    inner.downcast_ref::<Error>(),
+                    Some(Error::DiskFull { .. })
+                ));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

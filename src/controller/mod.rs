@@ -1,0 +1,482 @@
+//! Controllers on the persistent store: kube-runtime's `Controller`, reading from disk.
+//!
+//! Port a kube-runtime controller by changing its constructor: the reconciler and the error
+//! policy keep kube-runtime's signatures and types ([`Action`], [`ObjectRef`]):
+//!
+//! ```text
+//! async fn reconcile(obj: Arc<K>, ctx: Arc<Ctx>) -> Result<Action, E>
+//! fn error_policy(obj: Arc<K>, err: &E, ctx: Arc<Ctx>) -> Action
+//! ```
+//!
+//! Objects come from a kube-persist [`Reader`] (disk, not RAM) and triggers from the
+//! persistent [`Watcher`]'s events. Scheduling is kube-runtime's own
+//! [`scheduler`](mod@kube::runtime::scheduler): deduplication, debounce and timed requeues.
+//! What kube-runtime's `Controller` guarantees is kept: never two reconciles of one object
+//! at once, a concurrency limit, requeue after an [`Action`], retries through the error
+//! policy, triggers from related objects (which may live in persistent stores too),
+//! graceful shutdown, and a stream of results.
+//!
+//! What the persistent store adds: a restarted controller resumes its watch without a LIST,
+//! and (by default, [`Config::reconcile_all_on_start`]) reconciles every stored object once,
+//! because the reconciles that were queued or running when it died are lost. That sweep
+//! reads the store from disk in chunks: it never holds all objects, nor all their
+//! references, in memory.
+//!
+//! For controllers that keep their main kind in kube-runtime's in-memory store and only
+//! move the big related kinds to disk, [`Watcher::touched_objects`] is a trigger stream for
+//! kube-runtime's `Controller::owns_stream` / `watches_stream`.
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use futures::StreamExt;
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kube::{Api, Client, runtime::controller::Action};
+//! use kube_persist::{Db, controller::{self, Controller}};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("reconcile failed")]
+//! struct MyError;
+//!
+//! // Unchanged from the kube-runtime version:
+//! async fn reconcile(pod: Arc<Pod>, _ctx: Arc<()>) -> Result<Action, MyError> {
+//!     println!("pod {:?}", pod.metadata.name);
+//!     Ok(Action::requeue(Duration::from_secs(300)))
+//! }
+//! fn error_policy(_pod: Arc<Pod>, _err: &MyError, _ctx: Arc<()>) -> Action {
+//!     Action::requeue(Duration::from_secs(5))
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::try_default().await?;
+//! let db = Db::open("/var/lib/my-controller/cache")?;
+//! // Was: Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+//! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::Config::default(),
+//!         controller::Config::default().concurrency(16))?
+//!     .shutdown_on_signal()
+//!     .run(reconcile, error_policy, Arc::new(()))
+//!     .for_each(|res| async move {
+//!         if let Err(e) = res { eprintln!("{e}") }
+//!     })
+//!     .await;
+//! # Ok(()) }
+//! ```
+
+mod action;
+mod compat;
+mod config;
+mod error;
+mod runner;
+mod sweep;
+mod triggers;
+
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+pub use compat::to_watcher_error;
+pub use config::Config;
+pub use error::ControllerError;
+pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
+
+use crate::{Db, Pair, Reader, Watcher};
+use error::TriggerError;
+use runner::{Parts, Runner};
+use triggers::TriggerStream;
+
+/// A controller for the objects of one persistent stream of kind `K`.
+///
+/// Build it from the stream's [`Reader`] and [`Watcher`] (or let
+/// [`Controller::for_store`] open them), add related triggers, then
+/// [`run`](Controller::run) it. Nothing happens until the returned stream is polled; the
+/// controller drives the watchers it was given (they must not be driven elsewhere).
+///
+/// ```no_run
+/// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+/// use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
+/// use kube::Api;
+/// use kube_persist::controller::{Config, Controller};
+///
+/// let (replicasets, rs_watcher) = db.store("replicasets", Api::<ReplicaSet>::all(client.clone()), Default::default())?;
+/// let pods = db.store("pods", Api::<Pod>::all(client), Default::default())?;
+/// let controller = Controller::new(replicasets, rs_watcher, Config::default().concurrency(8))
+///     .owns_store(pods); // a Pod change reconciles its owning ReplicaSet
+/// # let _ = controller; Ok(()) }
+/// ```
+pub struct Controller<K>
+where
+    K: Resource,
+{
+    reader: Reader<K>,
+    dyntype: K::DynamicType,
+    config: Config,
+    triggers: Vec<TriggerStream<K>>,
+    ready: Vec<BoxFuture<'static, ()>>,
+    shutdown: Vec<BoxFuture<'static, ()>>,
+}
+
+impl<K: Resource> std::fmt::Debug for Controller<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("reader", &self.reader)
+            .field("config", &self.config)
+            .field("triggers", &self.triggers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn ready_of<T>(reader: &Reader<T>) -> BoxFuture<'static, ()>
+where
+    T: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    let reader = reader.clone();
+    // A watcher dropped before its store was ready never makes it ready: do not wait forever.
+    async move {
+        let _ = reader.wait_until_ready().await;
+    }
+    .boxed()
+}
+
+impl<K> Controller<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    /// A controller for the objects of a persistent stream, from its [`Reader`] and its
+    /// [`Watcher`] (as returned by [`Db::store`]). The controller drives the watcher.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_persist::controller::{Config, Controller};
+    /// let (reader, watcher) = db.store("configmaps", kube::Api::<ConfigMap>::all(client), Default::default())?;
+    /// let controller = Controller::new(reader, watcher, Config::default());
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn new(reader: Reader<K>, watcher: Watcher<K>, config: Config) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::new_with(reader, watcher, config, Default::default())
+    }
+
+    /// Like [`Controller::new`], for kinds with a runtime type (e.g. `DynamicObject`).
+    pub fn new_with(
+        reader: Reader<K>,
+        watcher: Watcher<K>,
+        config: Config,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let main = triggers::main_kind(watcher, dyntype.clone(), config.reconcile_all_on_start);
+        Controller {
+            ready: vec![ready_of(&reader)],
+            reader,
+            dyntype,
+            config,
+            triggers: vec![main],
+            shutdown: Vec::new(),
+        }
+    }
+
+    /// Opens (or resumes) the persistent stream `name` of `api` in `db` and builds a
+    /// controller on it: the persistent counterpart of kube-runtime's `Controller::new`.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::{Db, controller::{Config, Controller}};
+    /// let db = Db::open("/var/lib/my-controller/cache")?;
+    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
+    ///     kube_persist::Config::default().drop_managed_fields(), Config::default())?;
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn for_store(
+        db: &Db,
+        name: &str,
+        api: Api<K>,
+        store_config: crate::Config,
+        config: Config,
+    ) -> crate::Result<Self>
+    where
+        K::DynamicType: Default,
+    {
+        let (reader, watcher) = db.store(name, api, store_config)?;
+        Ok(Self::new(reader, watcher, config))
+    }
+
+    /// A [`Reader`] of the controlled objects (for lookups from the reconciler's context).
+    pub fn reader(&self) -> Reader<K> {
+        self.reader.clone()
+    }
+
+    /// Reconciles the owners (of kind `K`, by `ownerReferences`) of each object a persistent
+    /// stream of `Child` touches. The controller drives the child stream's watcher, and waits
+    /// until its store is ready before the first reconcile. Keep a clone of the child
+    /// [`Reader`] to look children up from the reconciler.
+    ///
+    /// ```no_run
+    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::ReplicaSet>) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let (pods, pod_watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+    /// let c = c.owns_store((pods.clone(), pod_watcher));
+    /// # let _ = c; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn owns_store<Child>(self, pair: Pair<Child>) -> Self
+    where
+        Child: Resource + DeserializeOwned + Send + Sync + 'static,
+        Child::DynamicType: Clone + Default + Send + Sync + 'static,
+    {
+        let dyntype = self.dyntype.clone();
+        self.watches_store(pair, move |child: Child| {
+            triggers::owners::<K, Child>(&child, &dyntype)
+        })
+    }
+
+    /// Reconciles the objects `mapper` returns for each object a persistent stream of `Other`
+    /// touches (kube-runtime's `watches`). The controller drives that stream's watcher, and
+    /// waits until its store is ready before the first reconcile.
+    ///
+    /// ```no_run
+    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::runtime::reflector::ObjectRef;
+    /// // Reconcile a Namespace whenever a ConfigMap in it changes.
+    /// let cms = db.store("configmaps", kube::Api::<ConfigMap>::all(client), Default::default())?;
+    /// let c = c.watches_store(cms, |cm: ConfigMap| cm.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
+    /// # let _ = c; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn watches_store<Other, I>(
+        mut self,
+        pair: Pair<Other>,
+        mapper: impl Fn(Other) -> I + Send + 'static,
+    ) -> Self
+    where
+        Other: Resource + DeserializeOwned + Send + Sync + 'static,
+        Other::DynamicType: Clone + Default + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>>,
+    {
+        let (reader, watcher) = pair;
+        self.ready.push(ready_of(&reader));
+        self.triggers.push(triggers::related(
+            triggers::touched(watcher),
+            Other::DynamicType::default(),
+            mapper,
+        ));
+        self
+    }
+
+    /// Reconciles the owners (of kind `K`) of each object of a plain stream, e.g.
+    /// kube-runtime's `watcher(..).touched_objects()` for a kind kept in memory.
+    ///
+    /// ```no_run
+    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::Deployment>) {
+    /// use k8s_openapi::api::apps::v1::ReplicaSet;
+    /// use kube::runtime::{WatchStreamExt, watcher};
+    /// let rs = watcher(kube::Api::<ReplicaSet>::all(client), watcher::Config::default()).touched_objects();
+    /// let c = c.owns_stream(rs);
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn owns_stream<Child>(
+        self,
+        stream: impl Stream<Item = Result<Child, kube::runtime::watcher::Error>> + Send + 'static,
+    ) -> Self
+    where
+        Child: Resource + Send + 'static,
+        Child::DynamicType: Clone + Default + Send + 'static,
+    {
+        let dyntype = self.dyntype.clone();
+        self.watches_stream(stream, move |child: Child| {
+            triggers::owners::<K, Child>(&child, &dyntype)
+        })
+    }
+
+    /// Reconciles the objects `mapper` returns for each object of a plain stream
+    /// (kube-runtime's `watches_stream`).
+    ///
+    /// ```no_run
+    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) {
+    /// use k8s_openapi::api::core::v1::Secret;
+    /// use kube::runtime::{WatchStreamExt, reflector::ObjectRef, watcher};
+    /// let secrets = watcher(kube::Api::<Secret>::all(client), watcher::Config::default()).touched_objects();
+    /// let c = c.watches_stream(secrets, |s: Secret| s.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn watches_stream<Other, I>(
+        mut self,
+        stream: impl Stream<Item = Result<Other, kube::runtime::watcher::Error>> + Send + 'static,
+        mapper: impl Fn(Other) -> I + Send + 'static,
+    ) -> Self
+    where
+        Other: Resource + Send + 'static,
+        Other::DynamicType: Clone + Default + Send + 'static,
+        I: IntoIterator<Item = ObjectRef<K>>,
+    {
+        use futures::TryStreamExt;
+        self.triggers.push(triggers::related(
+            stream.map_err(TriggerError::Watcher),
+            Other::DynamicType::default(),
+            mapper,
+        ));
+        self
+    }
+
+    /// Reconciles each object reference `trigger` yields (kube-runtime's `reconcile_on`).
+    ///
+    /// ```no_run
+    /// # fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>, rx: tokio::sync::mpsc::Receiver<kube::runtime::reflector::ObjectRef<k8s_openapi::api::core::v1::Pod>>) {
+    /// let c = c.reconcile_on(tokio_stream_like(rx));
+    /// # fn tokio_stream_like<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
+    /// #     futures::stream::poll_fn(move |cx| rx.poll_recv(cx)) }
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn reconcile_on(
+        mut self,
+        trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> Self {
+        self.triggers.push(triggers::refs(trigger));
+        self
+    }
+
+    /// Reconciles every stored object each time `trigger` yields (kube-runtime's
+    /// `reconcile_all_on`), by a sweep over the store on disk in chunks
+    /// ([`Config::sweep_chunk`]), without a LIST.
+    ///
+    /// ```no_run
+    /// # fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {
+    /// use std::time::Duration;
+    /// // Resync from disk every 10 minutes.
+    /// let ticks = futures::stream::unfold((), |()| async {
+    ///     tokio::time::sleep(Duration::from_secs(600)).await;
+    ///     Some(((), ()))
+    /// });
+    /// let c = c.reconcile_all_on(ticks);
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn reconcile_all_on(mut self, trigger: impl Stream<Item = ()> + Send + 'static) -> Self {
+        self.triggers.push(triggers::all_on(trigger));
+        self
+    }
+
+    /// Starts a graceful shutdown when `trigger` completes: no new reconcile starts (nor
+    /// requeue), the watchers stop, running reconciles finish, then the run stream ends.
+    /// Several triggers may be given; the first one to complete counts.
+    ///
+    /// ```no_run
+    /// # fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {
+    /// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    /// let c = c.graceful_shutdown_on(async move { let _ = rx.await; });
+    /// // later: tx.send(()) stops the controller gracefully
+    /// # let _ = (c, tx); }
+    /// ```
+    #[must_use]
+    pub fn graceful_shutdown_on(
+        mut self,
+        trigger: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.shutdown.push(trigger.boxed());
+        self
+    }
+
+    /// Shuts down gracefully on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+    ///
+    /// ```no_run
+    /// # fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {
+    /// let c = c.shutdown_on_signal();
+    /// # let _ = c; }
+    /// ```
+    #[must_use]
+    pub fn shutdown_on_signal(self) -> Self {
+        self.graceful_shutdown_on(async {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{SignalKind, signal};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = tokio::signal::ctrl_c() => {},
+                            _ = term.recv() => {},
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+            tracing::info!("signal received, shutting down gracefully");
+        })
+    }
+
+    /// Runs the controller: reconciles objects as they (or related objects) change, and
+    /// yields each reconcile's result. Same signatures as kube-runtime's
+    /// `Controller::run`, so a reconciler and error policy port unchanged.
+    ///
+    /// - A reconcile's `Ok(action)` (or the error policy's action after an `Err`) schedules
+    ///   the next reconcile of that object ([`Action::requeue`]), unless something triggers
+    ///   it earlier; [`Action::await_change`] waits for the next change.
+    /// - Reconciles start only once every persistent store given to the controller is ready.
+    /// - The stream ends after a graceful shutdown (or if every trigger stream ends).
+    ///
+    /// ```no_run
+    /// # async fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {
+    /// use std::{sync::Arc, time::Duration};
+    /// use futures::StreamExt;
+    /// use kube::runtime::controller::Action;
+    /// c.run(
+    ///     |pod, _ctx: Arc<()>| async move {
+    ///         println!("{:?}", pod.metadata.name);
+    ///         Ok::<_, std::io::Error>(Action::await_change())
+    ///     },
+    ///     |_pod, _err, _ctx| Action::requeue(Duration::from_secs(10)),
+    ///     Arc::new(()),
+    /// )
+    /// .for_each(|_| async {})
+    /// .await;
+    /// # }
+    /// ```
+    pub fn run<R, Fut, E, P, Ctx>(
+        self,
+        mut reconcile: R,
+        error_policy: P,
+        ctx: Arc<Ctx>,
+    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<E>>> + Send
+    where
+        R: FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + 'static,
+        Ctx: Send + Sync + 'static,
+    {
+        let ready = futures::future::join_all(self.ready).map(|_| ()).boxed();
+        let shutdown = (!self.shutdown.is_empty()).then(|| {
+            futures::future::select_all(self.shutdown)
+                .map(|_| ())
+                .boxed()
+        });
+        Runner::new(Parts {
+            reader: self.reader,
+            dyntype: self.dyntype,
+            config: self.config,
+            triggers: self.triggers,
+            ready,
+            shutdown,
+            reconcile: Box::new(move |obj, ctx| reconcile(obj, ctx).boxed()),
+            error_policy: Box::new(error_policy),
+            ctx,
+        })
+    }
+}
