@@ -51,17 +51,26 @@ async fn sync_pods(server: &TestServer, db: &Db) {
 async fn store_is_private_whatever_the_umask() {
     let server = TestServer::start().await;
     server.handle().seed_pods(50, 1);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
-    // SAFETY: umask only changes the process's file-creation mask.
-    let old = unsafe { libc::umask(0) };
-    {
+    // A permissive umask (0o000) and a restrictive one (0o077).
+    for mask in [0o000, 0o077] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cache");
+        // SAFETY: umask only changes the process's file-creation mask.
+        let old = unsafe { libc::umask(mask) };
+        {
+            let db = Db::open(&dir).unwrap();
+            sync_pods(&server, &db).await;
+            db.flush().unwrap();
+        }
+        assert_private(&dir);
+        // The store reopens and resumes under the same umask.
         let db = Db::open(&dir).unwrap();
-        sync_pods(&server, &db).await;
-        db.flush().unwrap();
+        let (reader, _w) = db
+            .store("pods", Api::<Pod>::all(server.client()), Config::default())
+            .unwrap();
+        assert_eq!(reader.len(), 50, "umask {mask:o}");
+        unsafe { libc::umask(old) };
     }
-    unsafe { libc::umask(old) };
-    assert_private(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
