@@ -261,18 +261,22 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             let cfg = kube_persist::Config::default().validate(knob("KP_VALIDATE") != Some(0));
             let (reader, watcher) = db.store("pods", api, cfg).expect("open stream");
             let progress = opts.progress;
-            let task = tokio::spawn(async move {
-                let mut events = std::pin::pin!(watcher.stream());
-                let mut n = 0u64;
-                while let Some(ev) = events.next().await {
-                    if let Ok(kube_persist::Event::InitApply(_)) = ev {
-                        n += 1;
-                        if progress && n % 1000 == 0 {
+            // A cache-only user: `run()` keeps the store in sync without decoding events.
+            let task = tokio::spawn(watcher.run());
+            if progress {
+                let reader = reader.clone();
+                tokio::spawn(async move {
+                    let mut last = 0;
+                    while !reader.is_ready() {
+                        let n = reader.len() / 1000 * 1000;
+                        if n > last {
                             println!("progress {n}");
+                            last = n;
                         }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                }
-            });
+                });
+            }
             reader.wait_until_ready().await.expect("ready");
             report.ready_ms = start.elapsed().as_millis() as u64;
             reader.wait_until_live().await.expect("live");
