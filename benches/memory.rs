@@ -17,14 +17,9 @@ fn main() {
     if support::client_main() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let sizes: Vec<usize> = if let Some(i) = args.iter().position(|a| a == "--pods") {
-        vec![
-            args.get(i + 1)
-                .and_then(|s| s.parse().ok())
-                .expect("--pods N"),
-        ]
-    } else if args.iter().any(|a| a == "--quick") {
+    let sizes: Vec<usize> = if let Some(n) = support::pods_arg() {
+        vec![n]
+    } else if std::env::args().any(|a| a == "--quick") {
         vec![10_000, 100_000]
     } else {
         vec![10_000, 50_000, 100_000, 200_000]

@@ -14,13 +14,7 @@ fn main() {
     if support::client_main() {
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let n: usize = args
-        .iter()
-        .position(|a| a == "--pods")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000);
+    let n = support::pods_arg().unwrap_or(100_000);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let server = start_server(n, &["--history", "50000"]);
     let url = server.url.clone();

@@ -13,7 +13,6 @@ mod operator;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -782,21 +781,13 @@ struct Child {
 
 impl Child {
     fn spawn(dir: &std::path::Path, url: &str) -> Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "operator_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR, dir)
-            .env("KP_CONTROLLER_URL", url)
-            .env("RUST_LOG", "off")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
+        let mut child = common::spawn_self(
+            "operator_child",
+            &[
+                (CHILD_DIR, dir.as_os_str()),
+                ("KP_CONTROLLER_URL", url.as_ref()),
+            ],
+        );
         let out = child.stdout.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();

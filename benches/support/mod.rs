@@ -19,6 +19,17 @@ use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::{Deserialize, Serialize};
 
+/// The value of a `--pods N` argument, if given.
+pub fn pods_arg() -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--pods")?;
+    Some(
+        args.get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .expect("--pods takes a number"),
+    )
+}
+
 /// A `testkit-server` child process.
 pub struct ServerProc {
     child: Child,
