@@ -118,6 +118,23 @@ impl Identity {
     }
 }
 
+/// The leading fields of a [`Record`] (same field order), decoded without copying the body:
+/// what the writer needs to decide whether an incoming object changed.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RecordHead {
+    pub(crate) resource_version: String,
+    #[allow(dead_code)]
+    pub(crate) uid: String,
+    pub(crate) epoch: u64,
+}
+
+/// Decode the head of an encoded [`Record`], ignoring the body that follows.
+pub(crate) fn decode_head(bytes: &[u8]) -> Result<RecordHead, String> {
+    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+        .map(|(head, _)| head)
+        .map_err(|e| e.to_string())
+}
+
 impl Record {
     /// Authenticated data binding an encrypted body to its key and envelope.
     fn aad(&self, key: &[u8]) -> Vec<u8> {
@@ -211,5 +228,7 @@ mod tests {
         assert_eq!(back.resource_version, "42");
         assert_eq!(back.body, r.body);
         assert!(decode::<State>(b"\xff\xff\xff").is_err());
+        let head = decode_head(&encode(&r)).unwrap();
+        assert_eq!((head.resource_version.as_str(), head.epoch), ("42", 3));
     }
 }

@@ -296,7 +296,10 @@ impl Writer {
                 Some(p) => p.clone(),
                 None => match self.backend.get(&key)? {
                     Some(v) => {
-                        let r = self.decode_record(&key, &v)?;
+                        let r = record::decode_head(&v).map_err(|detail| Error::Corrupt {
+                            path: self.path.clone(),
+                            detail: format!("record {}: {detail}", keys::display(suffix)),
+                        })?;
                         Some((r.resource_version, r.epoch))
                     }
                     None => None,
