@@ -118,6 +118,16 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The store directory was written by another storage engine than the one requested.
+    #[error("store at {} was written by the {stored} engine and cannot be opened with {requested}: open it with DbConfig::engine(Engine::{stored:?}), or remove it with Db::destroy to start over", path.display())]
+    EngineMismatch {
+        /// The store directory.
+        path: PathBuf,
+        /// The engine that wrote the store.
+        stored: crate::Engine,
+        /// The engine it was opened with.
+        requested: crate::Engine,
+    },
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),

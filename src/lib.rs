@@ -59,7 +59,7 @@ pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::inspect::{RawObjects, StreamInfo};
 pub use store::reader::{ByIndex, Iter, Reader};
-pub use store::{Db, DbConfig, Durability, SyncPhase};
+pub use store::{Db, DbConfig, Durability, Engine, SyncPhase};
 pub use watcher::{Config, Event, Pair, Transform, Watcher};
 
 /// The README's code blocks are compiled as doctests.

@@ -47,8 +47,7 @@ async fn sync_pods(server: &TestServer, db: &Db) {
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_is_private_whatever_the_umask() {
+async fn store_is_private_whatever_the_umask(engine: Engine) {
     let server = TestServer::start().await;
     server.handle().seed_pods(50, 1);
     // A permissive umask (0o000) and a restrictive one (0o077).
@@ -58,13 +57,13 @@ async fn store_is_private_whatever_the_umask() {
         // SAFETY: umask only changes the process's file-creation mask.
         let old = unsafe { libc::umask(mask) };
         {
-            let db = Db::open(&dir).unwrap();
+            let db = try_open_db(engine, &dir).unwrap();
             sync_pods(&server, &db).await;
             db.flush().unwrap();
         }
         assert_private(&dir);
         // The store reopens and resumes under the same umask.
-        let db = Db::open(&dir).unwrap();
+        let db = try_open_db(engine, &dir).unwrap();
         let (reader, _w) = db
             .store("pods", Api::<Pod>::all(server.client()), Config::default())
             .unwrap();
@@ -73,34 +72,35 @@ async fn store_is_private_whatever_the_umask() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn world_readable_store_is_tightened_or_refused() {
+async fn world_readable_store_is_tightened_or_refused(engine: Engine) {
     let server = TestServer::start().await;
     server.handle().seed_pods(50, 1);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     {
-        let db = Db::open(&dir).unwrap();
+        let db = try_open_db(engine, &dir).unwrap();
         sync_pods(&server, &db).await;
     }
     for (p, _) in modes(&dir) {
         let mode = if Path::new(&p).is_dir() { 0o755 } else { 0o644 };
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
-    match Db::open_with(&dir, DbConfig::default().strict_permissions(true)) {
+    match Db::open_with(
+        &dir,
+        DbConfig::default().engine(engine).strict_permissions(true),
+    ) {
         Err(Error::Permissions { path, open }) => {
             assert_eq!(path, dir);
             assert!(!open.is_empty());
         }
         other => panic!("expected a permissions error, got {other:?}"),
     }
-    let db = Db::open(&dir).unwrap();
+    let db = try_open_db(engine, &dir).unwrap();
     assert_private(&dir);
     drop(db);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secrets_need_an_explicit_opt_in() {
+async fn secrets_need_an_explicit_opt_in(engine: Engine) {
     let server = TestServer::start().await;
     let h = server.handle();
     let secrets = ResourceType::new("", "v1", "secrets", "Secret", true);
@@ -116,7 +116,7 @@ async fn secrets_need_an_explicit_opt_in() {
         );
     }
     let tmp = tempfile::tempdir().unwrap();
-    let db = Db::open(tmp.path()).unwrap();
+    let db = try_open_db(engine, tmp.path()).unwrap();
     let err = db
         .store(
             "secrets",
@@ -173,8 +173,7 @@ fn on_disk(dir: &Path, needle: &[u8]) -> bool {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
+async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -184,8 +183,11 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
     let open = |k: Option<EncryptionKey>| {
         let cfg = match k {
             // Uncompressed, so that only encryption can hide the bodies.
-            Some(k) => DbConfig::default().compression(false).encryption_key(k),
-            None => DbConfig::default().compression(false),
+            Some(k) => DbConfig::default()
+                .engine(engine)
+                .compression(false)
+                .encryption_key(k),
+            None => DbConfig::default().engine(engine).compression(false),
         };
         Db::open_with(&dir, cfg).unwrap()
     };
@@ -226,7 +228,11 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
     assert_eq!(h.counts().list, 0);
 
     let plain_dir = tmp.path().join("plain");
-    let plain = Db::open_with(&plain_dir, DbConfig::default().compression(false)).unwrap();
+    let plain = Db::open_with(
+        &plain_dir,
+        DbConfig::default().engine(engine).compression(false),
+    )
+    .unwrap();
     sync_pods(&server, &plain).await;
     plain.flush().unwrap();
     assert!(
@@ -235,30 +241,28 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn modified_encrypted_record_is_a_corruption_error() {
+async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(20, 1);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     {
-        let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(1))).unwrap();
+        let db = Db::open_with(
+            &dir,
+            DbConfig::default().engine(engine).encryption_key(key(1)),
+        )
+        .unwrap();
         sync_pods(&server, &db).await;
         db.flush().unwrap();
     }
-    // Flip one byte of one stored record, through sled itself.
-    {
-        let raw = sled::open(&dir).unwrap();
-        let tree = raw.open_tree("stream/pods").unwrap();
-        let k = b"ons-0\0pod-3".to_vec();
-        let mut v = tree.get(&k).unwrap().expect("record present").to_vec();
-        let last = v.len() - 1;
-        v[last] ^= 0x01;
-        tree.insert(k, v).unwrap();
-        raw.flush().unwrap();
-    }
-    let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(1))).unwrap();
+    // Flip one byte of one stored record, through the engine itself.
+    flip_last_byte(engine, &dir, "stream/pods", b"ons-0\0pod-3");
+    let db = Db::open_with(
+        &dir,
+        DbConfig::default().engine(engine).encryption_key(key(1)),
+    )
+    .unwrap();
     let (reader, _w) = db
         .store("pods", Api::<Pod>::all(server.client()), Config::default())
         .unwrap();
@@ -274,15 +278,56 @@ async fn modified_encrypted_record_is_a_corruption_error() {
     );
 }
 
+/// Flip the last byte of the value at `key` in keyspace `table`, with the engine's own API.
+fn flip_last_byte(engine: Engine, dir: &Path, table: &str, key: &[u8]) {
+    let flip = |v: &mut Vec<u8>| {
+        let last = v.len() - 1;
+        v[last] ^= 0x01;
+    };
+    match engine {
+        Engine::Sled => {
+            let raw = ::sled::open(dir).unwrap();
+            let tree = raw.open_tree(table).unwrap();
+            let mut v = tree.get(key).unwrap().expect("record present").to_vec();
+            flip(&mut v);
+            tree.insert(key, v).unwrap();
+            raw.flush().unwrap();
+        }
+        #[cfg(feature = "redb")]
+        Engine::Redb => {
+            use ::redb::ReadableTable;
+            let def = ::redb::TableDefinition::<&[u8], &[u8]>::new(table);
+            let raw = ::redb::Database::open(dir.join("data.redb")).unwrap();
+            let txn = raw.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(def).unwrap();
+                let mut v = t
+                    .get(key)
+                    .unwrap()
+                    .expect("record present")
+                    .value()
+                    .to_vec();
+                flip(&mut v);
+                t.insert(key, v.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        other => panic!("engine {other} is not compiled in"),
+    }
+}
+
 /// The `kube-persist` tool reads stores, and refuses to print an encrypted one without its key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cli_inspect_get_dump_with_and_without_key() {
+async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
     let server = TestServer::start().await;
     server.handle().seed_pods(40, 2);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     {
-        let db = Db::open_with(&dir, DbConfig::default().encryption_key(key(9))).unwrap();
+        let db = Db::open_with(
+            &dir,
+            DbConfig::default().engine(engine).encryption_key(key(9)),
+        )
+        .unwrap();
         sync_pods(&server, &db).await;
         db.flush().unwrap();
     }
@@ -330,4 +375,13 @@ async fn cli_inspect_get_dump_with_and_without_key() {
     let (code, _, err) = cli(&["get", d, "nope", "x"], true);
     assert_eq!(code, Some(2));
     assert!(err.contains("no stream"), "{err}");
+}
+
+engine_tests! {
+    async: store_is_private_whatever_the_umask,
+        world_readable_store_is_tightened_or_refused,
+        secrets_need_an_explicit_opt_in,
+        encrypted_store_round_trip_and_wrong_or_missing_key,
+        modified_encrypted_record_is_a_corruption_error,
+        cli_inspect_get_dump_with_and_without_key,
 }

@@ -10,7 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::{Expression, Selector};
-use kube_persist::{Config, Db, Reader};
+use kube_persist::{Config, Reader};
 use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, make_pod};
 
 fn node_of(p: &Pod) -> Vec<String> {
@@ -98,15 +98,14 @@ fn move_pods(h: &ServerHandle, n: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn index_follows_updates_deletes_and_relists() {
+async fn index_follows_updates_deletes_and_relists(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(1500, 3);
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), cfg())
             .unwrap();
@@ -121,7 +120,7 @@ async fn index_follows_updates_deletes_and_relists() {
     // Changes while down, history compacted: the relist sweeps deleted pods and their entries.
     move_pods(&h, 25);
     h.compact();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg())
         .unwrap();
@@ -135,8 +134,7 @@ async fn index_follows_updates_deletes_and_relists() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
+async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -144,7 +142,7 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
     let dir = tempfile::tempdir().unwrap();
     let base = || Config::default().backoff(Duration::from_millis(20), Duration::from_millis(200));
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (_r, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), base())
             .unwrap();
@@ -154,7 +152,7 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
     }
     h.reset_counts();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
             .store(
                 "pods",
@@ -181,7 +179,7 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
         w.stop().await;
     }
     // Without the index, it is gone (and lookups say so).
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), base())
         .unwrap();
@@ -191,14 +189,13 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed() {
     assert_eq!(reader.len(), 1200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn select_by_labels_with_and_without_an_index() {
+async fn select_by_labels_with_and_without_an_index(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(800, 2);
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (indexed, w1) = db
         .store("indexed", Api::<Pod>::all(server.client()), cfg())
         .unwrap();
@@ -257,8 +254,7 @@ async fn select_by_labels_with_and_without_an_index() {
 
 /// Keys-only: no bodies on disk, full objects in the events, and after a restart with a
 /// compacted history only the real differences.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_only_stream_reports_exact_differences() {
+async fn keys_only_stream_reports_exact_differences(engine: Engine) {
     use futures::StreamExt;
     use kube_persist::Event;
     init_tracing();
@@ -275,7 +271,7 @@ async fn keys_only_stream_reports_exact_differences() {
     let full_dir = tmp.path().join("full");
     let keys_dir = tmp.path().join("keys");
     {
-        let full = Db::open(&full_dir).unwrap();
+        let full = try_open_db(engine, &full_dir).unwrap();
         let (_r, w) = full
             .store(
                 "pods",
@@ -289,7 +285,7 @@ async fn keys_only_stream_reports_exact_differences() {
         full.flush().unwrap();
     }
     {
-        let db = Db::open(&keys_dir).unwrap();
+        let db = try_open_db(engine, &keys_dir).unwrap();
         let (reader, w) = db
             .store("pods", Api::<Pod>::all(server.client()), cfg())
             .unwrap();
@@ -342,7 +338,7 @@ async fn keys_only_stream_reports_exact_differences() {
     h.apply(&rt, make_pod("ns-0", "keys-new", 99));
     updated.insert("ns-0/keys-new".to_string());
     h.compact();
-    let db = Db::open(&keys_dir).unwrap();
+    let db = try_open_db(engine, &keys_dir).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg())
         .unwrap();
@@ -386,4 +382,11 @@ async fn keys_only_stream_reports_exact_differences() {
     assert_eq!(reader.len(), 1000 - 5 + 1);
     assert_eq!(reader.stats().relists, 1);
     assert_eq!(reader.stats().objects_unchanged, 1000 - 5 - 5);
+}
+
+engine_tests! {
+    async: index_follows_updates_deletes_and_relists,
+        index_added_later_is_built_from_disk_and_dropped_when_removed,
+        select_by_labels_with_and_without_an_index,
+        keys_only_stream_reports_exact_differences,
 }

@@ -7,8 +7,9 @@
 //!   resourceVersion, object by object (invariant 1);
 //! - periodically, after letting a restarted child settle, it equals the server now.
 //!
+//! The test runs once per storage engine (`sled::` and, with the `redb` feature, `redb::`).
 //! `cargo test --release --test crash -- --nocapture` prints
-//! `crash: <K> kill points, <D> divergences`. `KP_CRASH_SEED` replays a run,
+//! `crash: <K> kill points, <D> divergences` for each. `KP_CRASH_SEED` replays a run,
 //! `KP_CRASH_KILLS` sets the number of kill points (default 60).
 
 mod common;
@@ -20,10 +21,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{Engine, try_open_db};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, VersionMatch};
-use kube_persist::{Config, Db, SyncPhase};
+use kube_persist::{Config, SyncPhase};
 use kube_persist_testkit::{ServerOptions, TestServer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -57,7 +59,7 @@ fn crash_child() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let client = kube_persist_testkit::client_for(&url, None);
-        let db = Db::open(&dir).expect("child opens the store");
+        let db = try_open_db(common::child_engine(), &dir).expect("child opens the store");
         let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), config()).unwrap();
         tokio::spawn(watcher.run());
         let mut last = String::new();
@@ -82,11 +84,12 @@ struct Running {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
-fn spawn_child(dir: &std::path::Path, url: &str, streaming: bool) -> Running {
+fn spawn_child(engine: Engine, dir: &std::path::Path, url: &str, streaming: bool) -> Running {
     let streaming = if streaming { "1" } else { "0" };
     let mut child = common::spawn_self(
         "crash_child",
         &[
+            (common::ENGINE_ENV, engine.name().as_ref()),
             ("KP_CRASH_STREAMING", streaming.as_ref()),
             (CHILD_ENV, dir.as_os_str()),
             ("KP_CRASH_URL", url.as_ref()),
@@ -167,10 +170,11 @@ async fn server_at(client: &kube::Client, rv: &str) -> Option<BTreeMap<String, S
 
 /// Open the killed child's store and read its phase, checkpoint and objects.
 fn inspect(
+    engine: Engine,
     dir: &std::path::Path,
     client: &kube::Client,
 ) -> (SyncPhase, Option<String>, BTreeMap<String, String>) {
-    let db = Db::open(dir).expect("store opens after SIGKILL");
+    let db = try_open_db(engine, dir).expect("store opens after SIGKILL");
     let (reader, _watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .unwrap();
@@ -183,11 +187,12 @@ fn inspect(
 
 /// Whether the on-disk `node` index lists exactly the server's pods for every node.
 fn index_matches(
+    engine: Engine,
     dir: &std::path::Path,
     client: &kube::Client,
     h: &kube_persist_testkit::ServerHandle,
 ) -> bool {
-    let db = Db::open(dir).expect("store opens");
+    let db = try_open_db(engine, dir).expect("store opens");
     let (reader, _watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .unwrap();
@@ -223,12 +228,11 @@ fn index_matches(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_consistency_under_sigkill() {
+async fn crash_consistency_under_sigkill(engine: Engine) {
     common::init_tracing();
     let seed: u64 = common::env_num("KP_CRASH_SEED").unwrap_or_else(|| rand::rng().random());
     let kills: usize = common::env_num("KP_CRASH_KILLS").unwrap_or(60);
-    println!("crash: seed {seed} (replay with KP_CRASH_SEED={seed})");
+    println!("crash: engine {engine}, seed {seed} (replay with KP_CRASH_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
 
     let server = TestServer::start_with(ServerOptions {
@@ -270,7 +274,7 @@ async fn crash_consistency_under_sigkill() {
         }
         // Alternate paginated and streaming lists (the identity does not include it).
         let streaming = rng.random_bool(0.3);
-        let running = spawn_child(dir.path(), &url, streaming);
+        let running = spawn_child(engine, dir.path(), &url, streaming);
         let strategy = rng.random_range(0..5);
         let started = Instant::now();
         match strategy {
@@ -293,7 +297,7 @@ async fn crash_consistency_under_sigkill() {
         running.kill();
         points += 1;
 
-        let (phase, checkpoint, store) = inspect(dir.path(), &client);
+        let (phase, checkpoint, store) = inspect(engine, dir.path(), &client);
         *by_phase.entry(format!("{phase:?}")).or_default() += 1;
         if phase == SyncPhase::Synced {
             let rv = checkpoint.clone().expect("a synced store has a checkpoint");
@@ -313,7 +317,7 @@ async fn crash_consistency_under_sigkill() {
             // Settle: stop changes, let a restarted child catch up, kill it, compare with now.
             churning.store(false, Ordering::Relaxed);
             let target = h.revision();
-            let running = spawn_child(dir.path(), &url, false);
+            let running = spawn_child(engine, dir.path(), &url, false);
             let deadline = Instant::now() + Duration::from_secs(60);
             while running.last_checkpoint().is_none_or(|c| c < target) && Instant::now() < deadline
             {
@@ -323,10 +327,10 @@ async fn crash_consistency_under_sigkill() {
             tokio::time::sleep(Duration::from_millis(1200)).await;
             running.kill();
             points += 1;
-            let (phase, _, store) = inspect(dir.path(), &client);
+            let (phase, _, store) = inspect(engine, dir.path(), &client);
             let server = common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
             settled_checks += 1;
-            let index_ok = index_matches(dir.path(), &client, &h);
+            let index_ok = index_matches(engine, dir.path(), &client, &h);
             if !index_ok {
                 println!(
                     "crash: settle after kill point {i}: the node index differs from the server"
@@ -344,10 +348,14 @@ async fn crash_consistency_under_sigkill() {
     }
     churn.abort();
     println!(
-        "crash: kill phases {by_phase:?}, {exact_checks} exact checks at the checkpoint, {settled_checks} settled checks"
+        "crash: engine {engine}: kill phases {by_phase:?}, {exact_checks} exact checks at the checkpoint, {settled_checks} settled checks"
     );
     println!("crash: {points} kill points, {divergences} divergences");
     assert!(points >= 50.min(kills));
     assert!(exact_checks > 0 && settled_checks > 0 || kills < 10);
-    assert_eq!(divergences, 0, "seed {seed}");
+    assert_eq!(divergences, 0, "engine {engine}, seed {seed}");
+}
+
+engine_tests! {
+    async: crash_consistency_under_sigkill,
 }

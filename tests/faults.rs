@@ -20,7 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{converge, diff, env_num, init_tracing, server_versions, spawn_self, store_versions};
+use common::{
+    Engine, child_engine, converge, diff, env_num, init_tracing, server_versions, spawn_self,
+    store_versions, try_open_db,
+};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Resource};
@@ -62,12 +65,17 @@ struct Client<K> {
     rx: mpsc::UnboundedReceiver<Seen>,
 }
 
-fn open_client<K>(dir: &Path, api: Api<K>, config: Config) -> Result<Client<K>, Error>
+fn open_client<K>(
+    engine: Engine,
+    dir: &Path,
+    api: Api<K>,
+    config: Config,
+) -> Result<Client<K>, Error>
 where
     K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
-    let db = Db::open(dir)?;
+    let db = try_open_db(engine, dir)?;
     let (reader, watcher) = db.store("s", api, config)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
@@ -125,9 +133,9 @@ impl<K> Client<K> {
     }
 }
 
-fn pods_client(dir: &Path, url: &str, config: Config) -> Client<Pod> {
+fn pods_client(engine: Engine, dir: &Path, url: &str, config: Config) -> Client<Pod> {
     let client = kube_persist_testkit::client_for_opts(url, None, false);
-    open_client(dir, Api::<Pod>::all(client), config).expect("store opens")
+    open_client(engine, dir, Api::<Pod>::all(client), config).expect("store opens")
 }
 
 /// Like `pods_client`, for a store that this process closed a moment ago. sled releases its
@@ -135,6 +143,7 @@ fn pods_client(dir: &Path, url: &str, config: Config) -> Client<Pod> {
 /// epoch-based reclamation), so an immediate reopen can see `Locked` for a while: retry
 /// for up to 5 s and return how long the lock outlived the handles.
 async fn reopen_pods_client(
+    engine: Engine,
     dir: &Path,
     url: &str,
     config: Config,
@@ -143,7 +152,7 @@ async fn reopen_pods_client(
     let mut locked = false;
     loop {
         let client = kube_persist_testkit::client_for_opts(url, None, false);
-        match open_client(dir, Api::<Pod>::all(client), config.clone()) {
+        match open_client(engine, dir, Api::<Pod>::all(client), config.clone()) {
             Ok(c) => return (c, locked.then(|| t0.elapsed())),
             Err(Error::Locked { .. }) if t0.elapsed() < Duration::from_secs(5) => {
                 locked = true;
@@ -249,8 +258,7 @@ fn random_pod_key(h: &ServerHandle, rng: &mut StdRng) -> Option<(String, String)
 }
 
 /// Random faults against the model "store == server after each settle" (see the module docs).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn model_random_faults_store_equals_server() {
+async fn model_random_faults_store_equals_server(engine: Engine) {
     init_tracing();
     let seed: u64 = env_num("KP_MODEL_SEED").unwrap_or_else(|| rand::rng().random());
     let steps: usize = env_num("KP_MODEL_STEPS").unwrap_or(250);
@@ -280,7 +288,7 @@ async fn model_random_faults_store_equals_server() {
         };
         c.page_size(page)
     };
-    let mut c = pods_client(dir.path(), &url, config(&mut rng, &mut t));
+    let mut c = pods_client(engine, dir.path(), &url, config(&mut rng, &mut t));
     let mut model = BTreeMap::new();
     let started = Instant::now();
     for step in 0..steps {
@@ -387,7 +395,8 @@ async fn model_random_faults_store_equals_server() {
                     h.compact();
                 }
                 let waited;
-                (c, waited) = reopen_pods_client(dir.path(), &url, config(&mut rng, &mut t)).await;
+                (c, waited) =
+                    reopen_pods_client(engine, dir.path(), &url, config(&mut rng, &mut t)).await;
                 t.late_unlocks.extend(waited);
                 // Events are at most once across a restart: the model restarts from the store.
                 model = store_versions(&c.reader);
@@ -465,7 +474,7 @@ const LOCK_CHILD_ENV: &str = "KP_FAULTS_LOCK_DIR";
 #[ignore = "child process of second_process_gets_locked_naming_the_path"]
 fn lock_holder_child() {
     let dir = std::env::var(LOCK_CHILD_ENV).expect("child mode needs KP_FAULTS_LOCK_DIR");
-    let db = Db::open(&dir).expect("child opens the store");
+    let db = try_open_db(child_engine(), &dir).expect("child opens the store");
     println!("holding {dir}");
     loop {
         std::hint::black_box(&db);
@@ -483,8 +492,7 @@ impl Drop for ChildGuard {
     }
 }
 
-#[test]
-fn second_process_gets_locked_naming_the_path() {
+fn second_process_gets_locked_naming_the_path(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
     let mut child = spawn_self("lock_holder_child", &[(LOCK_CHILD_ENV, path.as_os_str())]);
@@ -501,11 +509,11 @@ fn second_process_gets_locked_naming_the_path() {
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the child opened the store");
 
-    match Db::open(&path) {
+    match try_open_db(engine, &path) {
         Err(Error::Locked { path: p }) => assert_eq!(p, path),
         other => panic!("expected Locked, got {other:?}"),
     }
-    let msg = Db::open(&path).unwrap_err().to_string();
+    let msg = try_open_db(engine, &path).unwrap_err().to_string();
     assert!(msg.contains(path.to_str().unwrap()), "{msg}");
     match Db::destroy(&path) {
         Err(Error::Locked { path: p }) => assert_eq!(p, path),
@@ -514,16 +522,24 @@ fn second_process_gets_locked_naming_the_path() {
     assert!(path.join("db").is_file(), "a locked store was not removed");
 
     drop(guard); // SIGKILL: the lock dies with the process
-    Db::open(&path).expect("opens once the other process is gone");
+    try_open_db(engine, &path).expect("opens once the other process is gone");
 }
 
 // ---------------------------------------------------------------------------------------
 // B2. Damaged files, and Db::destroy
 // ---------------------------------------------------------------------------------------
 
+/// The engine's own files: the one holding the data first.
+fn engine_files(engine: Engine) -> &'static [&'static str] {
+    match engine {
+        Engine::Sled => &["db", "conf"],
+        _ => &["data.redb"],
+    }
+}
+
 /// Sync `n` pods into a fresh store at `path` and close it.
-async fn synced_store(server: &TestServer, path: &Path) {
-    let mut c = pods_client(path, &server.url(), cfg().page_size(200));
+async fn synced_store(engine: Engine, server: &TestServer, path: &Path) {
+    let mut c = pods_client(engine, path, &server.url(), cfg().page_size(200));
     c.until(|e| matches!(e, Seen::InitDone)).await;
     c.db.flush().unwrap();
     c.stop().await;
@@ -544,10 +560,10 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// Open a (possibly damaged) store; if it opens, sync it and check it equals the server.
 /// Returns `Err(detail)` for `Error::Corrupt` naming `path`; panics on anything else.
-async fn open_damaged(server: &TestServer, path: &Path) -> Result<(), String> {
+async fn open_damaged(engine: Engine, server: &TestServer, path: &Path) -> Result<(), String> {
     let h = server.handle();
     let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
-    let opened = open_client(path, Api::<Pod>::all(client), cfg().page_size(200));
+    let opened = open_client(engine, path, Api::<Pod>::all(client), cfg().page_size(200));
     let c = match opened {
         Err(Error::Corrupt { path: p, detail }) => {
             assert_eq!(p, path, "Corrupt names the store path");
@@ -570,28 +586,27 @@ async fn open_damaged(server: &TestServer, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes() {
+async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(800, 4);
     let dir = tempfile::tempdir().unwrap();
     let pristine = dir.path().join("pristine");
-    synced_store(&server, &pristine).await;
+    synced_store(engine, &server, &pristine).await;
     let mut rng = StdRng::seed_from_u64(6);
-    for file in ["db", "conf"] {
+    for &file in engine_files(engine).iter().chain(&["engine"]) {
         let path = dir.path().join(format!("garbage-{file}"));
         copy_dir(&pristine, &path);
         let len = std::fs::metadata(path.join(file)).unwrap().len() as usize;
         let garbage: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         std::fs::write(path.join(file), garbage).unwrap();
-        let detail = open_damaged(&server, &path)
+        let detail = open_damaged(engine, &server, &path)
             .await
             .expect_err("a garbage-filled file is Corrupt");
-        println!("garbage {file}: Corrupt: {detail}");
+        println!("{engine}: garbage {file}: Corrupt: {detail}");
         // The error tells what to do.
-        let msg = Db::open(&path).unwrap_err().to_string();
+        let msg = try_open_db(engine, &path).unwrap_err().to_string();
         assert!(
             msg.contains(path.to_str().unwrap()) && msg.contains("remove"),
             "{msg}"
@@ -601,27 +616,27 @@ async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes() {
         Db::destroy(&path).expect("destroy a corrupt store");
         assert!(!path.exists());
         h.reset_counts();
-        let mut c = pods_client(&path, &server.url(), cfg().page_size(200));
+        let mut c = pods_client(engine, &path, &server.url(), cfg().page_size(200));
         c.until(|e| matches!(e, Seen::InitDone)).await;
         converge(&c.reader, &h, &ResourceType::pods()).await;
         assert!(h.counts().list >= 4, "a wiped store lists again");
         c.stop().await;
     }
     // The pristine copy opens and equals the server: the damage was the cause.
-    open_damaged(&server, &pristine).await.unwrap();
+    open_damaged(engine, &server, &pristine).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn truncated_store_file_is_corrupt_or_a_consistent_prefix() {
+async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(800, 4);
     let dir = tempfile::tempdir().unwrap();
     let pristine = dir.path().join("pristine");
-    synced_store(&server, &pristine).await;
+    synced_store(engine, &server, &pristine).await;
     h.churn(20, 5, 5, 1); // the server moved on: a resumed store must catch up
-    let len = std::fs::metadata(pristine.join("db")).unwrap().len();
+    let data = engine_files(engine)[0];
+    let len = std::fs::metadata(pristine.join(data)).unwrap().len();
     let mut outcomes = Vec::new();
     for (i, cut) in [0, len / 20, len / 3, len * 2 / 3, len - 4096, len - 1]
         .into_iter()
@@ -631,22 +646,21 @@ async fn truncated_store_file_is_corrupt_or_a_consistent_prefix() {
         copy_dir(&pristine, &path);
         let f = std::fs::OpenOptions::new()
             .write(true)
-            .open(path.join("db"))
+            .open(path.join(data))
             .unwrap();
         f.set_len(cut).unwrap();
         drop(f);
-        let outcome = match open_damaged(&server, &path).await {
+        let outcome = match open_damaged(engine, &server, &path).await {
             Ok(()) => "opens and converges".to_string(),
             Err(detail) => format!("Corrupt ({detail})"),
         };
-        println!("truncated db to {cut} of {len} bytes: {outcome}");
+        println!("{engine}: truncated {data} to {cut} of {len} bytes: {outcome}");
         outcomes.push(outcome);
     }
     assert_eq!(outcomes.len(), 6);
 }
 
-#[test]
-fn destroy_refuses_what_is_not_a_store() {
+fn destroy_refuses_what_is_not_a_store(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     // Absent: nothing to do.
     Db::destroy(dir.path().join("absent")).unwrap();
@@ -657,7 +671,7 @@ fn destroy_refuses_what_is_not_a_store() {
     assert!(empty.is_dir());
     // A store with a foreign file in it: refused, nothing removed.
     let store = dir.path().join("store");
-    drop(Db::open(&store).unwrap());
+    drop(try_open_db(engine, &store).unwrap());
     std::fs::write(store.join("notes.txt"), "mine").unwrap();
     match Db::destroy(&store) {
         Err(Error::Config(msg)) => {
@@ -671,7 +685,7 @@ fn destroy_refuses_what_is_not_a_store() {
     assert!(store.join("db").is_file() && store.join("notes.txt").is_file());
     // Open in this process: Locked.
     std::fs::remove_file(store.join("notes.txt")).unwrap();
-    let db = Db::open(&store).unwrap();
+    let db = try_open_db(engine, &store).unwrap();
     assert!(matches!(Db::destroy(&store), Err(Error::Locked { .. })));
     drop(db);
     Db::destroy(&store).unwrap();
@@ -731,8 +745,7 @@ impl Drop for Tmpfs {
 /// Root only (tmpfs mounts); prints a skip message otherwise. A 4 MiB tmpfs fills up during
 /// the first sync: the watcher's stream yields `Error::DiskFull` naming the store. Then the
 /// tmpfs grows to 256 MiB and the store recovers to equal the server.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_disk_is_disk_full_then_recovers_as_root() {
+async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
     init_tracing();
     if !is_root() {
         println!("SKIPPED full_disk_is_disk_full_then_recovers_as_root: needs root (tmpfs mount)");
@@ -752,7 +765,7 @@ async fn full_disk_is_disk_full_then_recovers_as_root() {
     let rt = ResourceType::pods();
     h.seed_pods(3000, 4); // ~15 MB of JSON
     let path = mnt.join("store");
-    let mut c = pods_client(&path, &server.url(), cfg().page_size(200));
+    let mut c = pods_client(engine, &path, &server.url(), cfg().page_size(200));
     let seen = c
         .until(|e| matches!(e, Seen::Error(Error::DiskFull { .. })))
         .await;
@@ -791,7 +804,7 @@ async fn full_disk_is_disk_full_then_recovers_as_root() {
         // sled keeps the first I/O error of its log ("global error") until it is reopened.
         assert!(still_full > 0, "not recovered, yet no error reported");
         c.stop().await;
-        c = reopen_pods_client(&path, &server.url(), cfg().page_size(200))
+        c = reopen_pods_client(engine, &path, &server.url(), cfg().page_size(200))
             .await
             .0;
     }
@@ -803,8 +816,7 @@ async fn full_disk_is_disk_full_then_recovers_as_root() {
 }
 
 /// Root: a read-only tmpfs (chmod does not stop root). Otherwise: chmod 0500.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unwritable_directory_is_a_clear_error_naming_the_path() {
+async fn unwritable_directory_is_a_clear_error_naming_the_path(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -812,7 +824,7 @@ async fn unwritable_directory_is_a_clear_error_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     let check = |path: &Path| {
-        let err = match Db::open(path) {
+        let err = match try_open_db(engine, path) {
             Err(e) => e,
             Ok(_) => panic!("{} opened although unwritable", path.display()),
         };
@@ -830,13 +842,13 @@ async fn unwritable_directory_is_a_clear_error_naming_the_path() {
                 return;
             }
         };
-        synced_store(&server, &existing).await;
+        synced_store(engine, &server, &existing).await;
         fs.remount("ro");
         check(&existing); // an existing store on a read-only file system
         check(&mnt.join("new")); // a new store cannot be created
         fs.remount("rw");
         // Nothing was lost.
-        let mut c = pods_client(&existing, &server.url(), cfg());
+        let mut c = pods_client(engine, &existing, &server.url(), cfg());
         converge(&c.reader, &h, &ResourceType::pods()).await;
         assert_eq!(c.reader.stats().resumes, 1);
         c.until(|e| matches!(e, Seen::Other)).await;
@@ -882,7 +894,7 @@ fn malformed_json(tag: &str) -> Vec<u8> {
     format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"namespace":"ns-0","name":"bad-{tag}-json","resourceVersion":"7""#).into_bytes()
 }
 
-async fn bad_input(streaming: bool) {
+async fn bad_input(engine: Engine, streaming: bool) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -909,7 +921,7 @@ async fn bad_input(streaming: bool) {
     } else {
         cfg()
     };
-    let mut c = pods_client(dir.path(), &server.url(), config.page_size(250));
+    let mut c = pods_client(engine, dir.path(), &server.url(), config.page_size(250));
     c.until(|e| matches!(e, Seen::InitDone)).await;
     converge(&c.reader, &h, &rt).await;
     let s = c.reader.stats();
@@ -971,20 +983,17 @@ async fn bad_input(streaming: bool) {
     c.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_objects_in_list_and_watch_are_skipped_and_counted_paginated() {
-    bad_input(false).await;
+async fn bad_objects_in_list_and_watch_are_skipped_and_counted_paginated(engine: Engine) {
+    bad_input(engine, false).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_objects_in_list_and_watch_are_skipped_and_counted_streaming() {
-    bad_input(true).await;
+async fn bad_objects_in_list_and_watch_are_skipped_and_counted_streaming(engine: Engine) {
+    bad_input(engine, true).await;
 }
 
 /// A 1.5 MiB ConfigMap (listed, and then created while watching) is stored and read back
 /// intact; with `max_object_bytes` below its size it is skipped and counted instead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn huge_object_is_stored_and_read_back_intact() {
+async fn huge_object_is_stored_and_read_back_intact(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -1032,6 +1041,7 @@ async fn huge_object_is_stored_and_read_back_intact() {
     let dir = tempfile::tempdir().unwrap();
     let client = server.client();
     let mut c = open_client(
+        engine,
         &dir.path().join("a"),
         Api::<ConfigMap>::all(client.clone()),
         cfg().page_size(3),
@@ -1050,7 +1060,13 @@ async fn huge_object_is_stored_and_read_back_intact() {
     // Under a 1 MiB limit, the huge objects are skipped and counted; the rest is stored.
     let mut small = cfg();
     small.max_object_bytes = 1 << 20;
-    let mut c = open_client(&dir.path().join("b"), Api::<ConfigMap>::all(client), small).unwrap();
+    let mut c = open_client(
+        engine,
+        &dir.path().join("b"),
+        Api::<ConfigMap>::all(client),
+        small,
+    )
+    .unwrap();
     c.until(|e| matches!(e, Seen::InitDone)).await;
     assert_eq!(c.reader.len(), 5);
     assert_eq!(c.reader.stats().bad_objects, 2);
@@ -1061,4 +1077,17 @@ async fn huge_object_is_stored_and_read_back_intact() {
             .is_none()
     );
     c.stop().await;
+}
+
+engine_tests! {
+    async: model_random_faults_store_equals_server,
+        garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes,
+        truncated_store_file_is_corrupt_or_a_consistent_prefix,
+        full_disk_is_disk_full_then_recovers_as_root,
+        unwritable_directory_is_a_clear_error_naming_the_path,
+        bad_objects_in_list_and_watch_are_skipped_and_counted_paginated,
+        bad_objects_in_list_and_watch_are_skipped_and_counted_streaming,
+        huge_object_is_stored_and_read_back_intact;
+    sync: second_process_gets_locked_naming_the_path,
+        destroy_refuses_what_is_not_a_store
 }

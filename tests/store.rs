@@ -1,5 +1,5 @@
 //! The core store and watcher against the testkit API server over real HTTP, with a real
-//! sled store in a temporary directory.
+//! store in a temporary directory, once per storage engine.
 
 mod common;
 
@@ -9,7 +9,7 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube_persist::{Config, Db, Error};
+use kube_persist::{Config, Error};
 use kube_persist_testkit::{ResourceType, TestServer, Verb, make_pod};
 
 fn cfg(streaming: bool) -> Config {
@@ -42,7 +42,7 @@ fn change_pods(h: &kube_persist_testkit::ServerHandle, n: usize, tag: &str) -> V
     deleted
 }
 
-async fn cold_then_warm(streaming: bool) {
+async fn cold_then_warm(engine: Engine, streaming: bool) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -52,7 +52,7 @@ async fn cold_then_warm(streaming: bool) {
 
     // Cold sync.
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
             .unwrap();
@@ -80,7 +80,7 @@ async fn cold_then_warm(streaming: bool) {
     h.reset_counts();
 
     // Warm restart: no LIST, one WATCH from the checkpoint.
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
         .unwrap();
@@ -115,19 +115,17 @@ async fn cold_then_warm(streaming: bool) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_sync_then_warm_restart_paginated() {
-    cold_then_warm(false).await;
+async fn cold_sync_then_warm_restart_paginated(engine: Engine) {
+    cold_then_warm(engine, false).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_sync_then_warm_restart_streaming() {
-    cold_then_warm(true).await;
+async fn cold_sync_then_warm_restart_streaming(engine: Engine) {
+    cold_then_warm(engine, true).await;
 }
 
 /// Changes made while the process is down, then history compacted: the resumed watch gets
 /// 410, the relist rewrites only what changed and reports exact deletions.
-async fn relist_after_gone(streaming: bool) {
+async fn relist_after_gone(engine: Engine, streaming: bool) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -135,7 +133,7 @@ async fn relist_after_gone(streaming: bool) {
     h.seed_pods(1200, 4);
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (_reader, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
             .unwrap();
@@ -147,7 +145,7 @@ async fn relist_after_gone(streaming: bool) {
     h.compact();
     h.reset_counts();
 
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
         .unwrap();
@@ -187,26 +185,23 @@ async fn relist_after_gone(streaming: bool) {
     assert!(reader.is_ready());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relist_after_410_on_resume_paginated() {
-    relist_after_gone(false).await;
+async fn relist_after_410_on_resume_paginated(engine: Engine) {
+    relist_after_gone(engine, false).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relist_after_410_on_resume_streaming() {
-    relist_after_gone(true).await;
+async fn relist_after_410_on_resume_streaming(engine: Engine) {
+    relist_after_gone(engine, true).await;
 }
 
 /// A live watch that gets an ERROR 410 relists and converges; the store is never emptied.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_watch_410_relists_without_emptying() {
+async fn live_watch_410_relists_without_emptying(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     let rt = ResourceType::pods();
     h.seed_pods(2000, 4);
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store(
             "pods",
@@ -255,8 +250,7 @@ async fn live_watch_410_relists_without_emptying() {
 
 /// The continue token expires mid-list: the list restarts with a new epoch, objects deleted
 /// meanwhile are swept and reported.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_continue_token_restarts_the_list() {
+async fn expired_continue_token_restarts_the_list(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -264,7 +258,7 @@ async fn expired_continue_token_restarts_the_list() {
     h.seed_pods(2000, 1);
     h.faults().page_delay(Duration::from_millis(200));
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg(false))
         .unwrap();
@@ -302,8 +296,7 @@ async fn expired_continue_token_restarts_the_list() {
 }
 
 /// A widget custom resource through `DynamicObject`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamic_object_cold_warm_and_relist() {
+async fn dynamic_object_cold_warm_and_relist(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -322,7 +315,7 @@ async fn dynamic_object_cold_warm_and_relist() {
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let api = Api::<DynamicObject>::all_with(server.client(), &ar);
         let (reader, watcher) = db
             .store_with("widgets", api, cfg(false).page_size(64), &ar)
@@ -337,7 +330,7 @@ async fn dynamic_object_cold_warm_and_relist() {
     }
     h.delete(&rt, Some("ns-0"), "w-0").unwrap();
     h.compact();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let api = Api::<DynamicObject>::all_with(server.client(), &ar);
     let (reader, watcher) = db
         .store_with("widgets", api, cfg(false).page_size(64), &ar)
@@ -349,8 +342,7 @@ async fn dynamic_object_cold_warm_and_relist() {
 
 /// Metadata-only streams store `PartialObjectMeta<Pod>`: cold sync, changes, warm restart
 /// without LIST, and a relist after 410 with exact deletions.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metadata_only_store() {
+async fn metadata_only_store(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -358,7 +350,7 @@ async fn metadata_only_store() {
     h.seed_pods(700, 2);
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
             .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
             .unwrap();
@@ -377,7 +369,7 @@ async fn metadata_only_store() {
     let deleted = change_pods(&h, 3, "meta2");
     h.compact();
     h.reset_counts();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
         .unwrap();
@@ -399,8 +391,7 @@ async fn metadata_only_store() {
 }
 
 /// A transform runs before writing, and its name is part of the identity.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transform_drops_managed_fields_before_writing() {
+async fn transform_drops_managed_fields_before_writing(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -408,7 +399,7 @@ async fn transform_drops_managed_fields_before_writing() {
     assert!(h.list(&ResourceType::pods())[0]["metadata"]["managedFields"].is_array());
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
             .store(
                 "pods",
@@ -428,7 +419,7 @@ async fn transform_drops_managed_fields_before_writing() {
         w.stop().await;
     }
     // Without the transform the stored data would be wrong for the new identity: reset.
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, _watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg(false))
         .unwrap();
@@ -437,15 +428,14 @@ async fn transform_drops_managed_fields_before_writing() {
 }
 
 /// A store opened with other selectors does not resume: it starts clean and relists.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn changed_selector_does_not_resume() {
+async fn changed_selector_does_not_resume(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(600, 2);
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = Db::open(dir.path()).unwrap();
+        let db = try_open_db(engine, dir.path()).unwrap();
         let (_r, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), cfg(false))
             .unwrap();
@@ -454,7 +444,7 @@ async fn changed_selector_does_not_resume() {
         w.stop().await;
     }
     h.reset_counts();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store(
             "pods",
@@ -482,8 +472,7 @@ async fn changed_selector_does_not_resume() {
 }
 
 /// Malformed objects in a page and in a watch event are skipped and counted; nothing else is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_objects_are_skipped_and_counted() {
+async fn bad_objects_are_skipped_and_counted(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -491,7 +480,7 @@ async fn bad_objects_are_skipped_and_counted() {
     h.seed_pods(800, 2);
     h.faults().malformed_next_list();
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg(false))
         .unwrap();
@@ -507,8 +496,7 @@ async fn bad_objects_are_skipped_and_counted() {
 }
 
 /// 5xx answers and `ResourceVersionTooLarge` are retried with backoff, without a relist.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_errors_are_retried() {
+async fn server_errors_are_retried(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -518,7 +506,7 @@ async fn server_errors_are_retried() {
     // Without kube's own retry layer, so that the watcher's backoff is what recovers.
     let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(client), cfg(false))
         .unwrap();
@@ -541,12 +529,11 @@ async fn server_errors_are_retried() {
 }
 
 /// A second open of the same directory names it; the stream name is exclusive too.
-#[tokio::test]
-async fn locked_directory_and_duplicate_stream_are_clear_errors() {
+async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) {
     let server = TestServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    match Db::open(dir.path()) {
+    let db = try_open_db(engine, dir.path()).unwrap();
+    match try_open_db(engine, dir.path()) {
         Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
         other => panic!("expected Locked, got {other:?}"),
     }
@@ -561,15 +548,14 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors() {
 
 /// Readers on many tasks never see an object older than one they already saw, while the
 /// watcher applies updates (the hot cache is invalidated in the same step as the write).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hot_cache_never_goes_back_in_time() {
+async fn hot_cache_never_goes_back_in_time(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
     let rt = ResourceType::pods();
     h.seed_pods(200, 1);
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
     let (reader, watcher) = db
         .store(
             "pods",
@@ -629,4 +615,21 @@ async fn hot_cache_never_goes_back_in_time() {
             server["metadata"]["resourceVersion"].as_str()
         );
     }
+}
+
+engine_tests! {
+    async: cold_sync_then_warm_restart_paginated,
+        cold_sync_then_warm_restart_streaming,
+        relist_after_410_on_resume_paginated,
+        relist_after_410_on_resume_streaming,
+        live_watch_410_relists_without_emptying,
+        expired_continue_token_restarts_the_list,
+        dynamic_object_cold_warm_and_relist,
+        metadata_only_store,
+        transform_drops_managed_fields_before_writing,
+        changed_selector_does_not_resume,
+        bad_objects_are_skipped_and_counted,
+        server_errors_are_retried,
+        locked_directory_and_duplicate_stream_are_clear_errors,
+        hot_cache_never_goes_back_in_time,
 }

@@ -6,12 +6,13 @@
 //! kube-persist dump DIR STREAM                   every object, one JSON document per line
 //! ```
 //! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
-//! variable (64 hex characters). The store must not be open in another process.
+//! variable (64 hex characters). The store must not be open in another process. Stores of
+//! either engine (sled, or redb when built with the `redb` feature) are opened as they are.
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use kube_persist::{Db, DbConfig, EncryptionKey};
+use kube_persist::{Db, DbConfig, EncryptionKey, Engine};
 
 const USAGE: &str = "usage:
   kube-persist inspect DIR [--key-file PATH]
@@ -29,7 +30,14 @@ fn main() -> ExitCode {
     if let Some(k) = key {
         config = config.encryption_key(k);
     }
-    let open = |dir: &str| Db::open_with(dir, config.clone()).map_err(|e| e.to_string());
+    // Open with whichever engine wrote the store; never create one.
+    let open = |dir: &str| match Engine::of_store(dir) {
+        Ok(Some(engine)) => {
+            Db::open_with(dir, config.clone().engine(engine)).map_err(|e| e.to_string())
+        }
+        Ok(None) => Err(format!("no kube-persist store at {dir}")),
+        Err(e) => Err(e.to_string()),
+    };
     let result = match args
         .iter()
         .map(String::as_str)

@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use super::engine::{Backend, SledTree};
+use super::engine::Backend;
 use super::keys::{self, IDENTITY_KEY, OBJECT, STATE_KEY};
 use super::record::{self, Identity, Record, State};
 use super::{Db, SyncPhase};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
-
-const TREE_PREFIX: &str = "stream/";
 
 /// What a stored stream caches and where it is in its list/watch cycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,14 +58,10 @@ impl Db {
     /// ```
     pub fn streams(&self) -> Result<Vec<StreamInfo>> {
         let mut out = Vec::new();
-        for name in self.inner.sled.tree_names() {
-            let Some(name) = std::str::from_utf8(&name)
-                .ok()
-                .and_then(|n| n.strip_prefix(TREE_PREFIX))
-            else {
-                continue;
-            };
-            let backend = self.tree(name)?;
+        let mut names = self.inner.storage.keyspaces()?;
+        names.sort();
+        for name in &names {
+            let backend = self.inner.storage.keyspace(name)?;
             let Some(identity) = self.read_meta::<Identity>(&*backend, name, IDENTITY_KEY)? else {
                 continue;
             };
@@ -121,24 +115,13 @@ impl Db {
 
     fn tree(&self, stream: &str) -> Result<Arc<dyn Backend>> {
         let path = &self.inner.path;
-        if !self
-            .inner
-            .sled
-            .tree_names()
-            .iter()
-            .any(|n| n == format!("{TREE_PREFIX}{stream}").as_bytes())
-        {
+        if !self.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
             return Err(Error::Config(format!(
                 "no stream {stream:?} in the store at {}",
                 path.display()
             )));
         }
-        let tree = self
-            .inner
-            .sled
-            .open_tree(format!("{TREE_PREFIX}{stream}"))
-            .map_err(|e| Error::from_sled(path, e))?;
-        Ok(Arc::new(SledTree::new(tree, path, false)))
+        self.inner.storage.keyspace(stream)
     }
 
     /// The stream's keyspace and cipher, refusing an encrypted stream without its key.

@@ -1,5 +1,5 @@
-//! The on-disk side: one sled database per directory, one keyspace (tree) per watched
-//! stream, an atomic [`writer`] and a concurrent [`Reader`].
+//! The on-disk side: one database per directory (sled, or redb with the `redb` feature),
+//! one keyspace per watched stream, an atomic [`writer`] and a concurrent [`Reader`].
 
 pub(crate) mod cache;
 mod engine;
@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub(crate) use engine::Backend;
-use engine::{SledTree, WriteBatch};
+pub use engine::Engine;
+use engine::{Storage, WriteBatch};
 pub(crate) use keys::object_suffix;
 use record::{Identity, State};
 
@@ -30,8 +31,9 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Durability {
-    /// Flush to disk in the background at this interval (sled's `flush_every_ms`). A crash
-    /// loses at most this window, which the watch replays from the older checkpoint.
+    /// Flush to disk in the background at this interval (sled's `flush_every_ms`; for redb,
+    /// non-durable commits made durable at this interval). A crash loses at most this
+    /// window, which the watch replays from the older checkpoint.
     Periodic(Duration),
     /// fsync after every batch: nothing acknowledged is ever lost, at a large cost in throughput.
     EveryBatch,
@@ -54,6 +56,7 @@ pub struct DbConfig {
     encryption: Option<EncryptionKey>,
     strict_permissions: bool,
     compression: bool,
+    engine: Engine,
 }
 
 impl Default for DbConfig {
@@ -64,12 +67,13 @@ impl Default for DbConfig {
             encryption: None,
             strict_permissions: false,
             compression: true,
+            engine: Engine::Sled,
         }
     }
 }
 
 impl DbConfig {
-    /// Bytes of sled page cache (default 8 MiB). Larger speeds up reads, costs RSS.
+    /// Bytes of the engine's page cache (default 8 MiB). Larger speeds up reads, costs RSS.
     pub fn cache_capacity(mut self, bytes: u64) -> Self {
         self.cache_capacity = bytes;
         self
@@ -104,13 +108,27 @@ impl DbConfig {
         self
     }
 
+    /// The storage engine (default [`Engine::Sled`]). A new store directory records it;
+    /// an existing one must be opened with the engine that wrote it
+    /// ([`Error::EngineMismatch`] otherwise, never a silent wipe). [`Engine::Redb`] needs
+    /// the crate's `redb` feature ([`Error::Config`] without it).
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The configured storage engine.
+    pub fn selected_engine(&self) -> Engine {
+        self.engine
+    }
+
     /// The configured cache capacity in bytes.
     pub fn cache_capacity_bytes(&self) -> u64 {
         self.cache_capacity
     }
 }
 
-/// A store directory: one sled database holding any number of named streams.
+/// A store directory: one database (see [`Engine`]) holding any number of named streams.
 ///
 /// Only one process may open a directory at a time; a second gets [`Error::Locked`].
 ///
@@ -127,7 +145,7 @@ pub struct Db {
 }
 
 struct DbInner {
-    sled: sled::Db,
+    storage: Arc<dyn Storage>,
     path: PathBuf,
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
@@ -135,7 +153,8 @@ struct DbInner {
 }
 
 /// Store directories whose last `Db` handle in this process was dropped recently. sled
-/// releases its file lock only when deferred destructors run, a moment after the drop.
+/// releases its file lock only when deferred destructors run, a moment after the drop (and
+/// redb's background flush may hold the database a moment longer).
 static RECENTLY_CLOSED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 impl Drop for DbInner {
@@ -148,7 +167,7 @@ impl Drop for DbInner {
 }
 
 /// Run `open`; if the store is locked and this process closed it a moment ago, retry for
-/// up to two seconds while sled finishes releasing it. A lock held by another process (or
+/// up to two seconds while the engine finishes releasing it. A lock held by another process (or
 /// by a live handle in this one) is reported at once.
 fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
@@ -209,24 +228,12 @@ impl Db {
                 "store files are readable by group or others; tightening to 0700/0600");
         }
         perms::create_private_dir(&path)?;
-        let flush_every_ms = match config.durability {
-            Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
-            Durability::EveryBatch => None,
-        };
-        // Whether sled's log holds anything: if it does, sled must recover something from it.
-        let had_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
-        let sled_config = sled::Config::new()
-            .path(&path)
-            .cache_capacity(config.cache_capacity)
-            .mode(sled::Mode::LowSpace)
-            .flush_every_ms(flush_every_ms);
-        let sled = open_after_close(&path, || open_sled(&sled_config, &path))?;
-        check_marker(&sled, &path, had_data)?;
+        let storage = open_after_close(&path, || engine::open(&path, &config))?;
         perms::tighten(&path)?;
-        tracing::info!(path = %path.display(), recovered = sled.was_recovered(), "store opened");
+        tracing::info!(path = %path.display(), engine = %config.engine, "store opened");
         Ok(Db {
             inner: Arc::new(DbInner {
-                sled,
+                storage,
                 path,
                 cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
                 config,
@@ -241,10 +248,11 @@ impl Db {
     ///
     /// A path that does not exist is not an error (there is nothing to remove). To guard
     /// against a wrong path, it refuses (with [`Error::Config`]) a directory that does not
-    /// look like a store: it must hold sled's `conf` and `db` files and nothing but sled's
-    /// files (`conf`, `db`, `blobs/`, `snap.*`). It refuses (with [`Error::Locked`]) a store
-    /// that is open, in this process or another one; checking that lock opens the store,
-    /// which costs a recovery scan when the store is healthy.
+    /// look like a store: it must hold its engine's files and nothing else (the `engine`
+    /// file; for sled `conf`, `db`, `blobs/`, `snap.*`; for redb `data.redb`). It refuses
+    /// (with [`Error::Locked`]) a store that is open, in this process or another one;
+    /// checking that lock opens the store, which costs a recovery scan for a healthy sled
+    /// store.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -266,35 +274,8 @@ impl Db {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io(e)),
         };
-        let refuse = |why: String| {
-            Error::Config(format!(
-                "refusing to remove {}: {why}, so it does not look like a kube-persist store",
-                path.display()
-            ))
-        };
-        for entry in entries {
-            let name = entry.map_err(io)?.file_name();
-            let name = name.to_string_lossy();
-            if !matches!(&*name, "conf" | "db" | "blobs") && !name.starts_with("snap.") {
-                return Err(refuse(format!(
-                    "it holds {name:?}, which is not a sled file"
-                )));
-            }
-        }
-        for file in ["conf", "db"] {
-            if !path.join(file).is_file() {
-                return Err(refuse(format!("it has no sled {file:?} file")));
-            }
-        }
-        // sled takes the directory's lock before it reads anything else: a held lock is
-        // `Locked`; any other failure (the corruption being wiped) does not prevent removal.
-        match open_after_close(path, || open_sled(&sled::Config::new().path(path), path)) {
-            Err(Error::Locked { path }) => return Err(Error::Locked { path }),
-            Ok(db) => drop(db),
-            Err(e) => {
-                tracing::info!(path = %path.display(), error = %e, "removing a store that does not open")
-            }
-        }
+        drop(entries);
+        open_after_close(path, || engine::check_removable(path))?;
         std::fs::remove_dir_all(path).map_err(io)?;
         tracing::warn!(path = %path.display(), "store removed; the next start lists from scratch");
         Ok(())
@@ -322,21 +303,19 @@ impl Db {
             .map(EncryptionKey::fingerprint)
     }
 
+    /// The storage engine this store is kept in.
+    pub fn engine(&self) -> Engine {
+        self.inner.config.engine
+    }
+
     /// Flush everything written so far to disk.
     pub fn flush(&self) -> Result<()> {
-        self.inner
-            .sled
-            .flush()
-            .map(|_| ())
-            .map_err(|e| Error::from_sled(&self.inner.path, e))
+        self.inner.storage.flush()
     }
 
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64> {
-        self.inner
-            .sled
-            .size_on_disk()
-            .map_err(|e| Error::from_sled(&self.inner.path, e))
+        self.inner.storage.size_on_disk()
     }
 
     /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
@@ -362,13 +341,7 @@ impl Db {
             name: name.to_string(),
         };
         let path = &self.inner.path;
-        let tree = self
-            .inner
-            .sled
-            .open_tree(format!("stream/{name}"))
-            .map_err(|e| Error::from_sled(path, e))?;
-        let flush_every_batch = self.inner.config.durability == Durability::EveryBatch;
-        let backend: Arc<dyn Backend> = Arc::new(SledTree::new(tree, path, flush_every_batch));
+        let backend = self.inner.storage.keyspace(name)?;
 
         let corrupt = |what: &str, detail: String| Error::Corrupt {
             path: path.clone(),
@@ -484,58 +457,4 @@ pub(crate) struct Status {
     pub(crate) checkpoint: Option<String>,
     /// Secondary indexes built on disk and ready for `Reader::by_index`.
     pub(crate) indexes: Vec<String>,
-}
-
-/// Open sled, turning a panic inside it (which some damaged files cause) into
-/// [`Error::Corrupt`] naming the path.
-fn open_sled(config: &sled::Config, path: &Path) -> Result<sled::Db> {
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
-    match opened {
-        // sled reports a `conf` file it cannot parse as a store from an old sled version.
-        Ok(Err(sled::Error::Unsupported(detail))) if detail.contains("earlier than 0.29") => {
-            Err(Error::Corrupt {
-                path: path.to_path_buf(),
-                detail: format!("its conf file does not parse ({detail})"),
-            })
-        }
-        Ok(res) => res.map_err(|e| Error::from_sled(path, e)),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            tracing::error!(path = %path.display(), panic = %msg, "sled panicked while opening the store");
-            Err(Error::Corrupt {
-                path: path.to_path_buf(),
-                detail: format!("the storage engine panicked while opening it: {msg}"),
-            })
-        }
-    }
-}
-
-/// Key (in sled's default tree) written once when a store is created.
-const MARKER_KEY: &[u8] = b"kube-persist/store";
-
-/// Tell a store that sled could not read from a new one. sled recovers a log whose bytes are
-/// garbage as an empty database, silently; a store always holds its marker, so a non-empty
-/// log that recovers to nothing is reported as [`Error::Corrupt`].
-fn check_marker(sled: &sled::Db, path: &Path, had_data: bool) -> Result<()> {
-    let err = |e| Error::from_sled(path, e);
-    if sled.contains_key(MARKER_KEY).map_err(err)? {
-        return Ok(());
-    }
-    // Stores written before the marker existed have stream trees: adopt them.
-    let has_trees = sled.tree_names().len() > 1;
-    if had_data && !has_trees && sled.is_empty() {
-        return Err(Error::Corrupt {
-            path: path.to_path_buf(),
-            detail: "its db file holds data, but the storage engine recovered nothing from it \
-                     (overwritten or not a sled log)"
-                .into(),
-        });
-    }
-    sled.insert(MARKER_KEY, &b"1"[..]).map_err(err)?;
-    sled.flush().map_err(err)?;
-    Ok(())
 }

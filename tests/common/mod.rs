@@ -7,12 +7,63 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Resource;
-use kube_persist::{Event, Reader, Watcher};
+pub use kube_persist::Engine;
+use kube_persist::{Db, DbConfig, Event, Reader, Watcher};
 use kube_persist_testkit::{ResourceType, ServerHandle};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs each named scenario (`async fn name(engine: Engine)` or `fn name(engine: Engine)`)
+/// once per storage engine this build has, as tests `sled::name` and, with the `redb`
+/// feature, `redb::name`.
+#[macro_export]
+macro_rules! engine_tests {
+    (async: $($a:ident),* $(,)? ; sync: $($s:ident),* $(,)?) => {
+        $crate::engine_tests!(@mod sled, Sled, [$($a),*], [$($s),*]);
+        #[cfg(feature = "redb")]
+        $crate::engine_tests!(@mod redb, Redb, [$($a),*], [$($s),*]);
+    };
+    (async: $($a:ident),* $(,)?) => { $crate::engine_tests!(async: $($a),*; sync: ); };
+    (@mod $m:ident, $engine:ident, [$($a:ident),*], [$($s:ident),*]) => {
+        mod $m {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $a() {
+                    super::$a(kube_persist::Engine::$engine).await
+                }
+            )*
+            $(
+                #[test]
+                fn $s() {
+                    super::$s(kube_persist::Engine::$engine)
+                }
+            )*
+        }
+    };
+}
+
+/// Environment variable naming the engine a child test process opens its store with.
+pub const ENGINE_ENV: &str = "KP_TEST_ENGINE";
+
+/// The engine a child test process was started with (`ENGINE_ENV`), sled by default.
+pub fn child_engine() -> Engine {
+    std::env::var(ENGINE_ENV)
+        .ok()
+        .map(|e| e.parse().expect("KP_TEST_ENGINE names an engine"))
+        .unwrap_or_default()
+}
+
+/// Open the store at `path` with `engine` and otherwise default options.
+pub fn open_db(engine: Engine, path: impl AsRef<std::path::Path>) -> Db {
+    try_open_db(engine, path).expect("store opens")
+}
+
+/// Like [`open_db`], returning the error.
+pub fn try_open_db(engine: Engine, path: impl AsRef<std::path::Path>) -> kube_persist::Result<Db> {
+    Db::open_with(path, DbConfig::default().engine(engine))
+}
 
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()

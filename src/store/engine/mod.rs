@@ -1,0 +1,293 @@
+//! The storage engines behind two small interfaces: [`Storage`] (one store directory:
+//! open a keyspace, list keyspaces, flush, size) and [`Backend`] (one stream's keyspace:
+//! atomic batch, point get, ordered range scan, flush, clear). Everything above this module
+//! (writer, reader, indexes, hot cache) is engine-agnostic.
+//!
+//! sled 0.34 is the default engine; redb 4 is the other (cargo feature `redb`). A store
+//! directory records which engine wrote it in its `engine` file.
+
+#[cfg(feature = "redb")]
+mod redb;
+mod sled;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::DbConfig;
+use crate::error::{Error, Result};
+
+/// One key/value pair read from the engine.
+pub(crate) type Entry = (Vec<u8>, Vec<u8>);
+
+/// A set of puts and deletes applied atomically: after a crash either all or none are visible.
+#[derive(Default)]
+pub(crate) struct WriteBatch {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl WriteBatch {
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push((key, Some(value)));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.ops.push((key, None));
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The keys this batch writes or deletes.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.ops.iter().map(|(k, _)| k.as_slice())
+    }
+}
+
+/// What the store needs from a storage engine, for one stream's keyspace.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Point lookup.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Apply all operations of `batch` atomically.
+    fn apply(&self, batch: WriteBatch) -> Result<()>;
+    /// Ordered scan of keys in `[start, end)`, lazily, without collecting.
+    fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send>;
+    /// Make everything applied so far durable.
+    fn flush(&self) -> Result<()>;
+    /// Remove every key of this keyspace.
+    fn clear(&self) -> Result<()>;
+}
+
+/// A store directory's storage: one keyspace per stream.
+pub(crate) trait Storage: Send + Sync + 'static {
+    /// Open (creating if needed) the keyspace of stream `stream`.
+    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>>;
+    /// Names of the streams that have a keyspace, in any order.
+    fn keyspaces(&self) -> Result<Vec<String>>;
+    /// Make everything applied so far durable.
+    fn flush(&self) -> Result<()>;
+    /// Bytes the engine's files occupy on disk.
+    fn size_on_disk(&self) -> Result<u64>;
+}
+
+/// The embedded database a store directory is kept in.
+///
+/// Both engines keep the same invariants (one atomic batch per page or event burst, the
+/// checkpoint in the same batch, one process per directory, corruption reported as
+/// [`Error::Corrupt`]); they differ in memory, speed and disk use (see BENCHMARKS.md).
+/// A directory remembers which engine wrote it: opening it with the other one is
+/// [`Error::EngineMismatch`].
+///
+/// ```
+/// use kube_persist::{DbConfig, Engine};
+/// assert_eq!(Engine::default(), Engine::Sled);
+/// assert_eq!("redb".parse::<Engine>().unwrap(), Engine::Redb);
+/// let cfg = DbConfig::default().engine(Engine::Sled);
+/// assert_eq!(cfg.selected_engine(), Engine::Sled);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Engine {
+    /// [sled](https://docs.rs/sled) 0.34: the default.
+    #[default]
+    Sled,
+    /// [redb](https://docs.rs/redb) 4: needs the crate's `redb` cargo feature (and Rust 1.90).
+    Redb,
+}
+
+/// The file in a store directory that names its engine.
+const ENGINE_FILE: &str = "engine";
+
+impl Engine {
+    /// Every engine, whether or not it is compiled in.
+    pub const ALL: [Engine; 2] = [Engine::Sled, Engine::Redb];
+
+    /// The engine's name, as written in a store's `engine` file and accepted by `parse`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sled => "sled",
+            Engine::Redb => "redb",
+        }
+    }
+
+    /// Whether this build of the crate includes the engine (redb needs the `redb` feature).
+    pub fn is_available(self) -> bool {
+        match self {
+            Engine::Sled => true,
+            Engine::Redb => cfg!(feature = "redb"),
+        }
+    }
+
+    /// The engines this build includes.
+    pub fn available() -> impl Iterator<Item = Engine> {
+        Engine::ALL.into_iter().filter(|e| e.is_available())
+    }
+
+    /// Which engine wrote the store at `path`, or `None` if there is no store there yet.
+    ///
+    /// Stores written before the `engine` file existed hold sled's files and are sled.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// assert_eq!(Engine::of_store(dir.path())?, None);
+    /// drop(Db::open(dir.path())?);
+    /// assert_eq!(Engine::of_store(dir.path())?, Some(Engine::Sled));
+    /// # Ok(()) }
+    /// ```
+    pub fn of_store(path: impl AsRef<Path>) -> Result<Option<Engine>> {
+        let path = path.as_ref();
+        let file = path.join(ENGINE_FILE);
+        match std::fs::read_to_string(&file) {
+            Ok(text) => text.trim().parse().map(Some).map_err(|_| Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("its engine file names an unknown engine: {:?}", text.trim()),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(sled::looks_like_store(path).then_some(Engine::Sled))
+            }
+            Err(e) => Err(Error::from_io(file, e)),
+        }
+    }
+
+    /// Names of the files and directories this engine keeps in a store directory, and
+    /// which of them a store must hold.
+    fn files(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            Engine::Sled => (sled::FILES, sled::REQUIRED),
+            Engine::Redb => (REDB_FILES, REDB_FILES),
+        }
+    }
+
+    fn unavailable(self) -> Error {
+        Error::Config(format!(
+            "the {self} engine is not compiled in: enable kube-persist's `{self}` cargo feature"
+        ))
+    }
+}
+
+/// The file redb keeps a store in.
+const REDB_FILE: &str = "data.redb";
+const REDB_FILES: &[&str] = &[REDB_FILE];
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Engine> {
+        Engine::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| Error::Config(format!("unknown storage engine {s:?} (sled or redb)")))
+    }
+}
+
+/// Open the storage of the store directory at `path` (which exists, with private
+/// permissions) with the configured engine, recording the engine for a new store.
+pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
+    let engine = config.engine;
+    if !engine.is_available() {
+        return Err(engine.unavailable());
+    }
+    match Engine::of_store(path)? {
+        Some(stored) if stored != engine => {
+            return Err(Error::EngineMismatch {
+                path: path.to_path_buf(),
+                stored,
+                requested: engine,
+            });
+        }
+        Some(_) => {}
+        None => {
+            let file = path.join(ENGINE_FILE);
+            std::fs::write(&file, format!("{engine}\n")).map_err(|e| Error::from_io(file, e))?;
+        }
+    }
+    match engine {
+        Engine::Sled => Ok(Arc::new(sled::SledStorage::open(path, config)?)),
+        #[cfg(feature = "redb")]
+        Engine::Redb => Ok(Arc::new(redb::RedbStorage::open(
+            path.join(REDB_FILE),
+            config,
+        )?)),
+        #[cfg(not(feature = "redb"))]
+        Engine::Redb => Err(engine.unavailable()),
+    }
+}
+
+/// Check that `path` looks like a store directory that is not open anywhere, before
+/// [`Db::destroy`](super::Db::destroy) removes it. Any failure other than a held lock (the
+/// corruption being wiped, say) does not prevent the removal.
+pub(crate) fn check_removable(path: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        Error::Config(format!(
+            "refusing to remove {}: {why}, so it does not look like a kube-persist store",
+            path.display()
+        ))
+    };
+    let Some(engine) = Engine::of_store(path)? else {
+        return Err(refuse("it has no engine file and no sled files".into()));
+    };
+    let (files, required) = engine.files();
+    let io = |e| Error::from_io(path.to_path_buf(), e);
+    for entry in std::fs::read_dir(path).map_err(io)? {
+        let name = entry.map_err(io)?.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == ENGINE_FILE
+            || files.contains(&&*name)
+            || (engine == Engine::Sled && name.starts_with("snap."));
+        if !ours {
+            return Err(refuse(format!(
+                "it holds {name:?}, which is not a {engine} store file"
+            )));
+        }
+    }
+    for file in required {
+        if !path.join(file).exists() {
+            return Err(refuse(format!("it has no {engine} {file:?} file")));
+        }
+    }
+    let probe = match engine {
+        Engine::Sled => sled::probe_lock(path),
+        #[cfg(feature = "redb")]
+        Engine::Redb => redb::probe_lock(&path.join(REDB_FILE)),
+        // Without the engine its lock cannot be probed: refuse rather than remove a store
+        // another process may have open.
+        #[cfg(not(feature = "redb"))]
+        Engine::Redb => return Err(engine.unavailable()),
+    };
+    match probe {
+        Err(Error::Locked { path }) => Err(Error::Locked { path }),
+        Ok(()) => Ok(()),
+        Err(e) => {
+            tracing::info!(path = %path.display(), error = %e, "removing a store that does not open");
+            Ok(())
+        }
+    }
+}
+
+/// Run `open`, turning a panic inside the engine (which some damaged files cause) into
+/// [`Error::Corrupt`] naming the path.
+pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
+        Ok(res) => res,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(path = %path.display(), panic = %msg, "the storage engine panicked while opening the store");
+            Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("the storage engine panicked while opening it: {msg}"),
+            })
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The sled 0.34 engine: one sled database per store directory, one tree per stream.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Backend, Entry, Storage, WriteBatch, catch_open};
+use crate::error::{Error, Result};
+use crate::store::{DbConfig, Durability};
+
+/// The files sled keeps in a store directory, and those every sled store holds.
+pub(super) const FILES: &[&str] = &["conf", "db", "blobs"];
+pub(super) const REQUIRED: &[&str] = &["conf", "db"];
+
+/// Prefix of the tree names holding streams.
+const TREE_PREFIX: &str = "stream/";
+
+/// Whether `path` holds sled's files (a store from before the `engine` file existed).
+pub(super) fn looks_like_store(path: &Path) -> bool {
+    REQUIRED.iter().all(|f| path.join(f).is_file())
+}
+
+/// One sled database.
+pub(super) struct SledStorage {
+    sled: sled::Db,
+    path: PathBuf,
+    flush_every_batch: bool,
+}
+
+impl SledStorage {
+    pub(super) fn open(path: &Path, config: &DbConfig) -> Result<SledStorage> {
+        let flush_every_ms = match config.durability {
+            Durability::Periodic(d) => Some((d.as_millis() as u64).max(1)),
+            Durability::EveryBatch => None,
+        };
+        // Whether sled's log holds anything: if it does, sled must recover something from it.
+        let had_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
+        let sled_config = sled::Config::new()
+            .path(path)
+            .cache_capacity(config.cache_capacity)
+            .mode(sled::Mode::LowSpace)
+            .flush_every_ms(flush_every_ms);
+        let sled = open_sled(&sled_config, path)?;
+        check_marker(&sled, path, had_data)?;
+        tracing::debug!(path = %path.display(), recovered = sled.was_recovered(), "sled opened");
+        Ok(SledStorage {
+            sled,
+            path: path.to_path_buf(),
+            flush_every_batch: config.durability == Durability::EveryBatch,
+        })
+    }
+
+    fn err(&self, e: sled::Error) -> Error {
+        Error::from_sled(&self.path, e)
+    }
+}
+
+impl Storage for SledStorage {
+    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+        let tree = self
+            .sled
+            .open_tree(format!("{TREE_PREFIX}{stream}"))
+            .map_err(|e| self.err(e))?;
+        Ok(Arc::new(SledTree {
+            tree,
+            path: self.path.clone(),
+            flush_every_batch: self.flush_every_batch,
+        }))
+    }
+
+    fn keyspaces(&self) -> Result<Vec<String>> {
+        Ok(self
+            .sled
+            .tree_names()
+            .iter()
+            .filter_map(|n| std::str::from_utf8(n).ok()?.strip_prefix(TREE_PREFIX))
+            .map(str::to_string)
+            .collect())
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.sled.flush().map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    fn size_on_disk(&self) -> Result<u64> {
+        self.sled.size_on_disk().map_err(|e| self.err(e))
+    }
+}
+
+/// One sled tree holding one stream.
+struct SledTree {
+    tree: sled::Tree,
+    path: PathBuf,
+    flush_every_batch: bool,
+}
+
+impl SledTree {
+    fn err(&self, e: sled::Error) -> Error {
+        Error::from_sled(&self.path, e)
+    }
+}
+
+impl Backend for SledTree {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.tree
+            .get(key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.err(e))
+    }
+
+    fn apply(&self, batch: WriteBatch) -> Result<()> {
+        let mut sb = sled::Batch::default();
+        for (k, v) in batch.ops {
+            match v {
+                Some(v) => sb.insert(k, v),
+                None => sb.remove(k),
+            }
+        }
+        self.tree.apply_batch(sb).map_err(|e| self.err(e))?;
+        if self.flush_every_batch {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send> {
+        let path = self.path.clone();
+        Box::new(
+            self.tree
+                .range(start.to_vec()..end.to_vec())
+                .map(move |r| match r {
+                    Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                    Err(e) => Err(Error::from_sled(&path, e)),
+                }),
+        )
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    fn clear(&self) -> Result<()> {
+        self.tree.clear().map_err(|e| self.err(e))
+    }
+}
+
+/// Open and close the sled database at `path`: [`Error::Locked`] if it is open elsewhere.
+pub(super) fn probe_lock(path: &Path) -> Result<()> {
+    open_sled(&sled::Config::new().path(path), path).map(drop)
+}
+
+/// Open sled, turning a panic inside it (which some damaged files cause) into
+/// [`Error::Corrupt`] naming the path.
+fn open_sled(config: &sled::Config, path: &Path) -> Result<sled::Db> {
+    catch_open(path, || match config.open() {
+        // sled reports a `conf` file it cannot parse as a store from an old sled version.
+        Err(sled::Error::Unsupported(detail)) if detail.contains("earlier than 0.29") => {
+            Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("its conf file does not parse ({detail})"),
+            })
+        }
+        res => res.map_err(|e| Error::from_sled(path, e)),
+    })
+}
+
+/// Key (in sled's default tree) written once when a store is created.
+const MARKER_KEY: &[u8] = b"kube-persist/store";
+
+/// Tell a store that sled could not read from a new one. sled recovers a log whose bytes are
+/// garbage as an empty database, silently; a store always holds its marker, so a non-empty
+/// log that recovers to nothing is reported as [`Error::Corrupt`].
+fn check_marker(sled: &sled::Db, path: &Path, had_data: bool) -> Result<()> {
+    let err = |e| Error::from_sled(path, e);
+    if sled.contains_key(MARKER_KEY).map_err(err)? {
+        return Ok(());
+    }
+    // Stores written before the marker existed have stream trees: adopt them.
+    let has_trees = sled.tree_names().len() > 1;
+    if had_data && !has_trees && sled.is_empty() {
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: "its db file holds data, but the storage engine recovered nothing from it \
+                     (overwritten or not a sled log)"
+                .into(),
+        });
+    }
+    sled.insert(MARKER_KEY, &b"1"[..]).map_err(err)?;
+    sled.flush().map_err(err)?;
+    Ok(())
+}
