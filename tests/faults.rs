@@ -495,7 +495,13 @@ impl Drop for ChildGuard {
 fn second_process_gets_locked_naming_the_path(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
-    let mut child = spawn_self("lock_holder_child", &[(LOCK_CHILD_ENV, path.as_os_str())]);
+    let mut child = spawn_self(
+        "lock_holder_child",
+        &[
+            (LOCK_CHILD_ENV, path.as_os_str()),
+            (common::ENGINE_ENV, engine.name().as_ref()),
+        ],
+    );
     let out = child.stdout.take().unwrap();
     let guard = ChildGuard(child);
     let (tx, rx) = std::sync::mpsc::channel();
@@ -519,7 +525,10 @@ fn second_process_gets_locked_naming_the_path(engine: Engine) {
         Err(Error::Locked { path: p }) => assert_eq!(p, path),
         other => panic!("destroy of a store open elsewhere: expected Locked, got {other:?}"),
     }
-    assert!(path.join("db").is_file(), "a locked store was not removed");
+    assert!(
+        path.join(engine_files(engine)[0]).is_file(),
+        "a locked store was not removed"
+    );
 
     drop(guard); // SIGKILL: the lock dies with the process
     try_open_db(engine, &path).expect("opens once the other process is gone");
@@ -660,11 +669,48 @@ async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) 
     assert_eq!(outcomes.len(), 6);
 }
 
+/// A store directory opened with the other engine is `EngineMismatch`, and nothing in it is
+/// touched: reopened with its own engine it resumes (no LIST) with every object.
+#[cfg(feature = "redb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_other_engine_is_a_clear_error_not_a_wipe() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(300, 3);
+    let dir = tempfile::tempdir().unwrap();
+    for (wrote, other) in [(Engine::Sled, Engine::Redb), (Engine::Redb, Engine::Sled)] {
+        let path = dir.path().join(wrote.name());
+        synced_store(wrote, &server, &path).await;
+        assert_eq!(Engine::of_store(&path).unwrap(), Some(wrote));
+        match try_open_db(other, &path) {
+            Err(e @ Error::EngineMismatch { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(path.to_str().unwrap()), "{msg}");
+                assert!(
+                    msg.contains(wrote.name()) && msg.contains(other.name()),
+                    "{msg}"
+                );
+            }
+            res => {
+                panic!("{wrote} store opened with {other}: expected EngineMismatch, got {res:?}")
+            }
+        }
+        h.reset_counts();
+        let mut c = pods_client(wrote, &path, &server.url(), cfg().page_size(200));
+        converge(&c.reader, &h, &ResourceType::pods()).await;
+        assert_eq!(h.counts().list, 0, "{wrote} store resumed without a LIST");
+        assert_eq!(c.reader.len(), 300);
+        c.until(|_| true).await;
+        c.stop().await;
+    }
+}
+
 fn destroy_refuses_what_is_not_a_store(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     // Absent: nothing to do.
     Db::destroy(dir.path().join("absent")).unwrap();
-    // Empty directory, or one without sled's files: refused and left alone.
+    // Empty directory, or one without a store's files: refused and left alone.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     assert!(matches!(Db::destroy(&empty), Err(Error::Config(_))));
@@ -682,7 +728,7 @@ fn destroy_refuses_what_is_not_a_store(engine: Engine) {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert!(store.join("db").is_file() && store.join("notes.txt").is_file());
+    assert!(store.join(engine_files(engine)[0]).is_file() && store.join("notes.txt").is_file());
     // Open in this process: Locked.
     std::fs::remove_file(store.join("notes.txt")).unwrap();
     let db = try_open_db(engine, &store).unwrap();
@@ -774,8 +820,11 @@ async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
         other => panic!("{other:?}"),
     }
     let written = c.reader.stats().objects_written;
-    println!("disk full: DiskFull after {written} objects written");
-    assert!(written < 3000);
+    println!("disk full: {engine}: DiskFull after {written} objects written");
+    // sled writes each batch through to its log, so the tmpfs fills before the list ends.
+    // redb keeps non-durable commits in memory until its periodic durable commit, which is
+    // where it meets the full disk (possibly after the whole list was committed).
+    assert!(written < 3000 || engine == Engine::Redb);
 
     // Space returns.
     fs.remount("size=256m");
@@ -788,7 +837,9 @@ async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
                 still_full += 1;
             }
         }
+        // After a failed write redb refuses reads too until reopened: check before comparing.
         if c.reader.phase() == SyncPhase::Synced
+            && c.reader.iter().all(|p| p.is_ok())
             && store_versions(&c.reader) == server_versions(&h, &rt)
         {
             in_place = true;
@@ -801,7 +852,8 @@ async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
          DiskFull errors in the next 5 s: {still_full}"
     );
     if !in_place {
-        // sled keeps the first I/O error of its log ("global error") until it is reopened.
+        // sled keeps the first I/O error of its log ("global error") until it is reopened;
+        // redb answers every later transaction with that error (`PreviousIo`) until then.
         assert!(still_full > 0, "not recovered, yet no error reported");
         c.stop().await;
         c = reopen_pods_client(engine, &path, &server.url(), cfg().page_size(200))

@@ -138,16 +138,33 @@ impl Engine {
     /// ```
     pub fn of_store(path: impl AsRef<Path>) -> Result<Option<Engine>> {
         let path = path.as_ref();
-        let file = path.join(ENGINE_FILE);
-        match std::fs::read_to_string(&file) {
-            Ok(text) => text.trim().parse().map(Some).map_err(|_| Error::Corrupt {
-                path: path.to_path_buf(),
-                detail: format!("its engine file names an unknown engine: {:?}", text.trim()),
-            }),
+        let bytes = match std::fs::read(path.join(ENGINE_FILE)) {
+            Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Ok(sled::looks_like_store(path).then_some(Engine::Sled))
+                return Ok(sled::looks_like_store(path).then_some(Engine::Sled));
             }
-            Err(e) => Err(Error::from_io(file, e)),
+            Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
+        };
+        std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "its {ENGINE_FILE} file does not name a storage engine: {:?}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(32)])
+                ),
+            })
+    }
+
+    /// The engine whose files `path` holds, ignoring the `engine` file (for removing a
+    /// store whose `engine` file is damaged).
+    fn by_files(path: &Path) -> Option<Engine> {
+        if sled::looks_like_store(path) {
+            Some(Engine::Sled)
+        } else {
+            path.join(REDB_FILE).is_file().then_some(Engine::Redb)
         }
     }
 
@@ -231,8 +248,13 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
             path.display()
         ))
     };
-    let Some(engine) = Engine::of_store(path)? else {
-        return Err(refuse("it has no engine file and no sled files".into()));
+    let engine = match Engine::of_store(path) {
+        Ok(engine) => engine,
+        Err(Error::Corrupt { .. }) => Engine::by_files(path),
+        Err(e) => return Err(e),
+    };
+    let Some(engine) = engine else {
+        return Err(refuse("it holds no engine file and no store files".into()));
     };
     let (files, required) = engine.files();
     let io = |e| Error::from_io(path.to_path_buf(), e);

@@ -33,6 +33,9 @@ struct Shared {
     every_batch: bool,
     /// Commits since the last durable one.
     dirty: AtomicBool,
+    /// A write failed for lack of space. redb then answers `PreviousIo` until reopened,
+    /// which is reported as the disk-full error it stands for.
+    disk_full: AtomicBool,
 }
 
 /// One redb database.
@@ -55,6 +58,7 @@ impl RedbStorage {
             path: file,
             every_batch: config.durability == Durability::EveryBatch,
             dirty: AtomicBool::new(false),
+            disk_full: AtomicBool::new(false),
         });
         if let Durability::Periodic(every) = config.durability {
             spawn_flusher(Arc::downgrade(&shared), every.max(Duration::from_millis(1)))?;
@@ -70,11 +74,18 @@ fn spawn_flusher(shared: Weak<Shared>, every: Duration) -> Result<()> {
     std::thread::Builder::new()
         .name("kube-persist-redb-flush".into())
         .spawn(move || {
+            // Warn once per run of failures (the writer reports them too).
+            let mut failing = false;
             loop {
                 std::thread::sleep(every);
                 let Some(shared) = shared.upgrade() else { return };
-                if let Err(e) = shared.flush() {
-                    tracing::warn!(path = %shared.path.display(), error = %e, "periodic flush failed");
+                match shared.flush() {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(path = %shared.path.display(), error = %e, "periodic flush failed");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "periodic flush failed again"),
                 }
             }
         })
@@ -84,7 +95,17 @@ fn spawn_flusher(shared: Weak<Shared>, every: Duration) -> Result<()> {
 
 impl Shared {
     fn err(&self, e: impl Into<redb::Error>) -> Error {
-        from_redb(&self.path, e.into())
+        let e = e.into();
+        if matches!(e, redb::Error::PreviousIo) && self.disk_full.load(Ordering::Acquire) {
+            return Error::DiskFull {
+                path: self.path.parent().unwrap_or(&self.path).to_path_buf(),
+            };
+        }
+        let e = from_redb(&self.path, e);
+        if matches!(e, Error::DiskFull { .. }) {
+            self.disk_full.store(true, Ordering::Release);
+        }
+        e
     }
 
     /// Run `f` in one write transaction and commit it.
