@@ -2,9 +2,9 @@
 //! throughput, against a `testkit-server` process.
 //!
 //! ```text
-//! cargo bench --bench lookup [-- --pods 100000]
+//! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> engine=<E>`
 
 mod support;
 
@@ -30,11 +30,13 @@ fn main() {
         return;
     }
     let n = support::pods_arg().unwrap_or(100_000);
+    let engine = support::engine_arg();
+    eprintln!("storage engine: {engine}");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(bench(n));
+    rt.block_on(bench(n, engine));
 }
 
-async fn bench(n: usize) {
+async fn bench(n: usize, engine: kube_persist::Engine) {
     let server = support::start_server(n, &["--history", "200000"]);
     let url = server.url.clone();
     let client = kube_persist_testkit::client_for(&url, None);
@@ -53,9 +55,20 @@ async fn bench(n: usize) {
         .collect();
     let uniform_seq: Vec<usize> = (0..GETS).map(|_| rng.random_range(0..keys.len())).collect();
 
-    let plain = measure_persist(&url, &client, &keys, &hot, &hot_seq, &uniform_seq, None).await;
+    let plain = measure_persist(
+        engine,
+        &url,
+        &client,
+        &keys,
+        &hot,
+        &hot_seq,
+        &uniform_seq,
+        None,
+    )
+    .await;
     let key = kube_persist::EncryptionKey::from_bytes([7; 32]);
     let enc = measure_persist(
+        engine,
         &url,
         &client,
         &keys,
@@ -111,7 +124,7 @@ async fn bench(n: usize) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0}"
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} engine={engine}"
     );
 }
 
@@ -126,6 +139,7 @@ struct PersistFigures {
 /// it applies 50,000 streamed watch events.
 #[allow(clippy::too_many_arguments)]
 async fn measure_persist(
+    engine: kube_persist::Engine,
     url: &str,
     client: &kube::Client,
     keys: &[(String, String)],
@@ -140,7 +154,7 @@ async fn measure_persist(
         "kube-persist"
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut db_config = kube_persist::DbConfig::default();
+    let mut db_config = kube_persist::DbConfig::default().engine(engine);
     if let Some(k) = key {
         db_config = db_config.encryption_key(k);
     }

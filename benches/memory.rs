@@ -6,8 +6,11 @@
 //! cargo bench --bench memory            # N = 10k, 50k, 100k, 200k
 //! cargo bench --bench memory -- --quick # N = 10k, 100k
 //! cargo bench --bench memory -- --pods 20000
+//! cargo bench --bench memory -- --quick --engine redb   # storage engine (default sled)
 //! ```
-//! The last lines are one `RESULT n=<N> ...` line per N.
+//! The last lines are one `RESULT n=<N> ... engine=<E>` line per N. Besides the sync and
+//! relist peaks, a fresh kube-persist process opens the synced store and makes 100,000
+//! uniformly random `get`s: `persist_read_rss_mib` is its RSS after them.
 
 mod support;
 
@@ -24,6 +27,8 @@ fn main() {
     } else {
         vec![10_000, 50_000, 100_000, 200_000]
     };
+    let engine = support::engine_arg();
+    eprintln!("== storage engine: {engine}");
     let mut results = Vec::new();
     for &n in &sizes {
         eprintln!("== N = {n}: starting testkit-server");
@@ -33,6 +38,7 @@ fn main() {
         let store = dir.path().join("store");
         let persist_opts = ClientOpts {
             dir: Some(store.clone()),
+            engine,
             ..ClientOpts::default()
         };
         let run = |kind, opts: &ClientOpts, what: &str| -> ClientReport {
@@ -57,6 +63,23 @@ fn main() {
             &ClientOpts::default(),
             "bare watcher (floor)",
         );
+        // 100,000 uniformly random keys, read by a fresh process after it resumes the store.
+        let keys_file = dir.path().join("keys");
+        write_random_keys(&url, &keys_file, 100_000);
+        let reads = run(
+            ClientKind::Persist,
+            &ClientOpts {
+                gets_from: Some(keys_file),
+                ..persist_opts.clone()
+            },
+            "kube-persist 100k random gets",
+        );
+        eprintln!(
+            "   random gets: {} in {:.2} s, RSS after them {:.1} MiB",
+            reads.gets,
+            reads.gets_ms as f64 / 1000.0,
+            mib(reads.rss_kib)
+        );
         let relist = ClientOpts {
             until_relist: true,
             ..persist_opts.clone()
@@ -77,12 +100,14 @@ fn main() {
             disk as f64 / n as f64
         );
         results.push(format!(
-            "RESULT n={n} persist_peak_mib={:.1} reflector_peak_mib={:.1} floor_peak_mib={:.1} persist_relist_peak_mib={:.1} reflector_relist_peak_mib={:.1}",
+            "RESULT n={n} persist_peak_mib={:.1} reflector_peak_mib={:.1} floor_peak_mib={:.1} persist_relist_peak_mib={:.1} reflector_relist_peak_mib={:.1} persist_read_rss_mib={:.1} persist_disk_bytes_per_object={:.0} engine={engine}",
             mib(persist.peak_rss_kib),
             mib(reflector.peak_rss_kib),
             mib(floor.peak_rss_kib),
             mib(persist_relist.peak_rss_kib),
             mib(reflector_relist.peak_rss_kib),
+            mib(reads.rss_kib),
+            disk as f64 / n as f64,
         ));
         eprintln!(
             "   after sync: kube-persist {:.1} MiB, reflector {:.1} MiB",
@@ -93,6 +118,21 @@ fn main() {
     for r in results {
         println!("{r}");
     }
+}
+
+/// Write `count` uniformly random `namespace/name` keys of the server's pods to `file`.
+fn write_random_keys(url: &str, file: &std::path::Path, count: usize) {
+    use rand::{Rng, SeedableRng};
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let keys: Vec<String> = rt
+        .block_on(support::server_versions(url))
+        .into_keys()
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let picked: Vec<&str> = (0..count)
+        .map(|_| keys[rng.random_range(0..keys.len())].as_str())
+        .collect();
+    std::fs::write(file, picked.join("\n")).expect("write the keys file");
 }
 
 fn dir_size(p: &std::path::Path) -> u64 {

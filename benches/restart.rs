@@ -4,7 +4,8 @@
 //! ```text
 //! cargo bench --bench restart [-- --pods 100000]
 //! ```
-//! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z>`
+//! `-- --engine sled|redb` picks the storage engine (default sled).
+//! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z> engine=<E>`
 
 mod support;
 
@@ -15,12 +16,15 @@ fn main() {
         return;
     }
     let n = support::pods_arg().unwrap_or(100_000);
+    let engine = support::engine_arg();
+    eprintln!("storage engine: {engine}");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let server = start_server(n, &["--history", "50000"]);
     let url = server.url.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = ClientOpts {
         dir: Some(dir.path().join("store")),
+        engine,
         ..ClientOpts::default()
     };
 
@@ -66,7 +70,7 @@ fn main() {
         mib(reflector.peak_rss_kib)
     );
     println!(
-        "RESULT n={n} warm_ready_ms={} warm_list_calls={warm_lists} cold_persist_ready_ms={} cold_reflector_ready_ms={}",
+        "RESULT n={n} warm_ready_ms={} warm_list_calls={warm_lists} cold_persist_ready_ms={} cold_reflector_ready_ms={} engine={engine}",
         warm.ready_ms, cold.ready_ms, reflector.ready_ms
     );
 }

@@ -1,7 +1,7 @@
 //! The kube-persist demo: no cluster needed.
 //!
 //! ```text
-//! cargo run --release --example demo [-- --pods N] [--dir DIR]
+//! cargo run --release --example demo [-- --pods N] [--dir DIR] [--engine sled|redb]
 //! ```
 //! Starts `testkit-server` (a Kubernetes API server for tests) with N realistic Pods as a
 //! child process, cold-syncs them into a kube-persist store in a client process, changes
@@ -130,8 +130,10 @@ async fn demo() -> std::process::ExitCode {
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().join("store"));
     println!("store directory: {}", dir.display());
 
+    let engine = support::engine_arg();
     let opts = |until_rv| ClientOpts {
         dir: Some(dir.clone()),
+        engine,
         until_rv,
         ..ClientOpts::default()
     };

@@ -2,8 +2,9 @@
 //! separate processes, and measure each client's wall time and peak RSS (VmHWM).
 //!
 //! A binary using this module re-executes itself as a client with
-//! `--client <persist|reflector|floor> --url URL [--dir DIR] [--until-rv N] [--page-size N]`;
-//! the client prints one line `client-result <json>` and exits.
+//! `--client <persist|reflector|floor> --url URL [--dir DIR] [--engine E] [--until-rv N]
+//! [--until-relist] [--gets-from FILE]`; the client prints one line `client-result <json>`
+//! and exits.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -18,6 +19,31 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::{Deserialize, Serialize};
+
+/// The value of `--engine sled|redb` (default sled); exits with a message for an unknown
+/// or unavailable engine.
+pub fn engine_arg() -> kube_persist::Engine {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--engine") else {
+        return kube_persist::Engine::default();
+    };
+    let engine = args
+        .get(i + 1)
+        .map(|s| s.parse::<kube_persist::Engine>())
+        .unwrap_or_else(|| {
+            eprintln!("--engine takes sled or redb");
+            std::process::exit(2)
+        })
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        });
+    if !engine.is_available() {
+        eprintln!("the {engine} engine is not compiled in (cargo feature `redb`)");
+        std::process::exit(2);
+    }
+    engine
+}
 
 /// The value of a `--pods N` argument, if given.
 pub fn pods_arg() -> Option<usize> {
@@ -133,12 +159,16 @@ pub struct ClientReport {
     pub rss_kib: u64,
     /// LIST calls the server saw during this process's life (filled in by the parent).
     pub list_calls: u64,
+    /// `get`s made after the sync (`--gets-from`), all of which found their object.
+    pub gets: u64,
+    /// Milliseconds those gets took.
+    pub gets_ms: u64,
 }
 
 /// Which client a child process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientKind {
-    /// kube-persist with a sled store.
+    /// kube-persist with a store of `ClientOpts::engine`.
     Persist,
     /// kube-runtime's `reflector` with its in-memory `Store`.
     Reflector,
@@ -160,6 +190,11 @@ impl ClientKind {
 #[derive(Debug, Clone, Default)]
 pub struct ClientOpts {
     pub dir: Option<PathBuf>,
+    /// Storage engine of the kube-persist client.
+    pub engine: kube_persist::Engine,
+    /// After the sync, `get` each `namespace/name` listed in this file (one per line) and
+    /// report the RSS after the gets (kube-persist client).
+    pub gets_from: Option<PathBuf>,
     /// Wait until the cache has caught up with this server revision.
     pub until_rv: Option<u64>,
     /// Wait until the cache relisted once (after a forced 410) before reporting.
@@ -180,6 +215,10 @@ pub fn run_client(
     cmd.args(["--client", kind.name(), "--url", url]);
     if let Some(d) = &opts.dir {
         cmd.arg("--dir").arg(d);
+    }
+    cmd.args(["--engine", opts.engine.name()]);
+    if let Some(f) = &opts.gets_from {
+        cmd.arg("--gets-from").arg(f);
     }
     if let Some(rv) = opts.until_rv {
         cmd.args(["--until-rv", &rv.to_string()]);
@@ -235,6 +274,10 @@ pub fn client_main() -> bool {
     let url = get("--url").expect("--url");
     let opts = ClientOpts {
         dir: get("--dir").map(PathBuf::from),
+        engine: get("--engine")
+            .map(|e| e.parse().expect("--engine sled|redb"))
+            .unwrap_or_default(),
+        gets_from: get("--gets-from").map(PathBuf::from),
         until_rv: get("--until-rv").and_then(|s| s.parse().ok()),
         until_relist: args.iter().any(|a| a == "--until-relist"),
         progress: args.iter().any(|a| a == "--progress"),
@@ -261,7 +304,7 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
         ClientKind::Persist => {
             let dir = opts.dir.clone().expect("--dir for the persist client");
             let knob = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-            let mut dbc = kube_persist::DbConfig::default();
+            let mut dbc = kube_persist::DbConfig::default().engine(opts.engine);
             if knob("KP_COMPRESSION") == Some(0) {
                 dbc = dbc.compression(false);
             }
@@ -313,6 +356,17 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             task.abort();
             let _ = task.await;
             db.flush().expect("flush");
+            if let Some(file) = &opts.gets_from {
+                let keys = std::fs::read_to_string(file).expect("read the keys file");
+                let t = Instant::now();
+                for key in keys.lines() {
+                    let (ns, name) = key.split_once('/').expect("namespace/name");
+                    let pod = reader.get_named(Some(ns), name).expect("get");
+                    assert!(pod.is_some(), "{key} missing");
+                    report.gets += 1;
+                }
+                report.gets_ms = t.elapsed().as_millis() as u64;
+            }
         }
         ClientKind::Reflector | ClientKind::Floor => {
             let (store, writer) = reflector::store::<Pod>();
@@ -427,7 +481,11 @@ pub async fn server_versions(url: &str) -> BTreeMap<String, String> {
 
 /// `namespace/name` → resourceVersion for every Pod in a kube-persist store on disk.
 pub fn store_versions(dir: &Path, url: &str) -> BTreeMap<String, String> {
-    let db = kube_persist::Db::open(dir).expect("open store");
+    let engine = kube_persist::Engine::of_store(dir)
+        .expect("read the store's engine")
+        .expect("a store");
+    let db = kube_persist::Db::open_with(dir, kube_persist::DbConfig::default().engine(engine))
+        .expect("open store");
     let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
     let (reader, _watcher) = db
         .store("pods", api, kube_persist::Config::default())
