@@ -55,29 +55,15 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         .collect();
     let uniform_seq: Vec<usize> = (0..GETS).map(|_| rng.random_range(0..keys.len())).collect();
 
-    let plain = measure_persist(
-        engine,
-        &url,
-        &client,
-        &keys,
-        &hot,
-        &hot_seq,
-        &uniform_seq,
-        None,
-    )
-    .await;
+    let work = Workload {
+        keys: &keys,
+        hot: &hot,
+        hot_seq: &hot_seq,
+        uniform_seq: &uniform_seq,
+    };
+    let plain = measure_persist(engine, &url, &client, &work, None).await;
     let key = kube_persist::EncryptionKey::from_bytes([7; 32]);
-    let enc = measure_persist(
-        engine,
-        &url,
-        &client,
-        &keys,
-        &hot,
-        &hot_seq,
-        &uniform_seq,
-        Some(key),
-    )
-    .await;
+    let enc = measure_persist(engine, &url, &client, &work, Some(key)).await;
     eprintln!(
         "encryption cost: uniform get p50 {:.1} -> {:.1} us, apply {:.0} -> {:.0} events/s",
         plain.uni50, enc.uni50, plain.apply_per_s, enc.apply_per_s
@@ -128,6 +114,17 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
 }
 
+/// The keys and the get sequences every variant is measured on.
+struct Workload<'a> {
+    keys: &'a [(String, String)],
+    /// The hot set (indexes into `keys`).
+    hot: &'a [usize],
+    /// Gets drawn from the hot set.
+    hot_seq: &'a [usize],
+    /// Gets drawn uniformly from all keys.
+    uniform_seq: &'a [usize],
+}
+
 struct PersistFigures {
     hot50: f64,
     uni50: f64,
@@ -137,17 +134,19 @@ struct PersistFigures {
 
 /// Sync a kube-persist store, time `Reader::get` on hot and uniform keys, then time how fast
 /// it applies 50,000 streamed watch events.
-#[allow(clippy::too_many_arguments)]
 async fn measure_persist(
     engine: kube_persist::Engine,
     url: &str,
     client: &kube::Client,
-    keys: &[(String, String)],
-    hot: &[usize],
-    hot_seq: &[usize],
-    uniform_seq: &[usize],
+    work: &Workload<'_>,
     key: Option<kube_persist::EncryptionKey>,
 ) -> PersistFigures {
+    let Workload {
+        keys,
+        hot,
+        hot_seq,
+        uniform_seq,
+    } = *work;
     let label = if key.is_some() {
         "kube-persist (encrypted)"
     } else {

@@ -1,7 +1,8 @@
 //! # kube-persist
 //!
 //! A disk-backed, persistent reflector store for Kubernetes controllers written with
-//! [kube-rs](https://kube.rs), built on [sled](https://docs.rs/sled).
+//! [kube-rs](https://kube.rs), built on [sled](https://docs.rs/sled) or, with the `redb`
+//! cargo feature, [redb](https://docs.rs/redb) (see [`Engine`]).
 //!
 //! In-memory caches (kube-runtime's `Store`, client-go informers) hold every watched object
 //! in RAM, spike to 2-3x that during every (re)list, and list the whole cluster again after

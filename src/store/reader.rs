@@ -21,7 +21,7 @@ use crate::stats::{Counters, Stats};
 
 /// Read access to one persistent stream, from any number of tasks while the watcher writes.
 ///
-/// Reads go to disk (through sled's page cache) and decode the stored JSON into `K`;
+/// Reads go to disk (through the engine's page cache) and decode the stored JSON into `K`;
 /// nothing holds the whole collection in memory. Disk or decode failures are errors,
 /// never a silent `None`.
 ///

@@ -34,10 +34,14 @@ impl SledStorage {
         };
         // Whether sled's log holds anything: if it does, sled must recover something from it.
         let had_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
+        // Measured (BENCHMARKS.md, "sled tuning"): sled 0.34 splits its page cache into 256
+        // shards that evict only after 64 queued reads each and never drop their last page,
+        // so under random reads it holds thousands of ~33 KB leaves whatever
+        // `cache_capacity` says; `Mode` is stored but read by nothing, and a smaller
+        // `segment_size` only turns leaves into blob files. The defaults are kept.
         let sled_config = sled::Config::new()
             .path(path)
             .cache_capacity(config.cache_capacity)
-            .mode(sled::Mode::LowSpace)
             .flush_every_ms(flush_every_ms);
         let sled = open_sled(&sled_config, path)?;
         check_marker(&sled, path, had_data)?;
