@@ -1,11 +1,12 @@
 //! Warm restart versus cold sync, each client in its own process against one
-//! `testkit-server` process.
+//! `testkit-server` process; and a restart after the client was SIGKILLed right after
+//! applying changes (crash recovery of the engine, then resume).
 //!
 //! ```text
 //! cargo bench --bench restart [-- --pods 100000]
 //! ```
 //! `-- --engine sled|redb` picks the storage engine (default sled).
-//! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z> engine=<E>`
+//! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z> killed_restart_ready_ms=<r> killed_restart_list_calls=<l> engine=<E>`
 
 mod support;
 
@@ -61,6 +62,41 @@ fn main() {
         mib(warm.peak_rss_kib)
     );
 
+    // Crash: a client resumes, applies another 1,200 changes, goes live and is SIGKILLed at
+    // once (its last commits may not be durable yet); the next start recovers the store.
+    let changed = rt.block_on(support::admin(
+        &url,
+        "POST",
+        "/testkit/churn?updates=1000&creates=100&deletes=100&seed=2",
+    ));
+    let target = changed["revision"].as_u64().unwrap_or(0);
+    run_client(
+        ClientKind::Persist,
+        &url,
+        &ClientOpts {
+            kill_when_live: true,
+            ..opts.clone()
+        },
+        |_| {},
+    );
+    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
+    let killed = run_client(
+        ClientKind::Persist,
+        &url,
+        &ClientOpts {
+            until_rv: Some(target),
+            ..opts.clone()
+        },
+        |_| {},
+    );
+    let killed_lists = rt.block_on(support::list_calls(&url));
+    eprintln!(
+        "kube-persist restart after SIGKILL: ready {} ms, caught up {} ms, {killed_lists} LIST calls, peak {:.1} MiB",
+        killed.ready_ms,
+        killed.live_ms,
+        mib(killed.peak_rss_kib)
+    );
+
     rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
     let reflector = run_client(ClientKind::Reflector, &url, &ClientOpts::default(), |_| {});
     let r_lists = rt.block_on(support::list_calls(&url));
@@ -70,7 +106,7 @@ fn main() {
         mib(reflector.peak_rss_kib)
     );
     println!(
-        "RESULT n={n} warm_ready_ms={} warm_list_calls={warm_lists} cold_persist_ready_ms={} cold_reflector_ready_ms={} engine={engine}",
-        warm.ready_ms, cold.ready_ms, reflector.ready_ms
+        "RESULT n={n} warm_ready_ms={} warm_list_calls={warm_lists} cold_persist_ready_ms={} cold_reflector_ready_ms={} killed_restart_ready_ms={} killed_restart_list_calls={killed_lists} engine={engine}",
+        warm.ready_ms, cold.ready_ms, reflector.ready_ms, killed.ready_ms
     );
 }

@@ -201,6 +201,9 @@ pub struct ClientOpts {
     pub until_relist: bool,
     /// Print `progress <n>` lines while syncing.
     pub progress: bool,
+    /// Once live (and caught up), SIGKILL the client instead of letting it finish: the
+    /// returned report is empty. Used to measure restarts after a crash.
+    pub kill_when_live: bool,
 }
 
 /// Run a client variant as a child process and return its report. `on_line` sees every
@@ -229,6 +232,9 @@ pub fn run_client(
     if opts.progress {
         cmd.arg("--progress");
     }
+    if opts.kill_when_live {
+        cmd.arg("--hang-when-live");
+    }
     let mut child = cmd
         .env(
             "RUST_LOG",
@@ -242,6 +248,11 @@ pub fn run_client(
         .lines()
         .map_while(Result::ok)
     {
+        if line == "client-live" && opts.kill_when_live {
+            child.kill().expect("SIGKILL the client");
+            child.wait().expect("wait client");
+            return ClientReport::default();
+        }
         if let Some(json) = line.strip_prefix("client-result ") {
             report = Some(serde_json::from_str(json).expect("client report"));
         } else {
@@ -281,6 +292,7 @@ pub fn client_main() -> bool {
         until_rv: get("--until-rv").and_then(|s| s.parse().ok()),
         until_relist: args.iter().any(|a| a == "--until-relist"),
         progress: args.iter().any(|a| a == "--progress"),
+        kill_when_live: args.iter().any(|a| a == "--hang-when-live"),
     };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -353,6 +365,11 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             }
             report.live_ms = start.elapsed().as_millis() as u64;
             report.objects = reader.len();
+            if opts.kill_when_live {
+                // Keep watching until the parent's SIGKILL.
+                println!("client-live");
+                std::future::pending::<()>().await;
+            }
             task.abort();
             let _ = task.await;
             db.flush().expect("flush");
