@@ -1,7 +1,7 @@
 //! Cache every Pod of a real cluster on disk and look them up.
 //!
 //! ```text
-//! cargo run --release --example pods -- --dir /tmp/pod-cache [--namespace NS] [--lookup NS/NAME]
+//! cargo run --release --example pods -- --dir /tmp/pod-cache [--namespace NS] [--lookup NS/NAME] [--engine sled|redb]
 //! ```
 //! Uses the cluster your kubeconfig (or in-cluster service account) points at. Run it
 //! twice: the second start resumes from the checkpoint on disk without listing.
@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
-use kube_persist::{Config, Db, Event};
+use kube_persist::{Config, Db, DbConfig, Engine, Event};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,14 +29,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    let dir = flag("--dir").ok_or("usage: pods --dir DIR [--namespace NS] [--lookup NS/NAME]")?;
+    let dir = flag("--dir")
+        .ok_or("usage: pods --dir DIR [--namespace NS] [--lookup NS/NAME] [--engine sled|redb]")?;
+    // Examples build with the `redb` feature; a controller enables it in its Cargo.toml.
+    let engine: Engine = flag("--engine").as_deref().unwrap_or("sled").parse()?;
 
     let client = Client::try_default().await?;
     let api: Api<Pod> = match flag("--namespace") {
         Some(ns) => Api::namespaced(client, &ns),
         None => Api::all(client),
     };
-    let db = Db::open(&dir)?;
+    let db = Db::open_with(&dir, DbConfig::default().engine(engine))?;
     // managedFields are often half of a Pod; few controllers read them.
     let (reader, watcher) = db.store("pods", api, Config::default().drop_managed_fields())?;
 

@@ -125,7 +125,7 @@ impl Engine {
 
     /// Which engine wrote the store at `path`, or `None` if there is no store there yet.
     ///
-    /// Stores written before the `engine` file existed hold sled's files and are sled.
+    /// A store without an `engine` file (written before it existed) is told by its files.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -140,9 +140,9 @@ impl Engine {
         let path = path.as_ref();
         let bytes = match std::fs::read(path.join(ENGINE_FILE)) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(sled::looks_like_store(path).then_some(Engine::Sled));
-            }
+            // No engine file: a store from before it existed (sled), or one whose engine
+            // file was lost: tell by the engine's files.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Engine::by_files(path)),
             Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
         };
         std::str::from_utf8(&bytes)
@@ -158,8 +158,7 @@ impl Engine {
             })
     }
 
-    /// The engine whose files `path` holds, ignoring the `engine` file (for removing a
-    /// store whose `engine` file is damaged).
+    /// The engine whose files `path` holds, ignoring the `engine` file.
     fn by_files(path: &Path) -> Option<Engine> {
         if sled::looks_like_store(path) {
             Some(Engine::Sled)
