@@ -38,64 +38,42 @@ fn main() {
         mib(cold.peak_rss_kib)
     );
 
-    let changed = rt.block_on(support::admin(
-        &url,
-        "POST",
-        "/testkit/churn?updates=1000&creates=100&deletes=100&seed=1",
-    ));
-    let target = changed["revision"].as_u64().unwrap_or(0);
-    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
-    let warm = run_client(
-        ClientKind::Persist,
-        &url,
-        &ClientOpts {
+    // Change 1,200 Pods (1,000 updates, 100 creates, 100 deletes); returns the revision.
+    let churn = |seed: u32| {
+        let path = format!("/testkit/churn?updates=1000&creates=100&deletes=100&seed={seed}");
+        let changed = rt.block_on(support::admin(&url, "POST", &path));
+        changed["revision"].as_u64().unwrap_or(0)
+    };
+    // Start a client on the store and wait until it caught up with `target`; with the
+    // server's LIST calls meanwhile.
+    let resume = |target: u64, what: &str| {
+        rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
+        let until = ClientOpts {
             until_rv: Some(target),
             ..opts.clone()
-        },
-        |_| {},
-    );
-    let warm_lists = rt.block_on(support::list_calls(&url));
-    eprintln!(
-        "kube-persist warm restart: ready {} ms, caught up with 1200 changes {} ms, {warm_lists} LIST calls, peak {:.1} MiB",
-        warm.ready_ms,
-        warm.live_ms,
-        mib(warm.peak_rss_kib)
-    );
+        };
+        let r = run_client(ClientKind::Persist, &url, &until, |_| {});
+        let lists = rt.block_on(support::list_calls(&url));
+        eprintln!(
+            "kube-persist {what}: ready {} ms, caught up with 1200 changes {} ms, {lists} LIST calls, peak {:.1} MiB",
+            r.ready_ms,
+            r.live_ms,
+            mib(r.peak_rss_kib)
+        );
+        (r, lists)
+    };
+
+    let (warm, warm_lists) = resume(churn(1), "warm restart");
 
     // Crash: a client resumes, applies another 1,200 changes, goes live and is SIGKILLed at
     // once (its last commits may not be durable yet); the next start recovers the store.
-    let changed = rt.block_on(support::admin(
-        &url,
-        "POST",
-        "/testkit/churn?updates=1000&creates=100&deletes=100&seed=2",
-    ));
-    let target = changed["revision"].as_u64().unwrap_or(0);
-    run_client(
-        ClientKind::Persist,
-        &url,
-        &ClientOpts {
-            kill_when_live: true,
-            ..opts.clone()
-        },
-        |_| {},
-    );
-    rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
-    let killed = run_client(
-        ClientKind::Persist,
-        &url,
-        &ClientOpts {
-            until_rv: Some(target),
-            ..opts.clone()
-        },
-        |_| {},
-    );
-    let killed_lists = rt.block_on(support::list_calls(&url));
-    eprintln!(
-        "kube-persist restart after SIGKILL: ready {} ms, caught up {} ms, {killed_lists} LIST calls, peak {:.1} MiB",
-        killed.ready_ms,
-        killed.live_ms,
-        mib(killed.peak_rss_kib)
-    );
+    let target = churn(2);
+    let kill = ClientOpts {
+        kill_when_live: true,
+        ..opts.clone()
+    };
+    run_client(ClientKind::Persist, &url, &kill, |_| {});
+    let (killed, killed_lists) = resume(target, "restart after SIGKILL");
 
     rt.block_on(support::admin(&url, "POST", "/testkit/reset-counts"));
     let reflector = run_client(ClientKind::Reflector, &url, &ClientOpts::default(), |_| {});

@@ -142,7 +142,9 @@ impl Engine {
             Ok(bytes) => bytes,
             // No engine file: a store from before it existed (sled), or one whose engine
             // file was lost: tell by the engine's files.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Engine::by_files(path)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Engine::by_files(path));
+            }
             Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
         };
         std::str::from_utf8(&bytes)
