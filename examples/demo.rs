@@ -19,12 +19,16 @@ use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_serve
 struct Args {
     pods: usize,
     dir: Option<PathBuf>,
+    engine: kube_persist::Engine,
 }
+
+const USAGE: &str = "usage: demo [--pods N] [--dir DIR] [--engine sled|redb]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         pods: 50_000,
         dir: None,
+        engine: kube_persist::Engine::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -34,12 +38,12 @@ fn parse_args() -> Result<Args, String> {
                 args.pods = v.parse().map_err(|e| format!("--pods {v:?}: {e}"))?;
             }
             "--dir" => args.dir = Some(PathBuf::from(it.next().ok_or("--dir needs a path")?)),
-            "-h" | "--help" => return Err("usage: demo [--pods N] [--dir DIR]".into()),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: demo [--pods N] [--dir DIR]"
-                ));
+            "--engine" => {
+                let v = it.next().ok_or("--engine needs sled or redb")?;
+                args.engine = v.parse().map_err(|e| format!("--engine: {e}"))?;
             }
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
     }
     Ok(args)
@@ -128,9 +132,9 @@ async fn demo() -> std::process::ExitCode {
     println!("server: {url}");
     let tmp = tempfile::tempdir().expect("temporary directory");
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().join("store"));
-    println!("store directory: {}", dir.display());
+    let engine = args.engine;
+    println!("store directory: {} ({engine} engine)", dir.display());
 
-    let engine = support::engine_arg();
     let opts = |until_rv| ClientOpts {
         dir: Some(dir.clone()),
         engine,
