@@ -34,7 +34,9 @@ pub enum Error {
         /// What was found to be damaged.
         detail: String,
     },
-    /// The disk holding the store is full. Writes resume once space returns.
+    /// The disk holding the store is full. The watcher retries with backoff, but both
+    /// engines keep the failure until the store is reopened: once space returns, drop every
+    /// handle of the directory and open it again (nothing is lost).
     #[error("disk full while writing the store at {}", path.display())]
     DiskFull {
         /// The store directory.

@@ -635,6 +635,63 @@ async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes(engin
     open_damaged(engine, &server, &pristine).await.unwrap();
 }
 
+/// Random 4 KiB blocks in the middle of a cleanly closed store's data file overwritten:
+/// engines trust such a file, so damage shows up when reading. Every open and every read
+/// must be a value or an error (`Corrupt`, `Decode`), never a panic; `Db::destroy` then
+/// wipes the store and the next start lists and converges.
+async fn damaged_blocks_read_as_errors_never_panics(engine: Engine) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(800, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = dir.path().join("pristine");
+    synced_store(engine, &server, &pristine).await;
+    let data = engine_files(engine)[0];
+    let len = std::fs::metadata(pristine.join(data)).unwrap().len();
+    let mut rng = StdRng::seed_from_u64(11);
+    for round in 0..4 {
+        let path = dir.path().join(format!("damaged-{round}"));
+        copy_dir(&pristine, &path);
+        let mut bytes = std::fs::read(path.join(data)).unwrap();
+        for _ in 0..8 {
+            let at = rng.random_range(len / 8..len - 4096) as usize;
+            rng.fill(&mut bytes[at..at + 4096]);
+        }
+        std::fs::write(path.join(data), bytes).unwrap();
+        let (mut values, mut errors) = (0usize, 0usize);
+        let mut tally = |r: Result<bool, Error>| match r {
+            Ok(_) => values += 1,
+            Err(Error::Corrupt { .. } | Error::Decode { .. }) => errors += 1,
+            Err(e) => panic!("{engine}: damaged store: unexpected error {e:?}"),
+        };
+        match try_open_db(engine, &path) {
+            Err(e) => tally(Err(e)),
+            Ok(db) => {
+                let api = Api::<Pod>::all(server.client());
+                match db.store("s", api, cfg()) {
+                    Err(e) => tally(Err(e)),
+                    Ok((reader, _watcher)) => {
+                        for p in reader.iter() {
+                            tally(p.map(|_| true));
+                        }
+                        for o in h.list(&ResourceType::pods()) {
+                            let ns = o["metadata"]["namespace"].as_str().unwrap();
+                            let name = o["metadata"]["name"].as_str().unwrap();
+                            tally(reader.get_named(Some(ns), name).map(|p| p.is_some()));
+                        }
+                    }
+                }
+            }
+        }
+        println!("{engine}: damaged blocks, round {round}: {values} values, {errors} errors");
+        Db::destroy(&path).expect("destroy a damaged store");
+        let mut c = pods_client(engine, &path, &server.url(), cfg().page_size(200));
+        converge(&c.reader, &h, &ResourceType::pods()).await;
+        c.stop().await;
+    }
+}
+
 async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) {
     init_tracing();
     let server = TestServer::start().await;
@@ -1135,6 +1192,7 @@ engine_tests! {
     async: model_random_faults_store_equals_server,
         garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes,
         truncated_store_file_is_corrupt_or_a_consistent_prefix,
+        damaged_blocks_read_as_errors_never_panics,
         full_disk_is_disk_full_then_recovers_as_root,
         unwritable_directory_is_a_clear_error_naming_the_path,
         bad_objects_in_list_and_watch_are_skipped_and_counted_paginated,

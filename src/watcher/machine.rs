@@ -167,7 +167,7 @@ impl Machine {
             }
             Phase::Sweeping { .. } => {
                 let (page, emit) = (self.cfg.page_size as usize, self.emit);
-                let (changes, _) = blocking(|| self.writer.sweep_step(page, emit))?;
+                let (changes, _) = self.writer.sweep_step(page, emit)?;
                 self.push_changes(changes);
             }
             Phase::Synced { resource_version } => self.watch_step(resource_version).await?,
@@ -214,7 +214,7 @@ impl Machine {
             return Ok(());
         };
         let page = self.cfg.page_size as usize;
-        match blocking(|| self.writer.index_chunk(after.clone(), page, &*inspect)) {
+        match self.writer.index_chunk(after.clone(), page, &*inspect) {
             Ok(Some(last)) => self.index_build = Some(Some(last)),
             Ok(None) => {
                 let names = self.cfg.index_names();
@@ -354,7 +354,7 @@ impl Machine {
             tracing::debug!(items = n, "list page");
         }
         drop(text);
-        let changes = blocking(|| self.writer.list_page(objects, progress, self.emit))?;
+        let changes = self.writer.list_page(objects, progress, self.emit)?;
         self.push_changes(changes);
         Ok(())
     }
@@ -573,7 +573,7 @@ impl Machine {
                 self.deferred = rest;
             }
         } else if let Some(rv) = last_rv {
-            let changes = blocking(|| self.writer.watch_burst(ops, rv, self.emit))?;
+            let changes = self.writer.watch_burst(ops, rv, self.emit)?;
             self.push_changes(changes);
         }
         if let Some(status) = gone {
@@ -643,16 +643,4 @@ fn is_too_large(s: &kube::core::Status) -> bool {
         })
         .unwrap_or(false);
     causes || (s.code == 504 && s.message.contains("Too large resource version"))
-}
-
-/// Run a batch's disk work (decode checks, compression, the engine's commit, an fsync with
-/// `Durability::EveryBatch`) without stalling the other tasks of a multi-threaded tokio
-/// runtime: `block_in_place` hands this worker's queue to another thread meanwhile. On a
-/// current-thread runtime (or outside tokio) it runs inline.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }

@@ -147,6 +147,10 @@ impl Engine {
             }
             Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
         };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            // Created but never written (a crash at that moment): as if missing.
+            return Ok(Engine::by_files(path));
+        }
         std::str::from_utf8(&bytes)
             .ok()
             .and_then(|text| text.trim().parse().ok())
@@ -222,10 +226,7 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
             });
         }
         Some(_) => {}
-        None => {
-            let file = path.join(ENGINE_FILE);
-            std::fs::write(&file, format!("{engine}\n")).map_err(|e| Error::from_io(file, e))?;
-        }
+        None => record_engine(path, engine)?,
     }
     match engine {
         Engine::Sled => Ok(Arc::new(sled::SledStorage::open(path, config)?)),
@@ -236,6 +237,41 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
         )?)),
         #[cfg(not(feature = "redb"))]
         Engine::Redb => Err(engine.unavailable()),
+    }
+}
+
+/// Write the `engine` file of a new store: whole or not at all (a temporary file, synced,
+/// then linked into place), and never over another opener's choice. If another process
+/// created the store at the same moment, its engine wins and a different one here is
+/// [`Error::EngineMismatch`].
+fn record_engine(path: &Path, engine: Engine) -> Result<()> {
+    use std::io::Write;
+    let io = |e| Error::from_io(path.to_path_buf(), e);
+    let tmp = path.join(format!("{ENGINE_FILE}.new.{}", std::process::id()));
+    let written = (|| {
+        // An engine file created but never written (a crash at that moment) is replaced.
+        let file = path.join(ENGINE_FILE);
+        if std::fs::read(&file).is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
+            std::fs::remove_file(&file)?;
+        }
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(format!("{engine}\n").as_bytes())?;
+        f.sync_all()?;
+        match std::fs::hard_link(&tmp, path.join(ENGINE_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        std::fs::File::open(path)?.sync_all()
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    written.map_err(io)?;
+    match Engine::of_store(path)? {
+        Some(stored) if stored != engine => Err(Error::EngineMismatch {
+            path: path.to_path_buf(),
+            stored,
+            requested: engine,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -263,6 +299,7 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
         let name = entry.map_err(io)?.file_name();
         let name = name.to_string_lossy();
         let ours = name == ENGINE_FILE
+            || name.starts_with(&format!("{ENGINE_FILE}.new."))
             || files.contains(&&*name)
             || (engine == Engine::Sled && name.starts_with("snap."));
         if !ours {
@@ -295,10 +332,12 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
     }
 }
 
-/// Run `open`, turning a panic inside the engine (which some damaged files cause) into
-/// [`Error::Corrupt`] naming the path.
-pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
+/// Run `op` (an engine call on the store at `path`), turning a panic inside the engine
+/// into [`Error::Corrupt`] naming the path. Engines trust their files: a damaged page can
+/// make them index out of bounds while opening or reading, and a damaged store must be an
+/// error the caller can act on (`Db::destroy`), not a crashed watcher.
+pub(crate) fn catch_panic<T>(path: &Path, what: &str, op: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(op)) {
         Ok(res) => res,
         Err(panic) => {
             let msg = panic
@@ -306,11 +345,46 @@ pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Re
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            tracing::error!(path = %path.display(), panic = %msg, "the storage engine panicked while opening the store");
+            tracing::error!(path = %path.display(), panic = %msg, "the storage engine panicked while {what}");
             Err(Error::Corrupt {
                 path: path.to_path_buf(),
-                detail: format!("the storage engine panicked while opening it: {msg}"),
+                detail: format!("the storage engine panicked while {what}: {msg}"),
             })
+        }
+    }
+}
+
+/// Like [`catch_panic`], for opening the store.
+pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_panic(path, "opening it", open)
+}
+
+/// An engine's range iterator with panics turned into [`Error::Corrupt`]; it ends after one.
+pub(crate) struct Guarded<I> {
+    inner: Option<I>,
+    path: std::path::PathBuf,
+}
+
+impl<I> Guarded<I> {
+    pub(crate) fn new(inner: I, path: &Path) -> Self {
+        Guarded {
+            inner: Some(inner),
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<Entry>>> Iterator for Guarded<I> {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        let inner = self.inner.as_mut()?;
+        match catch_panic(&self.path, "reading a range", || Ok(inner.next())) {
+            Ok(item) => item,
+            Err(e) => {
+                self.inner = None;
+                Some(Err(e))
+            }
         }
     }
 }

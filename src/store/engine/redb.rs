@@ -9,12 +9,12 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
 use redb::{ReadableDatabase, TableDefinition, TableHandle};
 
-use super::{Backend, Entry, Storage, WriteBatch, catch_open};
+use super::{Backend, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::error::{Error, Result};
 use crate::store::{DbConfig, Durability};
 
@@ -29,7 +29,12 @@ type Table<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 /// The database and what every keyspace needs of it.
 struct Shared {
     db: redb::Database,
+    /// The redb file.
     path: PathBuf,
+    /// The store directory, which errors name.
+    dir: PathBuf,
+    /// Dropped with the database: tells the flusher thread to exit at once.
+    _stop: Option<mpsc::Sender<()>>,
     every_batch: bool,
     /// Commits since the last durable one.
     dirty: AtomicBool,
@@ -53,31 +58,38 @@ impl RedbStorage {
                 .create(&file)
                 .map_err(|e| from_redb(&file, e.into()))
         })?;
+        let (stop, stopped) = mpsc::channel();
+        let periodic = match config.durability {
+            Durability::Periodic(every) => Some(every.max(Duration::from_millis(1))),
+            Durability::EveryBatch => None,
+        };
         let shared = Arc::new(Shared {
             db,
             path: file,
+            dir,
+            _stop: periodic.is_some().then_some(stop),
             every_batch: config.durability == Durability::EveryBatch,
             dirty: AtomicBool::new(false),
             disk_full: AtomicBool::new(false),
         });
-        if let Durability::Periodic(every) = config.durability {
-            spawn_flusher(Arc::downgrade(&shared), every.max(Duration::from_millis(1)))?;
+        if let Some(every) = periodic {
+            spawn_flusher(Arc::downgrade(&shared), stopped, every)?;
         }
         tracing::debug!(path = %shared.path.display(), "redb opened");
         Ok(RedbStorage { shared })
     }
 }
 
-/// Make non-durable commits durable every `every`, until the database is dropped.
-fn spawn_flusher(shared: Weak<Shared>, every: Duration) -> Result<()> {
-    let path = shared.upgrade().map(|s| s.path.clone()).unwrap_or_default();
+/// Make non-durable commits durable every `every`, until the database is dropped (which
+/// drops the sender of `stopped`).
+fn spawn_flusher(shared: Weak<Shared>, stopped: mpsc::Receiver<()>, every: Duration) -> Result<()> {
+    let dir = shared.upgrade().map(|s| s.dir.clone()).unwrap_or_default();
     std::thread::Builder::new()
         .name("kube-persist-redb-flush".into())
         .spawn(move || {
             // Warn once per run of failures (the writer reports them too).
             let mut failing = false;
-            loop {
-                std::thread::sleep(every);
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
                 let Some(shared) = shared.upgrade() else { return };
                 match shared.flush() {
                     Ok(()) => failing = false,
@@ -90,7 +102,8 @@ fn spawn_flusher(shared: Weak<Shared>, every: Duration) -> Result<()> {
             }
         })
         .map(drop)
-        .map_err(|e| Error::from_io(path, e))
+        // Not `from_io`: a thread limit (EAGAIN) is not a held lock.
+        .map_err(|source| Error::Io { path: dir, source })
 }
 
 impl Shared {
@@ -98,7 +111,7 @@ impl Shared {
         let e = e.into();
         if matches!(e, redb::Error::PreviousIo) && self.disk_full.load(Ordering::Acquire) {
             return Error::DiskFull {
-                path: self.path.parent().unwrap_or(&self.path).to_path_buf(),
+                path: self.dir.clone(),
             };
         }
         let e = from_redb(&self.path, e);
@@ -178,7 +191,7 @@ impl Storage for RedbStorage {
     fn size_on_disk(&self) -> Result<u64> {
         std::fs::metadata(&self.shared.path)
             .map(|m| m.len())
-            .map_err(|e| Error::from_io(self.shared.path.clone(), e))
+            .map_err(|e| Error::from_io(self.shared.dir.clone(), e))
     }
 }
 
@@ -221,6 +234,38 @@ fn read_chunk(
 
 impl Backend for RedbTable {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        catch_panic(&self.shared.dir, "reading", || self.get_inner(key))
+    }
+
+    fn apply(&self, batch: WriteBatch) -> Result<()> {
+        catch_panic(&self.shared.dir, "writing", || self.apply_inner(batch))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send> {
+        let chunks = ChunkedRange {
+            shared: self.shared.clone(),
+            name: self.name.clone(),
+            next: Some(start.to_vec()),
+            end: end.to_vec(),
+            buf: VecDeque::new(),
+        };
+        Box::new(Guarded::new(chunks, &self.shared.dir))
+    }
+
+    fn flush(&self) -> Result<()> {
+        catch_panic(&self.shared.dir, "flushing", || self.shared.flush())
+    }
+
+    fn clear(&self) -> Result<()> {
+        let s = &self.shared;
+        catch_panic(&s.dir, "clearing a stream", || {
+            s.write(|txn| txn.delete_table(self.def()).map(drop).map_err(|e| s.err(e)))
+        })
+    }
+}
+
+impl RedbTable {
+    fn get_inner(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let s = &self.shared;
         let txn = s.db.begin_read().map_err(|e| s.err(e))?;
         let table = match txn.open_table(self.def()) {
@@ -232,7 +277,7 @@ impl Backend for RedbTable {
         Ok(value.map(|v| v.value().to_vec()))
     }
 
-    fn apply(&self, batch: WriteBatch) -> Result<()> {
+    fn apply_inner(&self, batch: WriteBatch) -> Result<()> {
         let s = &self.shared;
         s.write(|txn| {
             let mut table = txn.open_table(self.def()).map_err(|e| s.err(e))?;
@@ -245,25 +290,6 @@ impl Backend for RedbTable {
             }
             Ok(())
         })
-    }
-
-    fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send> {
-        Box::new(ChunkedRange {
-            shared: self.shared.clone(),
-            name: self.name.clone(),
-            next: Some(start.to_vec()),
-            end: end.to_vec(),
-            buf: VecDeque::new(),
-        })
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.shared.flush()
-    }
-
-    fn clear(&self) -> Result<()> {
-        let s = &self.shared;
-        s.write(|txn| txn.delete_table(self.def()).map(drop).map_err(|e| s.err(e)))
     }
 }
 

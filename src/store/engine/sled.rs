@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Backend, Entry, Storage, WriteBatch, catch_open};
+use super::{Backend, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::error::{Error, Result};
 use crate::store::{DbConfig, Durability};
 
@@ -105,10 +105,12 @@ impl SledTree {
 
 impl Backend for SledTree {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.tree
-            .get(key)
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| self.err(e))
+        catch_panic(&self.path, "reading", || {
+            self.tree
+                .get(key)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| self.err(e))
+        })
     }
 
     fn apply(&self, batch: WriteBatch) -> Result<()> {
@@ -119,7 +121,9 @@ impl Backend for SledTree {
                 None => sb.remove(k),
             }
         }
-        self.tree.apply_batch(sb).map_err(|e| self.err(e))?;
+        catch_panic(&self.path, "writing", || {
+            self.tree.apply_batch(sb).map_err(|e| self.err(e))
+        })?;
         if self.flush_every_batch {
             self.flush()?;
         }
@@ -128,22 +132,26 @@ impl Backend for SledTree {
 
     fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send> {
         let path = self.path.clone();
-        Box::new(
-            self.tree
-                .range(start.to_vec()..end.to_vec())
-                .map(move |r| match r {
-                    Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
-                    Err(e) => Err(Error::from_sled(&path, e)),
-                }),
-        )
+        let entries = self
+            .tree
+            .range(start.to_vec()..end.to_vec())
+            .map(move |r| match r {
+                Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                Err(e) => Err(Error::from_sled(&path, e)),
+            });
+        Box::new(Guarded::new(entries, &self.path))
     }
 
     fn flush(&self) -> Result<()> {
-        self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
+        catch_panic(&self.path, "flushing", || {
+            self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
+        })
     }
 
     fn clear(&self) -> Result<()> {
-        self.tree.clear().map_err(|e| self.err(e))
+        catch_panic(&self.path, "clearing a stream", || {
+            self.tree.clear().map_err(|e| self.err(e))
+        })
     }
 }
 
