@@ -686,7 +686,7 @@ async fn damaged_blocks_read_as_errors_never_panics(engine: Engine) {
         }
         println!("{engine}: damaged blocks, round {round}: {values} values, {errors} errors");
         Db::destroy(&path).expect("destroy a damaged store");
-        let mut c = pods_client(engine, &path, &server.url(), cfg().page_size(200));
+        let c = pods_client(engine, &path, &server.url(), cfg().page_size(200));
         converge(&c.reader, &h, &ResourceType::pods()).await;
         c.stop().await;
     }
