@@ -554,6 +554,17 @@ async fn synced_store(engine: Engine, server: &TestServer, path: &Path) {
     c.stop().await;
 }
 
+/// A server with 800 Pods, and a synced and closed store of them at `<dir>/pristine`.
+async fn pristine_store(engine: Engine) -> (TestServer, tempfile::TempDir, PathBuf) {
+    init_tracing();
+    let server = TestServer::start().await;
+    server.handle().seed_pods(800, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = dir.path().join("pristine");
+    synced_store(engine, &server, &pristine).await;
+    (server, dir, pristine)
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -596,13 +607,8 @@ async fn open_damaged(engine: Engine, server: &TestServer, path: &Path) -> Resul
 }
 
 async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
+    let (server, dir, pristine) = pristine_store(engine).await;
     let h = server.handle();
-    h.seed_pods(800, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let pristine = dir.path().join("pristine");
-    synced_store(engine, &server, &pristine).await;
     let mut rng = StdRng::seed_from_u64(6);
     for &file in engine_files(engine).iter().chain(&["engine"]) {
         let path = dir.path().join(format!("garbage-{file}"));
@@ -640,13 +646,8 @@ async fn garbage_store_files_are_corrupt_naming_the_path_and_destroy_wipes(engin
 /// must be a value or an error (`Corrupt`, `Decode`), never a panic; `Db::destroy` then
 /// wipes the store and the next start lists and converges.
 async fn damaged_blocks_read_as_errors_never_panics(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
+    let (server, dir, pristine) = pristine_store(engine).await;
     let h = server.handle();
-    h.seed_pods(800, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let pristine = dir.path().join("pristine");
-    synced_store(engine, &server, &pristine).await;
     let data = engine_files(engine)[0];
     let len = std::fs::metadata(pristine.join(data)).unwrap().len();
     let mut rng = StdRng::seed_from_u64(11);
@@ -693,13 +694,8 @@ async fn damaged_blocks_read_as_errors_never_panics(engine: Engine) {
 }
 
 async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
+    let (server, dir, pristine) = pristine_store(engine).await;
     let h = server.handle();
-    h.seed_pods(800, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let pristine = dir.path().join("pristine");
-    synced_store(engine, &server, &pristine).await;
     h.churn(20, 5, 5, 1); // the server moved on: a resumed store must catch up
     let data = engine_files(engine)[0];
     let len = std::fs::metadata(pristine.join(data)).unwrap().len();
