@@ -56,11 +56,6 @@ pub fn child_engine() -> Engine {
 }
 
 /// Open the store at `path` with `engine` and otherwise default options.
-pub fn open_db(engine: Engine, path: impl AsRef<std::path::Path>) -> Db {
-    try_open_db(engine, path).expect("store opens")
-}
-
-/// Like [`open_db`], returning the error.
 pub fn try_open_db(engine: Engine, path: impl AsRef<std::path::Path>) -> kube_persist::Result<Db> {
     Db::open_with(path, DbConfig::default().engine(engine))
 }
