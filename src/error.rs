@@ -130,6 +130,22 @@ pub enum Error {
         /// The engine it was opened with.
         requested: crate::Engine,
     },
+    /// An object from the API server was not stored: it does not decode into the stream's
+    /// type, exceeds `Config::max_object_bytes`, or the transform failed on it. Its previous
+    /// version was removed from the store in the same batch (the store never serves a
+    /// version older than its checkpoint as current); the stream goes on. Yielded by
+    /// `Watcher::stream` and counted in `Stats::bad_objects`.
+    #[error("object {key} (resourceVersion {resource_version:?}) was not stored in {}: {reason}; its previous version was removed", path.display())]
+    ObjectRejected {
+        /// The store directory.
+        path: PathBuf,
+        /// The object's `namespace/name`.
+        key: String,
+        /// The refused version.
+        resource_version: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),

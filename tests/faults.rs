@@ -1163,8 +1163,7 @@ async fn huge_object_is_stored_and_read_back_intact(engine: Engine) {
     c.stop().await;
 
     // Under a 1 MiB limit, the huge objects are skipped and counted; the rest is stored.
-    let mut small = cfg();
-    small.max_object_bytes = 1 << 20;
+    let small = cfg().max_object_bytes(1 << 20);
     let mut c = open_client(
         engine,
         &dir.path().join("b"),

@@ -54,6 +54,9 @@ struct Done<K: Resource, E> {
     result: Result<Action, E>,
 }
 
+/// A scheduled object being read from disk (on the blocking pool, not in `poll_next`).
+type Fetch<K> = BoxFuture<'static, (ReconcileRequest<K>, crate::Result<Option<Arc<K>>>)>;
+
 /// The parts a [`Runner`] starts from.
 pub(crate) struct Parts<K: Resource, Ctx, E> {
     pub reader: Reader<K>,
@@ -73,7 +76,9 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     triggers: Option<SelectAll<TriggerStream<K>>>,
     schedule_tx: UnboundedSender<ScheduleRequest<ReconcileRequest<K>>>,
     scheduler: Pin<Box<Scheduler<ReconcileRequest<K>, Requests<K>>>>,
+    fetching: FuturesUnordered<Fetch<K>>,
     running: FuturesUnordered<BoxFuture<'static, Done<K, E>>>,
+    /// Objects being read or reconciled: never two reconciles of one object at once.
     running_refs: HashSet<ObjectRef<K>>,
     sweep: Option<Sweep<K>>,
     sweep_outstanding: HashSet<ObjectRef<K>>,
@@ -101,6 +106,7 @@ where
             triggers: Some(futures::stream::select_all(triggers)),
             schedule_tx,
             scheduler,
+            fetching: FuturesUnordered::new(),
             running: FuturesUnordered::new(),
             running_refs: HashSet::new(),
             sweep: None,
@@ -130,6 +136,8 @@ where
             // reconciles finish, nothing new starts.
             self.triggers = None;
             self.sweep = None;
+            // Objects still being read are not reconciled.
+            self.fetching = FuturesUnordered::new();
         }
     }
 
@@ -197,12 +205,34 @@ where
         }
     }
 
-    /// Starts the reconcile of one scheduled object.
+    /// Starts reading one scheduled object from disk, off the async worker (a read may
+    /// block on disk); [`Runner::start`] follows when it is read.
     fn dispatch(&mut self, request: ReconcileRequest<K>) {
         self.sweep_outstanding.remove(&request.obj_ref);
-        let obj = match self.p.reader.get(&request.obj_ref) {
+        self.running_refs.insert(request.obj_ref.clone());
+        let reader = self.p.reader.clone();
+        self.fetching.push(
+            async move {
+                let obj_ref = request.obj_ref.clone();
+                let read = tokio::task::spawn_blocking(move || reader.get(&obj_ref)).await;
+                let res = read.unwrap_or_else(|e| {
+                    Err(crate::Error::Storage {
+                        path: Default::default(),
+                        detail: format!("object read task failed: {e}"),
+                    })
+                });
+                (request, res)
+            }
+            .boxed(),
+        );
+    }
+
+    /// Starts the reconcile of one object read from disk.
+    fn start(&mut self, request: ReconcileRequest<K>, read: crate::Result<Option<Arc<K>>>) {
+        let obj = match read {
             Ok(Some(obj)) => obj,
             Ok(None) => {
+                self.running_refs.remove(&request.obj_ref);
                 self.out
                     .push_back(Err(ControllerError::ObjectNotFound(Box::new(
                         request.obj_ref.erase(),
@@ -210,6 +240,7 @@ where
                 return;
             }
             Err(e) => {
+                self.running_refs.remove(&request.obj_ref);
                 self.out.push_back(Err(ControllerError::ReadFailed(
                     e,
                     Box::new(request.obj_ref.erase()),
@@ -223,7 +254,6 @@ where
             object.reason = %request.reason
         );
         let fut = span.in_scope(|| (self.p.reconcile)(obj.clone(), self.p.ctx.clone()));
-        self.running_refs.insert(request.obj_ref.clone());
         self.running.push(
             async move {
                 let result = fut.await;
@@ -295,6 +325,13 @@ where
             if let Poll::Ready(Some(done)) = this.running.poll_next_unpin(cx) {
                 return Poll::Ready(Some(this.finish(done)));
             }
+            let mut progressed = false;
+            if !this.shutting_down {
+                while let Poll::Ready(Some((request, read))) = this.fetching.poll_next_unpin(cx) {
+                    this.start(request, read);
+                    progressed = true;
+                }
+            }
             if this.shutting_down {
                 return if this.running.is_empty() {
                     Poll::Ready(None)
@@ -303,14 +340,15 @@ where
                 };
             }
 
-            let mut progressed = this.poll_triggers(cx);
+            progressed |= this.poll_triggers(cx);
             progressed |= this.poll_sweep(cx);
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
                 tracing::debug!("stores ready, reconciles may start");
                 this.ready = true;
             }
             let limit = this.p.config.concurrency as usize;
-            if this.ready && (limit == 0 || this.running.len() < limit) {
+            let busy = this.running.len() + this.fetching.len();
+            if this.ready && (limit == 0 || busy < limit) {
                 let running = &this.running_refs;
                 let next = this
                     .scheduler

@@ -8,6 +8,7 @@ mod keys;
 mod perms;
 pub(crate) mod reader;
 pub(crate) mod record;
+pub(crate) mod worker;
 pub(crate) mod writer;
 
 use std::collections::HashSet;
@@ -150,6 +151,8 @@ struct DbInner {
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
     open_streams: Mutex<HashSet<String>>,
+    /// The thread that runs every write of this directory's streams.
+    worker: worker::DiskWorker,
 }
 
 /// Store directories whose last `Db` handle in this process was dropped recently. sled
@@ -231,6 +234,7 @@ impl Db {
         let storage = open_after_close(&path, || engine::open(&path, &config))?;
         perms::tighten(&path)?;
         tracing::info!(path = %path.display(), engine = %config.engine, "store opened");
+        let worker = worker::DiskWorker::spawn(&path)?;
         Ok(Db {
             inner: Arc::new(DbInner {
                 storage,
@@ -238,6 +242,7 @@ impl Db {
                 cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
                 config,
                 open_streams: Mutex::new(HashSet::new()),
+                worker,
             }),
         })
     }
@@ -288,6 +293,10 @@ impl Db {
 
     pub(crate) fn compression(&self) -> bool {
         self.inner.config.compression
+    }
+
+    pub(crate) fn worker(&self) -> worker::DiskWorker {
+        self.inner.worker.clone()
     }
 
     pub(crate) fn cipher(&self) -> Option<Arc<Cipher>> {

@@ -11,49 +11,38 @@ pub type Transform = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
 
 /// How the watcher lists and watches.
 ///
+/// Fields are set through methods that keep them valid (out-of-range values are clamped
+/// and documented as such), so a `Config` can never make the watcher loop or send an
+/// invalid request.
+///
 /// ```
 /// use std::time::Duration;
 /// let cfg = kube_persist::Config::default()
 ///     .labels("app=web")
 ///     .page_size(1000)
+///     .timeout(600) // above kube-apiserver's limit: clamped
 ///     .drop_managed_fields();
-/// assert_eq!(cfg.page_size, 1000);
+/// assert_eq!(cfg.get_page_size(), 1000);
+/// assert_eq!(cfg.get_timeout(), kube_persist::Config::MAX_TIMEOUT);
 /// ```
 #[derive(Clone)]
-#[non_exhaustive]
 pub struct Config {
-    /// Label selector (part of the store identity).
-    pub label_selector: Option<String>,
-    /// Field selector (part of the store identity).
-    pub field_selector: Option<String>,
-    /// Objects per LIST page, and the most events applied in one batch. Default 500.
-    pub page_size: u32,
-    /// Use streaming lists (`sendInitialEvents=true`) instead of paginated LISTs.
-    pub streaming_lists: bool,
-    /// Server-side watch timeout in seconds (default 290, as kube-runtime).
-    pub timeout: u32,
-    /// Decode each incoming object into the store's type before writing it, and skip (and
-    /// count) objects that fail. Default on: a bad object is caught at the door, not at `get`.
-    pub validate: bool,
-    /// Objects larger than this many bytes of JSON are skipped and counted (default 16 MiB).
-    pub max_object_bytes: usize,
-    /// First retry delay after an error; doubles up to `max_backoff`, with jitter.
-    pub min_backoff: Duration,
-    /// Largest retry delay.
-    pub max_backoff: Duration,
-    /// A relist after `410 Gone` waits a random delay up to this, so that many clients
-    /// relisting after an apiserver restart spread out (default 1 s).
-    pub relist_jitter: Duration,
-    /// Bytes of decoded objects kept for `Reader::get` (estimated; 0 disables). Default 8 MiB.
-    pub hot_cache_bytes: usize,
-    /// How many `ResourceVersionTooLarge` answers to retry before relisting (default 5).
-    pub too_large_retries: u32,
-    /// Whether this stream holds sensitive data (default: only for `Secret`).
-    pub sensitive: Option<bool>,
-    /// Opt-in to writing sensitive objects (Secrets) to disk.
-    pub allow_sensitive_data: bool,
-    /// Store only each object's key, uid and resourceVersion (see [`Config::keys_only`]).
-    pub keys_only: bool,
+    pub(crate) label_selector: Option<String>,
+    pub(crate) field_selector: Option<String>,
+    pub(crate) page_size: u32,
+    pub(crate) streaming_lists: bool,
+    pub(crate) initial_events_timeout: Duration,
+    pub(crate) timeout: u32,
+    pub(crate) validate: bool,
+    pub(crate) max_object_bytes: usize,
+    pub(crate) min_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) relist_jitter: Duration,
+    pub(crate) hot_cache_bytes: usize,
+    pub(crate) too_large_retries: u32,
+    pub(crate) sensitive: Option<bool>,
+    pub(crate) allow_sensitive_data: bool,
+    pub(crate) keys_only: bool,
     pub(crate) transform: Option<(String, Transform)>,
     pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
 }
@@ -65,6 +54,7 @@ impl Default for Config {
             field_selector: None,
             page_size: 500,
             streaming_lists: false,
+            initial_events_timeout: Duration::from_secs(30),
             timeout: 290,
             validate: true,
             max_object_bytes: 16 << 20,
@@ -97,6 +87,69 @@ impl std::fmt::Debug for Config {
 }
 
 impl Config {
+    /// The largest page size ([`Config::page_size`] clamps to it).
+    pub const MAX_PAGE_SIZE: u32 = 100_000;
+    /// The largest server-side watch timeout in seconds (kube-apiserver and kube-rs reject
+    /// 295 and above).
+    pub const MAX_TIMEOUT: u32 = 294;
+
+    /// The label selector, if any (part of the store identity).
+    pub fn get_label_selector(&self) -> Option<&str> {
+        self.label_selector.as_deref()
+    }
+
+    /// The field selector, if any (part of the store identity).
+    pub fn get_field_selector(&self) -> Option<&str> {
+        self.field_selector.as_deref()
+    }
+
+    /// Objects per LIST page and per batch of events.
+    pub fn get_page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Whether streaming lists are used.
+    pub fn get_streaming_lists(&self) -> bool {
+        self.streaming_lists
+    }
+
+    /// The server-side watch timeout in seconds.
+    pub fn get_timeout(&self) -> u32 {
+        self.timeout
+    }
+
+    /// The largest object, in bytes of JSON, that is stored.
+    pub fn get_max_object_bytes(&self) -> usize {
+        self.max_object_bytes
+    }
+
+    /// Whether only keys, uids and resourceVersions are stored.
+    pub fn get_keys_only(&self) -> bool {
+        self.keys_only
+    }
+
+    /// Check the configuration as a whole; [`Error::Config`](crate::Error::Config) names
+    /// the field at fault. The setters already keep each field in range, so this only
+    /// catches combinations.
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        let bad =
+            |field: &str, why: &str| Err(crate::Error::Config(format!("Config::{field}: {why}")));
+        if self.page_size == 0 || self.page_size > Self::MAX_PAGE_SIZE {
+            return bad("page_size", "must be between 1 and MAX_PAGE_SIZE");
+        }
+        if self.timeout == 0 || self.timeout > Self::MAX_TIMEOUT {
+            return bad("timeout", "must be between 1 and MAX_TIMEOUT seconds");
+        }
+        for (field, sel) in [
+            ("labels", &self.label_selector),
+            ("fields", &self.field_selector),
+        ] {
+            if sel.as_deref().is_some_and(|s| s.contains(['\n', '\0'])) {
+                return bad(field, "selector contains a newline or NUL");
+            }
+        }
+        Ok(())
+    }
     /// Only objects matching this label selector.
     pub fn labels(mut self, selector: &str) -> Self {
         self.label_selector = Some(selector.to_string());
@@ -109,35 +162,68 @@ impl Config {
         self
     }
 
-    /// Objects per LIST page (and per batch of events). Values below 1 are raised to 1.
+    /// Objects per LIST page (and per batch of events). Default 500. Clamped to
+    /// `1..=`[`Config::MAX_PAGE_SIZE`]: `0` would mean "no limit" to the API server (the
+    /// whole collection in one response), which this store exists to avoid.
     pub fn page_size(mut self, n: u32) -> Self {
-        self.page_size = n.max(1);
+        self.page_size = n.clamp(1, Self::MAX_PAGE_SIZE);
         self
     }
 
     /// Use streaming lists (`sendInitialEvents=true`, Kubernetes 1.27+ with the
     /// `WatchList` feature) for the initial list and relists; events are written in pages.
+    ///
+    /// A server that rejects streaming lists (the `WatchList` gate off, or a storage
+    /// without the feature it needs) or ignores them (older servers) is detected, logged
+    /// once, and the stream falls back to paginated LISTs, as client-go does.
     pub fn streaming_lists(mut self) -> Self {
         self.streaming_lists = true;
         self
     }
 
-    /// Server-side watch timeout in seconds.
-    pub fn timeout(mut self, seconds: u32) -> Self {
-        self.timeout = seconds;
+    /// How long a streaming list may go without a line from the server before the
+    /// initial-events-end bookmark is given up on and the stream falls back to paginated
+    /// LISTs (a server that ignores `sendInitialEvents` sends the current objects, then
+    /// nothing until something changes). Default 30 s; at least 1 ms.
+    pub fn initial_events_timeout(mut self, d: Duration) -> Self {
+        self.initial_events_timeout = d.max(Duration::from_millis(1));
         self
     }
 
-    /// Whether to decode each object into the store's type before writing it.
+    /// Server-side watch timeout in seconds (default 290, as kube-runtime). Clamped to
+    /// `1..=`[`Config::MAX_TIMEOUT`]: kube-apiserver's limit, which kube-rs enforces.
+    pub fn timeout(mut self, seconds: u32) -> Self {
+        self.timeout = seconds.clamp(1, Self::MAX_TIMEOUT);
+        self
+    }
+
+    /// Whether to decode each incoming object into the store's type before writing it, and
+    /// skip (and count) objects that fail. Default on: a bad object is caught at the door,
+    /// not at `get`.
     pub fn validate(mut self, on: bool) -> Self {
         self.validate = on;
         self
     }
 
-    /// Delay range of the jittered exponential backoff.
+    /// Objects larger than this many bytes of JSON are skipped and counted (default 16 MiB,
+    /// above etcd's limit). A watch line is never read past this size. At least 1 KiB.
+    pub fn max_object_bytes(mut self, bytes: usize) -> Self {
+        self.max_object_bytes = bytes.max(1 << 10);
+        self
+    }
+
+    /// How many `ResourceVersionTooLarge` answers (a lagging API server replica) to retry
+    /// with backoff before relisting (default 5).
+    pub fn too_large_retries(mut self, n: u32) -> Self {
+        self.too_large_retries = n;
+        self
+    }
+
+    /// Delay range of the jittered exponential backoff (default 800 ms to 30 s). `min` is
+    /// at least 1 ms; `max` at least `min`.
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.min_backoff = min;
-        self.max_backoff = max.max(min);
+        self.min_backoff = min.max(Duration::from_millis(1));
+        self.max_backoff = max.max(self.min_backoff);
         self
     }
 

@@ -1,26 +1,38 @@
-//! The list/watch/relist state machine. Each `step` does one unit of work (one LIST page,
-//! one burst of watch events, one sweep chunk, one reconnect) and commits it through the
-//! [`Writer`] in one atomic batch together with the new checkpoint.
+//! The list/watch/relist state machine.
+//!
+//! The watcher is always in one [`Stage`]; [`Machine::step`] performs one unit of work (one
+//! LIST page, one burst of watch events, one sweep chunk, one connect, one backoff wait) and
+//! moves to the next stage. Every write goes through the [`Writer`] on the disk thread in one
+//! atomic batch with the persisted [`Phase`], which is what a restarted process resumes
+//! from. See ARCHITECTURE.md for the diagram.
+//!
+//! Two rules keep the store honest:
+//! - every start of a list, paginated or streaming, first, initial attempt or retry, goes
+//!   through `begin_list`: a new epoch, so that whatever the list does not mark is swept;
+//! - any error returns to [`Stage::Resume`] (after a backoff), which derives the next stage
+//!   from the persisted phase only, never from in-memory leftovers of the failed attempt.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use futures::{AsyncBufReadExt, AsyncReadExt, FutureExt, Stream, StreamExt};
+use futures::AsyncReadExt;
 use kube::core::Request;
-use kube::core::params::{ListParams, WatchParams};
-use serde_json::value::RawValue;
+use kube::core::params::ListParams;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
+use super::batch::{Ingest, Parsed, Rejected};
 use super::config::Config;
+use super::conn::{ConnectFailure, Line, Target, WatchConn};
 use super::index::Inspector;
-use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
 use crate::error::{Error, Result};
 use crate::stats::Counters;
-use crate::store::record::Phase;
-use crate::store::writer::{Change, Incoming, ListProgress, Op, Writer};
+use crate::store::Status;
+use crate::store::record::{Phase, State};
+use crate::store::worker::DiskWorker;
+use crate::store::writer::{Change, ListProgress, Op, Writer};
 
 /// An event before it is decoded into the user's type.
 #[derive(Debug)]
@@ -31,57 +43,126 @@ pub(crate) enum RawEvent {
     InitDone,
     Apply(Vec<u8>),
     Delete(Vec<u8>),
+    /// An object the store refused; its previous version was removed.
+    Rejected(Rejected),
 }
 
-type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Vec<u8>>> + Send>>;
-
-/// Split a response body into lines of bytes. Unlike `AsyncBufReadExt::lines`, a line that
-/// is not UTF-8 does not break the stream: it is skipped (and counted) by the caller.
-fn byte_lines(body: impl futures::AsyncBufRead + Send + 'static) -> Lines {
-    Box::pin(futures::stream::unfold(
-        Box::pin(body),
-        |mut body| async move {
-            let mut line = Vec::new();
-            match body.read_until(b'\n', &mut line).await {
-                Ok(0) => None,
-                Ok(_) => Some((Ok(line), body)),
-                Err(e) => Some((Err(e), body)),
-            }
-        },
-    ))
+/// Where the watcher is. Each variant carries what its next step needs.
+#[derive(Debug)]
+pub(crate) enum Stage {
+    /// Not started: reconcile the configured indexes with those on disk, announce a resume.
+    Start,
+    /// Building newly configured indexes from disk; `after` is the last key indexed.
+    BuildingIndex { after: Option<Vec<u8>> },
+    /// Derive the next stage from the persisted phase (after start, and after any error).
+    Resume,
+    /// A paginated LIST; the next page continues from `continue_token`.
+    Listing { continue_token: Option<String> },
+    /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
+    /// (`None`: connect next). `received`: initial events seen on this connection.
+    StreamingInitial {
+        conn: Option<WatchConn>,
+        received: u64,
+    },
+    /// Removing objects the last list did not see; `then` is the streaming list's
+    /// connection with the live events that followed its end bookmark.
+    Sweeping {
+        then: Option<(WatchConn, Vec<Line>)>,
+    },
+    /// Watching from the checkpoint (`None`: connect next); `deferred` lines are applied
+    /// before reading more.
+    Watching {
+        conn: Option<WatchConn>,
+        deferred: Vec<Line>,
+    },
+    /// Waiting until `until` after an error or before a relist, then `next`.
+    Backoff { until: Instant, next: Box<Stage> },
 }
 
-struct WatchConn {
-    lines: Lines,
-    /// Still receiving a streaming list's initial events.
-    initial: bool,
+impl Stage {
+    /// Where to go after an error in this stage.
+    fn retry_point(&self) -> Stage {
+        match self {
+            Stage::Start => Stage::Start,
+            Stage::BuildingIndex { after } => Stage::BuildingIndex {
+                after: after.clone(),
+            },
+            _ => Stage::Resume,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Stage::Start => "start",
+            Stage::BuildingIndex { .. } => "building-index",
+            Stage::Resume => "resume",
+            Stage::Listing { .. } => "listing",
+            Stage::StreamingInitial { .. } => "streaming-initial",
+            Stage::Sweeping { .. } => "sweeping",
+            Stage::Watching { .. } => "watching",
+            Stage::Backoff { .. } => "backoff",
+        }
+    }
+}
+
+/// The writer, owned by the disk thread while it works; the machine keeps a copy of the
+/// state as of the last job.
+struct Disk {
+    writer: Arc<Mutex<Writer>>,
+    worker: DiskWorker,
+    state: State,
+}
+
+impl Disk {
+    /// Run `job` with the writer on the disk thread.
+    async fn run<R: Send + 'static>(
+        &mut self,
+        job: impl FnOnce(&mut Writer) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let writer = self.writer.clone();
+        let (res, state) = self
+            .worker
+            .run(move || {
+                let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                let res = job(&mut w);
+                Ok((res, w.state().clone()))
+            })
+            .await?;
+        self.state = state;
+        res
+    }
+}
+
+/// What a committed burst or page means for the next stage.
+struct Applied {
+    changes: Vec<Change>,
+    parsed: Parsed,
 }
 
 pub(crate) struct Machine {
     client: kube::Client,
     request: Request,
     metadata_only: bool,
-    cfg: Config,
-    validate: Option<Inspector>,
-    writer: Writer,
+    cfg: Arc<Config>,
+    ingest: Ingest,
+    disk: Disk,
+    status: watch::Sender<Status>,
     stats: Arc<Counters>,
     backoff: Backoff,
-    delay: Option<Duration>,
-    watch: Option<WatchConn>,
+    stage: Stage,
     /// Whether to produce events (a stream consumer exists).
     emit: bool,
     pub(crate) pending: VecDeque<RawEvent>,
     /// The current list is the first complete one (`Init*` events, not `Apply`).
     cold: bool,
-    started: bool,
+    /// Streaming lists in use: configured, and the server has not shown it lacks them.
+    streaming: bool,
+    /// `ResourceVersionTooLarge` answers in a row.
     too_large: u32,
-    /// Watch events received after a streaming list ended, held until its sweep is done.
-    deferred: Vec<Vec<u8>>,
-    /// An index build in progress: the last object key indexed so far.
-    index_build: Option<Option<Vec<u8>>>,
 }
 
 impl Machine {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         client: kube::Client,
         url: String,
@@ -89,32 +170,44 @@ impl Machine {
         cfg: Config,
         validate: Option<Inspector>,
         writer: Writer,
+        worker: DiskWorker,
         stats: Arc<Counters>,
     ) -> Self {
         let backoff = Backoff::new(cfg.min_backoff, cfg.max_backoff);
+        let cfg = Arc::new(cfg);
+        let state = writer.state().clone();
+        let status = writer.status_sender();
         Machine {
             client,
+            ingest: Ingest {
+                cfg: cfg.clone(),
+                validate,
+                stats: stats.clone(),
+                url: url.as_str().into(),
+            },
             request: Request::new(url),
             metadata_only,
+            streaming: cfg.streaming_lists,
             cfg,
-            validate,
-            writer,
+            disk: Disk {
+                writer: Arc::new(Mutex::new(writer)),
+                worker,
+                state,
+            },
+            status,
             stats,
             backoff,
-            delay: None,
-            watch: None,
+            stage: Stage::Start,
             emit: true,
             pending: VecDeque::new(),
             cold: true,
-            started: false,
             too_large: 0,
-            deferred: Vec::new(),
-            index_build: None,
         }
     }
 
-    pub(crate) fn writer_mut(&mut self) -> &mut Writer {
-        &mut self.writer
+    /// Run `f` on the writer before the watcher starts (configuration of a new stream).
+    pub(crate) fn configure_writer(&mut self, f: impl FnOnce(&mut Writer)) {
+        f(&mut self.disk.writer.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     pub(crate) fn set_emit(&mut self, emit: bool) {
@@ -125,54 +218,33 @@ impl Machine {
         &self.request.url_path
     }
 
-    /// Do one unit of work. On error, the next step waits a jittered backoff first.
-    pub(crate) async fn step(&mut self) -> Result<()> {
-        if let Some(d) = self.delay.take() {
-            tracing::debug!(
-                delay_ms = d.as_millis() as u64,
-                "waiting before the next attempt"
-            );
-            tokio::time::sleep(d).await;
-        }
-        let span = tracing::debug_span!("kube_persist", url = %self.request.url_path);
-        let res = self.step_inner().instrument(span).await;
-        if let Err(e) = &res {
-            Counters::add(&self.stats.errors, 1);
-            let delay = self.backoff.next_delay();
-            tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "list/watch error, backing off");
-            self.delay = Some(delay);
-            self.drop_watch();
-        }
-        res
+    fn synced(&self) -> bool {
+        matches!(self.disk.state.phase, Phase::Synced { .. })
     }
 
-    async fn step_inner(&mut self) -> Result<()> {
-        if !self.started {
-            self.prepare_indexes()?;
-            self.started = true;
-            return self.start();
-        }
-        if let Some(after) = self.index_build.take() {
-            return self.build_index_chunk(after);
-        }
-        let was_synced = matches!(self.writer.state().phase, Phase::Synced { .. });
-        match self.writer.state().phase.clone() {
-            Phase::Empty => self.begin_list()?,
-            Phase::Listing { continue_token, .. } => {
-                if self.cfg.streaming_lists {
-                    self.streaming_step().await?
-                } else {
-                    self.list_page(continue_token).await?
-                }
+    /// Do one unit of work. After an error, the next step waits a jittered backoff and
+    /// resumes from the persisted phase.
+    pub(crate) async fn step(&mut self) -> Result<()> {
+        let stage = std::mem::replace(&mut self.stage, Stage::Resume);
+        let retry = stage.retry_point();
+        let was_synced = self.synced();
+        let span = tracing::debug_span!("kube_persist", url = %self.request.url_path, stage = stage.name());
+        match self.transition(stage).instrument(span).await {
+            Ok(next) => self.stage = next,
+            Err(e) => {
+                Counters::add(&self.stats.errors, 1);
+                let delay = self.backoff.next_delay();
+                tracing::warn!(url = %self.url(), error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "list/watch error, backing off");
+                self.set_live(false);
+                self.stage = Stage::Backoff {
+                    until: Instant::now() + delay,
+                    next: Box::new(retry),
+                };
+                return Err(e);
             }
-            Phase::Sweeping { .. } => {
-                let (page, emit) = (self.cfg.page_size as usize, self.emit);
-                let (changes, _) = self.writer.sweep_step(page, emit)?;
-                self.push_changes(changes);
-            }
-            Phase::Synced { resource_version } => self.watch_step(resource_version).await?,
         }
-        if !was_synced && matches!(self.writer.state().phase, Phase::Synced { .. }) {
+        if !was_synced && self.synced() {
             self.backoff.reset();
             if self.cold {
                 self.cold = false;
@@ -182,99 +254,163 @@ impl Machine {
         Ok(())
     }
 
-    /// Compare the configured indexes with those built on disk: drop the ones no longer
-    /// configured, and schedule a build (page by page, from disk) for new ones.
-    fn prepare_indexes(&mut self) -> Result<()> {
+    /// The transition function: one unit of work in `stage`, returning the next stage.
+    async fn transition(&mut self, stage: Stage) -> Result<Stage> {
+        match stage {
+            Stage::Start => self.start().await,
+            Stage::BuildingIndex { after } => self.build_index_chunk(after).await,
+            Stage::Resume => self.resume().await,
+            Stage::Backoff { until, next } => {
+                tracing::debug!(
+                    delay_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "waiting before the next attempt"
+                );
+                tokio::time::sleep_until(until).await;
+                Ok(*next)
+            }
+            Stage::Listing { continue_token } => self.list_page(continue_token).await,
+            Stage::StreamingInitial { conn: None, .. } => self.connect_initial().await,
+            Stage::StreamingInitial {
+                conn: Some(conn),
+                received,
+            } => self.read_initial(conn, received).await,
+            Stage::Sweeping { then } => self.sweep_chunk(then).await,
+            Stage::Watching {
+                conn: None,
+                deferred,
+            } => self.connect_watch(deferred).await,
+            Stage::Watching {
+                conn: Some(conn),
+                deferred,
+            } => self.read_watch(conn, deferred).await,
+        }
+    }
+
+    /// Prepare the indexes and announce a resume; the rest follows from the phase.
+    async fn start(&mut self) -> Result<Stage> {
         let configured = self.cfg.index_names();
-        let built = self.writer.built_indexes()?;
-        self.writer.set_indexed(!configured.is_empty());
-        let removed: Vec<String> = built
-            .iter()
-            .filter(|n| !configured.contains(n))
-            .cloned()
-            .collect();
-        if !removed.is_empty() || (configured.is_empty() && !built.is_empty()) {
-            tracing::info!(indexes = ?removed, "dropping indexes no longer configured");
-            self.writer.drop_indexes(&removed, configured.is_empty())?;
-        }
-        let kept: Vec<String> = built
-            .into_iter()
-            .filter(|n| configured.contains(n))
-            .collect();
-        self.writer.set_built_indexes(&kept)?;
-        if kept != configured {
-            tracing::info!(indexes = ?configured, "building indexes from disk");
-            self.index_build = Some(None);
-        }
-        Ok(())
-    }
-
-    fn build_index_chunk(&mut self, after: Option<Vec<u8>>) -> Result<()> {
-        let Some(inspect) = self.validate.clone() else {
-            return Ok(());
-        };
-        let page = self.cfg.page_size as usize;
-        match self.writer.index_chunk(after.clone(), page, &*inspect) {
-            Ok(Some(last)) => self.index_build = Some(Some(last)),
-            Ok(None) => {
-                let names = self.cfg.index_names();
-                tracing::info!(indexes = ?names, "indexes built");
-                self.writer.set_built_indexes(&names)?;
-            }
-            Err(e) => {
-                self.index_build = Some(after);
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    fn start(&mut self) -> Result<()> {
-        let state = self.writer.state().clone();
+        let build = self
+            .disk
+            .run(move |w| w.prepare_indexes(&configured))
+            .await?;
+        let state = self.disk.state.clone();
         self.cold = state.last_synced.is_none();
-        match state.phase {
+        match &state.phase {
             Phase::Synced { resource_version } => {
                 Counters::add(&self.stats.resumes, 1);
-                tracing::info!(resource_version = %resource_version, objects = state.count,
+                tracing::info!(url = %self.url(), resource_version = %resource_version, objects = state.count,
                     "resuming from checkpoint without LIST");
-                self.push(RawEvent::Resumed(resource_version));
+                self.push(RawEvent::Resumed(resource_version.clone()));
             }
             Phase::Listing {
-                continue_token: Some(t),
+                continue_token: Some(_),
                 ..
-            } if !self.cfg.streaming_lists => {
-                tracing::info!(epoch = state.epoch, "continuing an interrupted list");
-                let _ = t;
+            } if !self.streaming => {
+                tracing::info!(url = %self.url(), epoch = state.epoch, "continuing an interrupted list");
                 if self.cold {
                     self.push(RawEvent::Init);
                 }
             }
-            Phase::Sweeping { .. } => tracing::info!("continuing an interrupted sweep"),
-            Phase::Empty | Phase::Listing { .. } => self.begin_list()?,
+            Phase::Sweeping { .. } => {
+                tracing::info!(url = %self.url(), "continuing an interrupted sweep")
+            }
+            Phase::Empty | Phase::Listing { .. } => {}
         }
-        Ok(())
+        Ok(if build {
+            Stage::BuildingIndex { after: None }
+        } else {
+            Stage::Resume
+        })
     }
 
-    fn begin_list(&mut self) -> Result<()> {
-        self.drop_watch();
-        self.deferred.clear();
-        self.writer.begin_list()?;
+    async fn build_index_chunk(&mut self, after: Option<Vec<u8>>) -> Result<Stage> {
+        let Some(inspect) = self.ingest.validate.clone() else {
+            return Ok(Stage::Resume);
+        };
+        let page = self.cfg.page_size as usize;
+        let names = self.cfg.index_names();
+        self.disk
+            .run(move |w| {
+                let last = w.index_chunk(after, page, &*inspect)?;
+                if last.is_none() {
+                    tracing::info!(indexes = ?names, "indexes built");
+                    w.set_built_indexes(&names)?;
+                }
+                Ok(match last {
+                    Some(after) => Stage::BuildingIndex { after: Some(after) },
+                    None => Stage::Resume,
+                })
+            })
+            .await
+    }
+
+    /// The next stage from the persisted phase alone.
+    async fn resume(&mut self) -> Result<Stage> {
+        match self.disk.state.phase.clone() {
+            Phase::Empty => self.begin_list().await,
+            // Only a paginated list with a continue token can be continued. A streaming
+            // list cannot, and a list without a token may hold objects of an interrupted
+            // streaming attempt in this epoch: every such attempt is a new list.
+            Phase::Listing {
+                continue_token: Some(token),
+                ..
+            } if !self.streaming => Ok(Stage::Listing {
+                continue_token: Some(token),
+            }),
+            Phase::Listing { .. } => self.begin_list().await,
+            Phase::Sweeping { .. } => Ok(Stage::Sweeping { then: None }),
+            Phase::Synced { .. } => Ok(Stage::Watching {
+                conn: None,
+                deferred: Vec::new(),
+            }),
+        }
+    }
+
+    /// Start a list with a new epoch (whatever it does not see is swept at its end).
+    async fn begin_list(&mut self) -> Result<Stage> {
+        self.set_live(false);
+        self.disk.run(|w| w.begin_list()).await?;
         if self.cold {
             self.push(RawEvent::Init);
         }
-        Ok(())
+        Ok(self.list_stage())
     }
 
-    /// The server said our version is gone: list again, after a random delay.
-    fn relist(&mut self, why: &str) -> Result<()> {
+    fn list_stage(&self) -> Stage {
+        if self.streaming {
+            Stage::StreamingInitial {
+                conn: None,
+                received: 0,
+            }
+        } else {
+            Stage::Listing {
+                continue_token: None,
+            }
+        }
+    }
+
+    /// The server said our version is gone: list again (new epoch), after a random delay
+    /// so that clients relisting after an API server restart spread out.
+    async fn relist(&mut self, why: &str) -> Result<Stage> {
         let d = jitter(self.cfg.relist_jitter);
-        tracing::info!(reason = why, delay_ms = d.as_millis() as u64, "relisting");
-        self.delay = Some(d);
+        tracing::info!(url = %self.url(), reason = why, delay_ms = d.as_millis() as u64, "relisting");
         self.too_large = 0;
-        self.begin_list()
+        let next = self.begin_list().await?;
+        Ok(Stage::Backoff {
+            until: Instant::now() + d,
+            next: Box::new(next),
+        })
     }
 
-    async fn list_page(&mut self, continue_token: Option<String>) -> Result<()> {
+    /// The server does not stream lists: use paginated LISTs from now on.
+    async fn fall_back(&mut self, why: &str) -> Result<Stage> {
+        tracing::warn!(url = %self.url(), reason = why,
+            "the API server does not support streaming lists (sendInitialEvents); falling back to paginated LIST");
+        self.streaming = false;
+        self.begin_list().await
+    }
+
+    async fn list_page(&mut self, continue_token: Option<String>) -> Result<Stage> {
         let lp = ListParams {
             label_selector: self.cfg.label_selector.clone(),
             field_selector: self.cfg.field_selector.clone(),
@@ -282,330 +418,307 @@ impl Machine {
             continue_token: continue_token.clone(),
             ..ListParams::default()
         };
-        let url = self.url().to_string();
-        let context = || format!("LIST {url} (continue: {})", continue_token.is_some());
+        let context = format!(
+            "LIST {} (continue: {})",
+            self.url(),
+            continue_token.is_some()
+        );
         let req = if self.metadata_only {
             self.request.list_metadata(&lp)
         } else {
             self.request.list(&lp)
         }
-        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        .map_err(|e| Error::Config(format!("{context}: {e}")))?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
             Err(kube::Error::Api(s)) if s.code == 410 => {
-                return self.relist("continue token expired (410)");
+                return self.relist("continue token expired (410)").await;
             }
-            Err(source) => {
-                return Err(Error::Kube {
-                    context: context(),
-                    source,
-                });
-            }
+            Err(source) => return Err(Error::Kube { context, source }),
         };
         let mut bytes = Vec::new();
         Box::pin(body)
             .read_to_end(&mut bytes)
             .await
             .map_err(|e| Error::Protocol {
-                context: context(),
+                context: context.clone(),
                 detail: format!("reading the list body: {e}"),
             })?;
-        // A page with invalid UTF-8 (a broken object) must not block the whole list: decode
-        // it lossily and skip the items that contained the invalid bytes.
-        let (text, lossy) = match String::from_utf8(bytes) {
-            Ok(t) => (t, false),
-            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), true),
-        };
-        let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
-            context: context(),
-            detail: format!("list body does not decode: {e}"),
-        })?;
         Counters::add(&self.stats.list_pages, 1);
-        let items = page.items.unwrap_or_default();
-        let n = items.len();
-        let objects: Vec<Incoming> = items
-            .into_iter()
-            .filter_map(|raw| {
-                if lossy && raw.get().contains('\u{FFFD}') {
-                    self.bad(BadObject {
-                        what: raw::snippet(raw.get()),
-                        why: "object contains invalid UTF-8".into(),
-                    });
-                    return None;
+        let (ingest, emit) = (self.ingest.clone(), self.emit);
+        let (changes, rejected) = self
+            .disk
+            .run(move |w| {
+                let page = ingest.list_page(bytes, &context)?;
+                let progress = match page.continue_token {
+                    Some(t) => ListProgress::More(Some(t)),
+                    None => ListProgress::Done(page.resource_version.ok_or_else(|| {
+                        Error::Protocol {
+                            context,
+                            detail: "last page has no metadata.resourceVersion".into(),
+                        }
+                    })?),
+                };
+                match &progress {
+                    ListProgress::Done(rv) => {
+                        tracing::info!(items = page.items, resource_version = %rv, "last list page")
+                    }
+                    ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
                 }
-                self.incoming(raw)
+                Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
             })
-            .collect();
-        let progress = match page.metadata.continue_token.filter(|t| !t.is_empty()) {
-            Some(t) => ListProgress::More(Some(t)),
-            None => ListProgress::Done(
-                page.metadata
-                    .resource_version
-                    .filter(|rv| !rv.is_empty())
-                    .ok_or_else(|| Error::Protocol {
-                        context: context(),
-                        detail: "last page has no metadata.resourceVersion".into(),
-                    })?,
-            ),
-        };
-        if let ListProgress::Done(rv) = &progress {
-            tracing::info!(items = n, resource_version = %rv, "last list page");
-        } else {
-            tracing::debug!(items = n, "list page");
-        }
-        drop(text);
-        let changes = self.writer.list_page(objects, progress, self.emit)?;
+            .await?;
         self.push_changes(changes);
-        Ok(())
+        self.push_rejected(rejected);
+        Ok(match self.disk.state.phase.clone() {
+            Phase::Listing { continue_token, .. } => Stage::Listing { continue_token },
+            Phase::Sweeping { .. } => Stage::Sweeping { then: None },
+            _ => Stage::Watching {
+                conn: None,
+                deferred: Vec::new(),
+            },
+        })
     }
 
-    async fn streaming_step(&mut self) -> Result<()> {
-        if self.watch.is_none() {
-            return self.connect_watch(String::new(), true).await;
+    fn target(&self) -> Target<'_> {
+        Target {
+            request: &self.request,
+            metadata_only: self.metadata_only,
+            cfg: &self.cfg,
         }
-        self.read_burst().await
     }
 
-    async fn watch_step(&mut self, resource_version: String) -> Result<()> {
-        if !self.deferred.is_empty() {
-            let lines = std::mem::take(&mut self.deferred);
-            return self.apply_lines(lines, false);
+    async fn connect_initial(&mut self) -> Result<Stage> {
+        match WatchConn::connect(&self.client, self.target(), "", true).await {
+            Ok(conn) => Ok(Stage::StreamingInitial {
+                conn: Some(conn),
+                received: 0,
+            }),
+            Err(ConnectFailure::Gone) => self.relist("streaming list answered 410").await,
+            Err(ConnectFailure::Invalid(e)) => {
+                self.fall_back(&format!("the server refused it: {e}")).await
+            }
+            Err(ConnectFailure::TooLarge(e) | ConnectFailure::Other(e)) => Err(e),
         }
-        if self.watch.is_none() {
-            return self.connect_watch(resource_version, false).await;
-        }
-        self.read_burst().await
     }
 
-    async fn connect_watch(&mut self, resource_version: String, initial: bool) -> Result<()> {
-        let wp = WatchParams {
-            label_selector: self.cfg.label_selector.clone(),
-            field_selector: self.cfg.field_selector.clone(),
-            timeout: Some(self.cfg.timeout),
-            bookmarks: true,
-            send_initial_events: initial,
+    async fn read_initial(&mut self, mut conn: WatchConn, received: u64) -> Result<Stage> {
+        let timeout = self.cfg.initial_events_timeout;
+        let burst = conn
+            .burst(self.cfg.page_size as usize, Some(timeout))
+            .await?;
+        if burst.idle {
+            return self
+                .fall_back(&format!(
+                    "no initial-events-end bookmark and no event for {} ms",
+                    timeout.as_millis()
+                ))
+                .await;
+        }
+        let ended = burst.ended;
+        let (ingest, emit) = (self.ingest.clone(), self.emit);
+        let applied = self
+            .disk
+            .run(move |w| {
+                let mut parsed = ingest.lines(burst.lines, true);
+                let objects: Vec<_> = std::mem::take(&mut parsed.ops)
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        Op::Put(o) => Some(o),
+                        _ => None,
+                    })
+                    .collect();
+                let changes = match &parsed.end {
+                    Some(rv) => w.list_page(objects, ListProgress::Done(rv.clone()), emit)?,
+                    None if !objects.is_empty() => {
+                        w.list_page(objects, ListProgress::More(None), emit)?
+                    }
+                    None => Vec::new(),
+                };
+                Ok(Applied { changes, parsed })
+            })
+            .await?;
+        self.push_changes(applied.changes);
+        let p = applied.parsed;
+        let received = received + p.delivered;
+        self.push_rejected(p.rejected);
+        if let Some(rv) = p.end {
+            tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
+            self.set_live(true);
+            return Ok(match self.disk.state.phase {
+                Phase::Sweeping { .. } => Stage::Sweeping {
+                    then: Some((conn, p.rest)),
+                },
+                _ => Stage::Watching {
+                    conn: Some(conn),
+                    deferred: p.rest,
+                },
+            });
+        }
+        if p.plain_bookmark_initial {
+            return self
+                .fall_back("a bookmark without k8s.io/initial-events-end came before the end of the initial events")
+                .await;
+        }
+        if let Some(status) = p.error {
+            if status.code == 410 {
+                return self.relist("streaming list ERROR 410").await;
+            }
+            if status.is_too_large() {
+                return self.too_large(status).await;
+            }
+            if received == 0 {
+                // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage
+                // lacks the progress notifications the list needs) with an ERROR event.
+                return self
+                    .fall_back(&format!(
+                        "ERROR event {} {}: {}",
+                        status.code, status.reason, status.message
+                    ))
+                    .await;
+            }
+            return Err(self.watch_status(status));
+        }
+        if ended {
+            // Resume starts a new list: a new epoch, and a sweep at its end.
+            tracing::info!(url = %self.url(), "streaming list ended before its end bookmark; listing again");
+            return Ok(Stage::Resume);
+        }
+        Ok(Stage::StreamingInitial {
+            conn: Some(conn),
+            received,
+        })
+    }
+
+    async fn sweep_chunk(&mut self, then: Option<(WatchConn, Vec<Line>)>) -> Result<Stage> {
+        let (page, emit) = (self.cfg.page_size as usize, self.emit);
+        let (changes, done) = self.disk.run(move |w| w.sweep_step(page, emit)).await?;
+        self.push_changes(changes);
+        if !done {
+            return Ok(Stage::Sweeping { then });
+        }
+        Ok(match then {
+            Some((conn, deferred)) => Stage::Watching {
+                conn: Some(conn),
+                deferred,
+            },
+            None => Stage::Watching {
+                conn: None,
+                deferred: Vec::new(),
+            },
+        })
+    }
+
+    async fn connect_watch(&mut self, deferred: Vec<Line>) -> Result<Stage> {
+        let rv = match &self.disk.state.phase {
+            Phase::Synced { resource_version } => resource_version.clone(),
+            _ => return Ok(Stage::Resume),
         };
-        let url = self.url().to_string();
-        let context = || format!("WATCH {url} from resourceVersion {resource_version:?}");
-        let mut req = if self.metadata_only {
-            self.request.watch_metadata(&wp, &resource_version)
-        } else {
-            self.request.watch(&wp, &resource_version)
-        }
-        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
-        req.headers_mut().insert(
-            http::header::ACCEPT_ENCODING,
-            http::HeaderValue::from_static("identity"),
-        );
-        match self.client.request_stream(req).await {
-            Ok(body) => {
-                tracing::debug!(resource_version = %resource_version, initial, "watch connected");
-                self.watch = Some(WatchConn {
-                    lines: byte_lines(body),
-                    initial,
-                });
-                if !initial {
-                    self.too_large = 0;
-                    self.writer.set_live(true);
-                }
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 410 => {
-                self.relist("watch resourceVersion expired (410)")
-            }
-            Err(kube::Error::Api(s)) if is_too_large(&s) => {
-                self.too_large += 1;
-                if self.too_large > self.cfg.too_large_retries {
-                    return self.relist("resourceVersion too large, retries exhausted");
-                }
-                Err(Error::Kube {
-                    context: context(),
-                    source: kube::Error::Api(s),
+        match WatchConn::connect(&self.client, self.target(), &rv, false).await {
+            Ok(conn) => {
+                self.set_live(true);
+                Ok(Stage::Watching {
+                    conn: Some(conn),
+                    deferred,
                 })
             }
-            Err(source) => Err(Error::Kube {
-                context: context(),
-                source,
-            }),
+            Err(ConnectFailure::Gone) => self.relist("watch resourceVersion expired (410)").await,
+            Err(ConnectFailure::TooLarge(e)) => {
+                self.too_large += 1;
+                if self.too_large > self.cfg.too_large_retries {
+                    return self
+                        .relist("resourceVersion too large, retries exhausted")
+                        .await;
+                }
+                Err(e)
+            }
+            Err(ConnectFailure::Invalid(e) | ConnectFailure::Other(e)) => Err(e),
         }
     }
 
-    /// Read the next watch event, plus every event already buffered (up to a page), and
-    /// apply them in one batch.
-    async fn read_burst(&mut self) -> Result<()> {
-        let Some(conn) = self.watch.as_mut() else {
-            return Ok(());
+    async fn too_large(&mut self, status: super::raw::StatusBody) -> Result<Stage> {
+        self.too_large += 1;
+        if self.too_large > self.cfg.too_large_retries {
+            return self
+                .relist("resourceVersion too large, retries exhausted")
+                .await;
+        }
+        Err(self.watch_status(status))
+    }
+
+    fn watch_status(&self, status: super::raw::StatusBody) -> Error {
+        Error::WatchStatus {
+            url: self.url().to_string(),
+            resource_version: self.disk.state.last_synced.clone().unwrap_or_default(),
+            code: status.code,
+            reason: status.reason,
+            message: status.message,
+        }
+    }
+
+    async fn read_watch(&mut self, mut conn: WatchConn, deferred: Vec<Line>) -> Result<Stage> {
+        let (lines, ended) = if deferred.is_empty() {
+            let burst = conn.burst(self.cfg.page_size as usize, None).await?;
+            (burst.lines, burst.ended)
+        } else {
+            (deferred, false)
         };
-        let mut lines = Vec::new();
-        let mut ended = false;
-        match conn.lines.next().await {
-            None => ended = true,
-            Some(Err(e)) => {
-                return Err(Error::Protocol {
-                    context: format!("WATCH {}", self.request.url_path),
-                    detail: format!("stream broke: {e}"),
-                });
-            }
-            Some(Ok(l)) => lines.push(l),
-        }
-        while !ended && lines.len() < self.cfg.page_size as usize {
-            match conn.lines.next().now_or_never() {
-                Some(Some(Ok(l))) => lines.push(l),
-                Some(None) => ended = true,
-                Some(Some(Err(_))) | None => break,
-            }
-        }
-        let initial = conn.initial;
-        self.apply_lines(lines, initial)?;
-        if ended && self.watch.is_some() {
-            tracing::debug!("watch stream ended; reconnecting from the checkpoint");
-            self.drop_watch();
-        }
-        Ok(())
-    }
-
-    fn apply_lines(&mut self, lines: Vec<Vec<u8>>, initial: bool) -> Result<()> {
-        let mut ops = Vec::with_capacity(lines.len());
-        let mut last_rv = None;
-        let mut list_done = None;
-        let mut gone = None;
-        let mut rest = Vec::new();
-        let (mut events, mut bookmarks) = (0u64, 0u64);
-        let mut lines = lines.into_iter();
-        while let Some(bytes) = lines.next() {
-            let line = match std::str::from_utf8(&bytes) {
-                Ok(l) => l,
-                Err(e) => {
-                    self.bad(BadObject {
-                        what: String::from_utf8_lossy(&bytes[..bytes.len().min(120)]).into_owned(),
-                        why: format!("watch event is not UTF-8: {e}"),
+        let (ingest, emit) = (self.ingest.clone(), self.emit);
+        let checkpoint = self.disk.state.last_synced.clone();
+        let applied = self
+            .disk
+            .run(move |w| {
+                let mut parsed = ingest.lines(lines, false);
+                if parsed.lost.is_some() {
+                    return Ok(Applied {
+                        changes: Vec::new(),
+                        parsed,
                     });
-                    continue;
                 }
-            };
-            if line.trim().is_empty() {
-                continue;
-            }
-            let ev: WatchLine<'_> = match serde_json::from_str(line) {
-                Ok(ev) => ev,
-                Err(e) => {
-                    self.bad(BadObject {
-                        what: raw::snippet(line),
-                        why: format!("watch event does not decode: {e}"),
-                    });
-                    continue;
-                }
-            };
-            match ev.kind.as_str() {
-                "ADDED" | "MODIFIED" => {
-                    if let Some(o) = self.incoming(ev.object) {
-                        last_rv = Some(o.resource_version.clone());
-                        events += 1;
-                        ops.push(Op::Put(o));
+                let ops = std::mem::take(&mut parsed.ops);
+                let changes = match parsed.last_rv.clone().or(checkpoint) {
+                    Some(rv) if !ops.is_empty() || parsed.last_rv.is_some() => {
+                        w.watch_burst(ops, rv, emit)?
                     }
-                }
-                "DELETED" => match raw::deleted_suffix(ev.object) {
-                    Ok(suffix) if !initial => {
-                        if let Some((rv, _)) = raw::bookmark(ev.object) {
-                            last_rv = Some(rv);
-                        }
-                        events += 1;
-                        ops.push(Op::Delete {
-                            suffix,
-                            body: ev.object.get().as_bytes().to_vec(),
-                        });
-                    }
-                    Ok(_) => tracing::warn!(
-                        "DELETED event during a streaming list's initial events, ignored"
-                    ),
-                    Err(bad) => self.bad(bad),
-                },
-                "BOOKMARK" => match raw::bookmark(ev.object) {
-                    Some((rv, end)) => {
-                        bookmarks += 1;
-                        if initial && end {
-                            list_done = Some(rv);
-                            rest = lines.collect();
-                            break;
-                        }
-                        last_rv = Some(rv);
-                    }
-                    None => self.bad(BadObject {
-                        what: raw::snippet(line),
-                        why: "bookmark without resourceVersion".into(),
-                    }),
-                },
-                "ERROR" => {
-                    let status: StatusBody =
-                        serde_json::from_str(ev.object.get()).unwrap_or_default();
-                    gone = Some(status);
-                    break;
-                }
-                other => self.bad(BadObject {
-                    what: raw::snippet(line),
-                    why: format!("unknown watch event type {other:?}"),
-                }),
-            }
+                    _ => Vec::new(),
+                };
+                Ok(Applied { changes, parsed })
+            })
+            .await?;
+        self.push_changes(applied.changes);
+        let p = applied.parsed;
+        self.push_rejected(p.rejected);
+        if p.delivered > 0 {
+            // A healthy connection: later errors start their backoff from the minimum.
+            self.backoff.reset();
+            self.too_large = 0;
         }
-        Counters::add(&self.stats.watch_events, events);
-        Counters::add(&self.stats.bookmarks, bookmarks);
-        if initial {
-            let objects = ops.into_iter().filter_map(|op| match op {
-                Op::Put(o) => Some(o),
-                Op::Delete { .. } => None,
-            });
-            let progress = match list_done.clone() {
-                Some(rv) => ListProgress::Done(rv),
-                None => ListProgress::More(None),
-            };
-            let changes = self
-                .writer
-                .list_page(objects.collect(), progress, self.emit)?;
-            self.push_changes(changes);
-            if let Some(rv) = list_done {
-                tracing::info!(resource_version = %rv, "streaming list complete");
-                if let Some(c) = self.watch.as_mut() {
-                    c.initial = false;
-                }
-                self.writer.set_live(true);
-                // Events after the end of the initial events are live watch events; apply
-                // them once the sweep (if any) has completed.
-                self.deferred = rest;
-            }
-        } else if let Some(rv) = last_rv {
-            let changes = self.writer.watch_burst(ops, rv, self.emit)?;
-            self.push_changes(changes);
+        if let Some(why) = p.lost {
+            return self
+                .relist(&format!("a watch event could not be read ({why})"))
+                .await;
         }
-        if let Some(status) = gone {
+        if let Some(status) = p.error {
             if status.code == 410 {
-                return self.relist("watch ERROR 410 Gone");
+                return self.relist("watch ERROR 410 Gone").await;
             }
-            let err = Error::WatchStatus {
-                url: self.url().to_string(),
-                resource_version: self.writer.state().last_synced.clone().unwrap_or_default(),
-                code: status.code,
-                reason: status.reason,
-                message: status.message,
-            };
-            self.drop_watch();
-            return Err(err);
-        }
-        Ok(())
-    }
-
-    fn incoming(&self, raw: &RawValue) -> Option<Incoming> {
-        match raw::incoming(raw, &self.cfg, self.validate.as_ref()) {
-            Ok(o) => Some(o),
-            Err(bad) => {
-                self.bad(bad);
-                None
+            if status.is_too_large() {
+                return self.too_large(status).await;
             }
+            return Err(self.watch_status(status));
         }
-    }
-
-    fn bad(&self, bad: BadObject) {
-        Counters::add(&self.stats.bad_objects, 1);
-        tracing::warn!(object = %bad.what, reason = %bad.why, url = %self.url(), "skipping bad object from the server");
+        if ended {
+            tracing::debug!(url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
+            self.set_live(false);
+            return Ok(Stage::Watching {
+                conn: None,
+                deferred: Vec::new(),
+            });
+        }
+        Ok(Stage::Watching {
+            conn: Some(conn),
+            deferred: Vec::new(),
+        })
     }
 
     fn push(&mut self, ev: RawEvent) {
@@ -625,22 +738,15 @@ impl Machine {
         }
     }
 
-    fn drop_watch(&mut self) {
-        if self.watch.take().is_some() {
-            self.writer.set_live(false);
+    fn push_rejected(&mut self, rejected: Vec<Rejected>) {
+        for r in rejected {
+            self.push(RawEvent::Rejected(r));
         }
     }
-}
 
-fn is_too_large(s: &kube::core::Status) -> bool {
-    let causes = s
-        .details
-        .as_ref()
-        .map(|d| {
-            d.causes
-                .iter()
-                .any(|c| c.reason == "ResourceVersionTooLarge")
-        })
-        .unwrap_or(false);
-    causes || (s.code == 504 && s.message.contains("Too large resource version"))
+    /// Mark the watch as connected (or not), for `Reader::wait_until_live`.
+    fn set_live(&self, live: bool) {
+        self.status
+            .send_if_modified(|s| std::mem::replace(&mut s.live, live) != live);
+    }
 }

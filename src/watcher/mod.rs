@@ -1,7 +1,9 @@
 //! The persistent watcher: lists and watches one collection and drives the store's writer.
 
 mod backoff;
+mod batch;
 mod config;
+mod conn;
 mod index;
 mod machine;
 mod raw;
@@ -79,13 +81,21 @@ where
 {
     /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
     /// the stream goes on after each, retrying with jittered exponential backoff.
+    ///
+    /// An object the store refuses (it does not decode into `K`, exceeds
+    /// [`Config::max_object_bytes`], or the transform fails) is yielded as
+    /// `Err(`[`Error::ObjectRejected`](crate::Error::ObjectRejected)`)` naming its key and
+    /// resourceVersion, and counted in [`crate::Stats::bad_objects`]. Its previous version is
+    /// removed from the store in the same batch (a store never serves, as current, a
+    /// version older than its checkpoint), without a `Delete` event: the object still
+    /// exists on the server. The stream goes on.
     pub fn stream(mut self) -> impl Stream<Item = Result<Event<K>>> + Send {
         self.machine.set_emit(true);
         futures::stream::unfold(self, |mut w| async move {
             loop {
                 if let Some(raw) = w.machine.pending.pop_front() {
-                    if let Some(ev) = w.decode(raw) {
-                        return Some((Ok(ev), w));
+                    if let Some(item) = w.decode(raw) {
+                        return Some((item, w));
                     }
                     continue;
                 }
@@ -106,7 +116,7 @@ where
         }
     }
 
-    fn decode(&self, raw: RawEvent) -> Option<Event<K>> {
+    fn decode(&self, raw: RawEvent) -> Option<Result<Event<K>>> {
         let obj = |body: Vec<u8>| match serde_json::from_slice::<K>(&body) {
             Ok(k) => Some(k),
             Err(e) => {
@@ -114,14 +124,22 @@ where
                 None
             }
         };
-        Some(match raw {
+        Some(Ok(match raw {
+            RawEvent::Rejected(r) => {
+                return Some(Err(crate::Error::ObjectRejected {
+                    path: self.path.clone(),
+                    key: r.key,
+                    resource_version: r.resource_version,
+                    reason: r.reason,
+                }));
+            }
             RawEvent::Resumed(resource_version) => Event::Resumed { resource_version },
             RawEvent::Init => Event::Init,
             RawEvent::InitDone => Event::InitDone,
             RawEvent::InitApply(b) => Event::InitApply(obj(b)?),
             RawEvent::Apply(b) => Event::Apply(obj(b)?),
             RawEvent::Delete(b) => Event::Delete(obj(b)?),
-        })
+        }))
     }
 }
 
@@ -170,6 +188,7 @@ impl Db {
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
+        config.check()?;
         let url = api.resource_url().to_string();
         let kind = K::kind(dyntype);
         if config.sensitive.unwrap_or(kind == "Secret")
@@ -198,7 +217,9 @@ impl Db {
         )?;
         match keys_only {
             Some(type_meta) => {
-                watcher.machine.writer_mut().set_keys_only(Some(type_meta));
+                watcher
+                    .machine
+                    .configure_writer(|w| w.set_keys_only(Some(type_meta)));
                 Ok((reader.keys_only(), watcher))
             }
             None => Ok((reader, watcher)),
@@ -218,6 +239,7 @@ impl Db {
         K: Resource + Send + Sync + 'static,
         K::DynamicType: Default,
     {
+        config.check()?;
         let url = api.resource_url().to_string();
         let identity = identity::<K>(
             &url,
@@ -286,7 +308,16 @@ impl Db {
         if built == config.index_names() {
             writer.set_built_indexes(&built)?;
         }
-        let machine = Machine::new(client, url, metadata_only, config, validate, writer, stats);
+        let machine = Machine::new(
+            client,
+            url,
+            metadata_only,
+            config,
+            validate,
+            writer,
+            self.worker(),
+            stats,
+        );
         Ok((
             reader,
             Watcher {

@@ -61,6 +61,34 @@ pub(crate) struct StatusBody {
     pub(crate) reason: String,
     #[serde(default)]
     pub(crate) message: String,
+    #[serde(default)]
+    pub(crate) details: Option<StatusDetails>,
+}
+
+/// `Status.details`, for its causes.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct StatusDetails {
+    #[serde(default)]
+    pub(crate) causes: Vec<StatusCause>,
+}
+
+/// One `Status.details.causes` entry.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct StatusCause {
+    #[serde(default)]
+    pub(crate) reason: String,
+}
+
+impl StatusBody {
+    /// 504 with cause `ResourceVersionTooLarge`, as kube-apiserver's watch cache sends it
+    /// in an `ERROR` event when the requested resourceVersion is newer than it has seen.
+    pub(crate) fn is_too_large(&self) -> bool {
+        self.details.as_ref().is_some_and(|d| {
+            d.causes
+                .iter()
+                .any(|c| c.reason == "ResourceVersionTooLarge")
+        }) || (self.code == 504 && self.message.contains("Too large resource version"))
+    }
 }
 
 /// A bookmark's resourceVersion and whether it ends a streaming list's initial events.
@@ -81,6 +109,23 @@ pub(crate) struct BadObject {
     /// Best-effort `namespace/name` or a prefix of the JSON.
     pub(crate) what: String,
     pub(crate) why: String,
+    /// The object's key suffix, when its name (and namespace) could be read: the stored
+    /// version of that object must then be removed, not kept as current.
+    pub(crate) key: Option<Vec<u8>>,
+    /// The rejected version, when it could be read.
+    pub(crate) resource_version: Option<String>,
+}
+
+impl BadObject {
+    /// A bad object that cannot be identified.
+    pub(crate) fn anonymous(what: String, why: String) -> Self {
+        BadObject {
+            what,
+            why,
+            key: None,
+            resource_version: None,
+        }
+    }
 }
 
 /// Reduce one object to what the store needs, applying the transform and validation.
@@ -90,58 +135,64 @@ pub(crate) fn incoming(
     inspect: Option<&Inspector>,
 ) -> Result<Incoming, BadObject> {
     let json = raw.get();
-    let bad = |why: String, what: Option<String>| BadObject {
-        what: what.unwrap_or_else(|| snippet(json)),
-        why,
-    };
-    if json.len() > cfg.max_object_bytes {
-        return Err(bad(
-            format!(
-                "{} bytes exceeds max_object_bytes {}",
-                json.len(),
-                cfg.max_object_bytes
-            ),
-            None,
-        ));
-    }
-    let head: Head = serde_json::from_str(json)
-        .map_err(|e| bad(format!("metadata does not decode: {e}"), None))?;
+    let head: Head = serde_json::from_str(json).map_err(|e| {
+        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+    })?;
     let m = head.metadata;
     let name = match m.name {
         Some(n) if !n.is_empty() && !n.contains('\0') => n,
-        _ => return Err(bad("missing or invalid metadata.name".into(), None)),
+        _ => {
+            return Err(BadObject::anonymous(
+                snippet(json),
+                "missing or invalid metadata.name".into(),
+            ));
+        }
     };
     let what = match &m.namespace {
         Some(ns) => format!("{ns}/{name}"),
         None => name.clone(),
     };
     if m.namespace.as_deref().is_some_and(|ns| ns.contains('\0')) {
-        return Err(bad("invalid metadata.namespace".into(), Some(what)));
+        return Err(BadObject::anonymous(
+            what,
+            "invalid metadata.namespace".into(),
+        ));
     }
-    let Some(resource_version) = m.resource_version.filter(|rv| !rv.is_empty()) else {
-        return Err(bad("missing metadata.resourceVersion".into(), Some(what)));
+    let key = object_suffix(m.namespace.as_deref(), &name);
+    let rv = m.resource_version.filter(|rv| !rv.is_empty());
+    let bad = |why: String| BadObject {
+        what: what.clone(),
+        why,
+        key: Some(key.clone()),
+        resource_version: rv.clone(),
+    };
+    if json.len() > cfg.max_object_bytes {
+        return Err(bad(format!(
+            "{} bytes exceeds max_object_bytes {}",
+            json.len(),
+            cfg.max_object_bytes
+        )));
+    }
+    let Some(resource_version) = rv.clone() else {
+        return Err(bad("missing metadata.resourceVersion".into()));
     };
     let body = match &cfg.transform {
         Some((_, f)) => {
-            let mut v: serde_json::Value = serde_json::from_str(json)
-                .map_err(|e| bad(format!("invalid JSON: {e}"), Some(what.clone())))?;
+            let mut v: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| bad(format!("invalid JSON: {e}")))?;
             f(&mut v);
-            serde_json::to_vec(&v)
-                .map_err(|e| bad(format!("transform output: {e}"), Some(what.clone())))?
+            serde_json::to_vec(&v).map_err(|e| bad(format!("transform output: {e}")))?
         }
         None => json.as_bytes().to_vec(),
     };
     let index = match inspect {
-        Some(check) => check(&body).map_err(|e| {
-            bad(
-                format!("does not decode into the store's type: {e}"),
-                Some(what.clone()),
-            )
-        })?,
+        Some(check) => {
+            check(&body).map_err(|e| bad(format!("does not decode into the store's type: {e}")))?
+        }
         None => Vec::new(),
     };
     Ok(Incoming {
-        suffix: object_suffix(m.namespace.as_deref(), &name),
+        suffix: key,
         uid: m.uid.unwrap_or_default(),
         resource_version,
         body,
@@ -152,16 +203,15 @@ pub(crate) fn incoming(
 /// The key suffix of a deleted object (only name and namespace are needed).
 pub(crate) fn deleted_suffix(raw: &RawValue) -> Result<Vec<u8>, BadObject> {
     let json = raw.get();
-    let head: Head = serde_json::from_str(json).map_err(|e| BadObject {
-        what: snippet(json),
-        why: format!("metadata does not decode: {e}"),
+    let head: Head = serde_json::from_str(json).map_err(|e| {
+        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
     })?;
     match head.metadata.name {
         Some(n) if !n.is_empty() => Ok(object_suffix(head.metadata.namespace.as_deref(), &n)),
-        _ => Err(BadObject {
-            what: snippet(json),
-            why: "missing metadata.name".into(),
-        }),
+        _ => Err(BadObject::anonymous(
+            snippet(json),
+            "missing metadata.name".into(),
+        )),
     }
 }
 
@@ -202,6 +252,7 @@ mod tests {
         assert!(err.why.contains("metadata"), "{err:?}");
         let err = incoming(&raw(r#"{"metadata":{"name":"a"}}"#), &cfg, None).unwrap_err();
         assert_eq!(err.what, "a");
+        assert_eq!(err.key, Some(object_suffix(None, "a")));
     }
 
     #[test]

@@ -32,6 +32,13 @@ fn usize_of(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
+fn verb_param(params: &Params) -> Result<Verb, ApiError> {
+    let verb = params
+        .get("verb")
+        .ok_or_else(|| ApiError::bad_request("missing query parameter verb"))?;
+    Verb::parse(verb).ok_or_else(|| ApiError::bad_request(format!("unknown verb {verb:?}")))
+}
+
 /// Handles one admin request.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
@@ -62,7 +69,10 @@ async fn route(
             h.reset_counts();
             done()
         }
-        (&Method::GET, "/testkit/revision") => ok(json!({"revision": h.revision()})),
+        (&Method::GET, "/testkit/revision") => ok(json!({
+            "revision": h.revision(),
+            "resourceVersion": h.resource_version(),
+        })),
         (&Method::POST, "/testkit/compact") => {
             h.compact();
             ok(json!({"revision": h.revision()}))
@@ -71,16 +81,21 @@ async fn route(
             f.gone_next_watch();
             done()
         }
+        (&Method::POST, "/testkit/faults/too-large-next-watch") => {
+            f.too_large_next_watch();
+            done()
+        }
+        (&Method::POST, "/testkit/faults/timeout-next") => {
+            let verb = verb_param(params)?;
+            f.timeout_next(verb, usize_of(num(params, "count", Some(1))?));
+            done()
+        }
         (&Method::POST, "/testkit/faults/drop-watch-after") => {
             f.drop_watch_after(usize_of(num(params, "events", None)?));
             done()
         }
         (&Method::POST, "/testkit/faults/fail-next") => {
-            let verb = params
-                .get("verb")
-                .ok_or_else(|| ApiError::bad_request("missing query parameter verb"))?;
-            let verb = Verb::parse(verb)
-                .ok_or_else(|| ApiError::bad_request(format!("unknown verb {verb:?}")))?;
+            let verb = verb_param(params)?;
             let status = num(params, "status", Some(500))?;
             let status =
                 u16::try_from(status).map_err(|_| ApiError::bad_request("invalid status"))?;

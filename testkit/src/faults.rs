@@ -12,8 +12,10 @@ use crate::status::{ApiError, reason_for};
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
     drop_watch_after: Option<usize>,
-    fail_next: HashMap<Verb, (u16, usize)>,
+    error_watch_after: Option<usize>,
+    fail_next: HashMap<Verb, PendingFailure>,
     gone_next_watch: bool,
+    too_large_next_watch: bool,
     page_delay: Duration,
     malformed_next_list: bool,
     malformed_next_watch: bool,
@@ -21,11 +23,24 @@ pub(crate) struct FaultState {
     inject_watch: Vec<Vec<u8>>,
 }
 
+/// A pending `fail_next` / `timeout_next` injection.
+#[derive(Debug, Clone, Copy)]
+struct PendingFailure {
+    code: u16,
+    remaining: usize,
+    /// A generic request timeout (504 without the ResourceVersionTooLarge cause).
+    timeout: bool,
+}
+
 /// Faults consumed by one WATCH request.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct WatchFaults {
     pub drop_after: Option<usize>,
+    /// End at `drop_after` with an ERROR event (500) instead of a clean end of stream.
+    pub error_at_drop: bool,
     pub gone: bool,
+    /// Answer with a `ResourceVersionTooLarge` ERROR event at once.
+    pub too_large: bool,
     pub malformed: bool,
     /// Raw objects sent first, each as one `ADDED` event, bytes as-is.
     pub injected: Vec<Vec<u8>>,
@@ -35,10 +50,13 @@ impl FaultState {
     /// Consumes one pending failure for `verb`, if any.
     pub(crate) fn take_failure(&mut self, verb: Verb) -> Option<ApiError> {
         let entry = self.fail_next.get_mut(&verb)?;
-        let code = entry.0;
-        entry.1 -= 1;
-        if entry.1 == 0 {
+        let PendingFailure { code, timeout, .. } = *entry;
+        entry.remaining -= 1;
+        if entry.remaining == 0 {
             self.fail_next.remove(&verb);
+        }
+        if timeout {
+            return Some(ApiError::request_timeout());
         }
         let message = if code == 504 {
             "Too large resource version".to_string()
@@ -50,9 +68,12 @@ impl FaultState {
 
     /// Consumes the one-shot watch faults.
     pub(crate) fn take_watch(&mut self) -> WatchFaults {
+        let error_after = self.error_watch_after.take();
         WatchFaults {
-            drop_after: self.drop_watch_after.take(),
+            error_at_drop: error_after.is_some(),
+            drop_after: error_after.or(self.drop_watch_after.take()),
             gone: std::mem::take(&mut self.gone_next_watch),
+            too_large: std::mem::take(&mut self.too_large_next_watch),
             malformed: std::mem::take(&mut self.malformed_next_watch),
             injected: std::mem::take(&mut self.inject_watch),
         }
@@ -96,20 +117,50 @@ impl Faults {
     }
 
     /// The next `count` requests of `verb` fail with `status` and a `Status` body.
-    /// A 504 uses reason `Timeout` with cause `ResourceVersionTooLarge`.
-    /// Status codes outside 400..=599 are clamped to 500.
+    /// A 504 uses reason `Timeout` with cause `ResourceVersionTooLarge` (message
+    /// `Too large resource version`); see [`Faults::timeout_next`] for a plain timeout.
+    /// Status codes outside 400..=599 are clamped to 500. Replaces any pending
+    /// `fail_next`/`timeout_next` for `verb`; `count == 0` clears it.
     pub fn fail_next(&self, verb: Verb, status: u16, count: usize) {
         let status = if (400..=599).contains(&status) {
             status
         } else {
             500
         };
+        self.set_failure(verb, status, count, false);
+    }
+
+    /// The next `count` requests of `verb` fail with HTTP 504, reason `Timeout` and
+    /// kube-apiserver's request-timeout message (`Timeout: request did not complete within
+    /// requested timeout - context deadline exceeded`), WITHOUT the `ResourceVersionTooLarge`
+    /// cause. Replaces any pending `fail_next`/`timeout_next` for `verb`; `count == 0`
+    /// clears it.
+    pub fn timeout_next(&self, verb: Verb, count: usize) {
+        self.set_failure(verb, 504, count, true);
+    }
+
+    fn set_failure(&self, verb: Verb, code: u16, count: usize, timeout: bool) {
         let mut f = self.shared.faults();
         if count == 0 {
             f.fail_next.remove(&verb);
         } else {
-            f.fail_next.insert(verb, (status, count));
+            f.fail_next.insert(
+                verb,
+                PendingFailure {
+                    code,
+                    remaining: count,
+                    timeout,
+                },
+            );
         }
+    }
+
+    /// The next WATCH (that passes validation) is answered HTTP 200 with a single ERROR event
+    /// whose object is the `ResourceVersionTooLarge` 504 `Status` (`Timeout: Too large resource
+    /// version: <requested>, current: <current>`), then ends, without waiting
+    /// [`ServerOptions::too_large_wait`](crate::ServerOptions::too_large_wait).
+    pub fn too_large_next_watch(&self) {
+        self.shared.faults().too_large_next_watch = true;
     }
 
     /// The next WATCH gets an immediate ERROR event with a 410 Expired `Status`, then ends.
@@ -147,6 +198,13 @@ impl Faults {
     /// [`Faults::drop_watch_after`].
     pub fn inject_next_watch(&self, raw: Vec<u8>) {
         self.shared.faults().inject_watch.push(raw);
+    }
+
+    /// The next WATCH stream sends `events` events (ADDED/MODIFIED/DELETED, initial events
+    /// included), then one ERROR event (500 `InternalError`, as kube-apiserver sends when a
+    /// watch fails after it was accepted) and ends. Clients see an error, not a clean end.
+    pub fn error_watch_after(&self, events: usize) {
+        self.shared.faults().error_watch_after = Some(events);
     }
 
     /// Ends every currently open WATCH stream cleanly (clients see end-of-stream and

@@ -12,6 +12,7 @@ use crate::faults::Faults;
 use crate::object::{self, Prepared, StoredObject};
 use crate::pods::{ServerFields, make_pod, pod_json};
 use crate::resource::{RequestCounts, ResourceType};
+use crate::rv;
 use crate::shared::Shared;
 use crate::status::ApiError;
 
@@ -49,7 +50,8 @@ impl ServerHandle {
     }
 
     /// Replaces an object: 404 if absent; if `metadata.resourceVersion` is set it must match
-    /// (409 Conflict otherwise).
+    /// (409 Conflict otherwise; 400 BadRequest if it is not a resourceVersion this server
+    /// renders, e.g. a number with opaque resourceVersions).
     pub fn replace(&self, rt: &ResourceType, obj: Value) -> Result<Value, ApiError> {
         let p = object::prepare(rt, obj, None)?;
         let o = self.shared.write(|st| {
@@ -113,19 +115,44 @@ impl ServerHandle {
     }
 
     /// `(namespace, name) -> resourceVersion` of every current object of a type (cheap: no
-    /// JSON parsing). Not in the original brief; added for store-vs-server comparisons.
+    /// JSON parsing), rendered as in the objects. Not in the original brief; added for
+    /// store-vs-server comparisons.
     pub fn resource_versions(&self, rt: &ResourceType) -> BTreeMap<(String, String), String> {
         let objs = {
             let mut st = self.shared.state();
             let ty = st.register(rt);
             st.current(ty, &Default::default())
         };
-        objs.iter().map(|o| (o.key(), o.rev.to_string())).collect()
+        let opaque = self.shared.opts.opaque_resource_versions;
+        objs.iter()
+            .map(|o| (o.key(), rv::render(o.rev, opaque)))
+            .collect()
     }
 
-    /// The current global revision.
+    /// The current global revision, as a number (also with
+    /// [`ServerOptions::opaque_resource_versions`](crate::ServerOptions::opaque_resource_versions);
+    /// see [`ServerHandle::resource_version`] for the rendered form).
     pub fn revision(&self) -> u64 {
         self.shared.state().revision
+    }
+
+    /// The current global revision as the server renders it in `resourceVersion` fields
+    /// (list metadata, objects, bookmarks): the decimal number, or the opaque string with
+    /// [`ServerOptions::opaque_resource_versions`](crate::ServerOptions::opaque_resource_versions).
+    /// Compare it with a client's checkpoint without parsing either.
+    pub fn resource_version(&self) -> String {
+        self.render_resource_version(self.revision())
+    }
+
+    /// Renders a revision the way this server writes `resourceVersion` fields.
+    pub fn render_resource_version(&self, revision: u64) -> String {
+        rv::render(revision, self.shared.opts.opaque_resource_versions)
+    }
+
+    /// Parses a `resourceVersion` this server rendered back to its revision; `None` for
+    /// anything else (with opaque resourceVersions, a plain number is `None`).
+    pub fn parse_resource_version(&self, resource_version: &str) -> Option<u64> {
+        rv::parse(resource_version, self.shared.opts.opaque_resource_versions)
     }
 
     /// Forgets all history up to now: watches from older revisions, and continue tokens
@@ -157,8 +184,9 @@ impl ServerHandle {
                         continue;
                     }
                     let (rev, uid) = (st.revision + 1, object::new_uid());
+                    let rv = st.rv(rev);
                     let fields = ServerFields {
-                        rev,
+                        rv: &rv,
                         uid: &uid,
                         created: &created,
                     };

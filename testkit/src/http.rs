@@ -4,21 +4,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::StreamingLists;
 use crate::object::{self, StoredObject};
 use crate::resource::{ResourceType, Verb};
+use crate::rv::{self, RvParam};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::shared::Shared;
-use crate::state::Filter;
-use crate::status::{ApiError, json_response};
+use crate::state::{Filter, Page};
+use crate::status::{ApiError, FieldError, invalid_list_options, json_response};
 use crate::{admin, watch};
 
 /// Parsed query string.
@@ -62,7 +64,25 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if !authorized(&shared, &headers) {
+    let res = handle(shared.clone(), method, uri, &headers, body).await;
+    if shared.opts.gzip
+        && accepts_gzip(&headers)
+        && res.extensions().get::<watch::WatchStream>().is_none()
+    {
+        gzip(res, shared.opts.gzip_min_bytes).await
+    } else {
+        res
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&shared, headers) {
         return ApiError::new(401, "Unauthorized", "Unauthorized").into_response();
     }
     let params: Params = match Query::try_from_uri(&uri) {
@@ -75,10 +95,55 @@ async fn dispatch(
     if path.starts_with("/testkit/") {
         return admin::handle(shared, &method, path, &params).await;
     }
-    match api(shared, &method, path, &params, &headers, body).await {
+    match api(shared, &method, path, &params, headers, body).await {
         Ok(res) => res,
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether `Accept-Encoding` lists `gzip` (kube-apiserver's `negotiateContentEncoding`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| {
+            let name = token.split(';').next().unwrap_or("").trim();
+            name.eq_ignore_ascii_case("gzip")
+        })
+}
+
+/// gzip-compresses a buffered response (`Content-Encoding: gzip`, `Vary: Accept-Encoding`).
+async fn gzip(res: Response, min_bytes: usize) -> Response {
+    use std::io::Write;
+    let (mut parts, body) = res.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::new(500, "InternalError", format!("cannot buffer response: {e}"))
+                .into_response();
+        }
+    };
+    if bytes.len() < min_bytes {
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 4 + 64),
+        flate2::Compression::fast(),
+    );
+    let compressed = match enc.write_all(&bytes).and_then(|()| enc.finish()) {
+        Ok(c) => c,
+        Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    parts
+        .headers
+        .append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    Response::from_parts(parts, Body::from(compressed))
 }
 
 fn resolve(shared: &Shared, path: &str) -> Result<Target, ApiError> {
@@ -140,6 +205,18 @@ fn resolve(shared: &Shared, path: &str) -> Result<Target, ApiError> {
     Ok(target)
 }
 
+/// Parses a boolean query parameter (`true`/`1`/`false`/`0`; empty counts as absent).
+pub(crate) fn parse_bool(params: &Params, key: &str) -> Result<Option<bool>, ApiError> {
+    match params.get(key).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some("true" | "1") => Ok(Some(true)),
+        Some("false" | "0") => Ok(Some(false)),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid value for {key}: {other:?}"
+        ))),
+    }
+}
+
 fn is_watch(params: &Params) -> bool {
     params.get("watch").is_some_and(|w| w == "true" || w == "1")
 }
@@ -192,7 +269,7 @@ async fn api(
                 fields: FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))?,
             };
             match verb {
-                Verb::Watch => watch::start(shared, ty, filter, params, meta_only),
+                Verb::Watch => watch::start(shared, ty, filter, params, meta_only).await,
                 Verb::List => list(shared, ty, filter, params, meta_only).await,
                 _ => create(&shared, ty, ns.as_deref(), &body),
             }
@@ -300,6 +377,9 @@ struct ContinueToken {
     name: String,
     served: usize,
     epoch: u64,
+    /// Index of the page this token asks for (drives [`crate::ServerOptions::short_pages`]).
+    #[serde(default)]
+    page: u64,
 }
 
 fn decode_token(s: &str) -> Result<ContinueToken, ApiError> {
@@ -312,13 +392,53 @@ fn decode_token(s: &str) -> Result<ContinueToken, ApiError> {
         })
 }
 
-fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
-}
-
 const EXPIRED_CONTINUE: &str = "The provided continue parameter is too old to display a consistent list result. \
     You can start a new list without the continue parameter.";
+
+/// apimachinery's `ValidateListOptions` for a LIST (not watch) request.
+fn validate_list(
+    params: &Params,
+    rv: &str,
+    rv_match: &str,
+    ignore_send_initial: bool,
+) -> Result<Vec<FieldError>, ApiError> {
+    let cont = params.get("continue").map(String::as_str).unwrap_or("");
+    let mut errs = Vec::new();
+    if !rv_match.is_empty() {
+        if rv.is_empty() {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if !cont.is_empty() {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+        if rv_match != "Exact" && rv_match != "NotOlderThan" {
+            errs.push(FieldError::not_supported(
+                "resourceVersionMatch",
+                rv_match,
+                &["Exact", "NotOlderThan", ""],
+            ));
+        }
+        if rv_match == "Exact" && rv == "0" {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
+    }
+    if !ignore_send_initial && parse_bool(params, "sendInitialEvents")?.is_some() {
+        errs.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        ));
+    }
+    Ok(errs)
+}
 
 async fn list(
     shared: Arc<Shared>,
@@ -327,6 +447,7 @@ async fn list(
     params: &Params,
     meta_only: bool,
 ) -> Result<Response, ApiError> {
+    let opaque = shared.opts.opaque_resource_versions;
     let limit = match params.get("limit").map(|l| l.parse::<u64>()) {
         None | Some(Ok(0)) => None,
         Some(Ok(n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -340,10 +461,30 @@ async fn list(
         .get("resourceVersionMatch")
         .map(String::as_str)
         .unwrap_or("");
+    let ignore_send_initial = shared.opts.streaming_lists == StreamingLists::Ignored;
+    let errs = validate_list(params, rv, rv_match, ignore_send_initial)?;
+    if !errs.is_empty() {
+        return Ok(invalid_list_options(&errs));
+    }
+    let rv = rv::parse_param(rv, opaque)?;
     let token = match params.get("continue").filter(|c| !c.is_empty()) {
         Some(c) => Some(decode_token(c)?),
         None => None,
     };
+    if token.is_some() && matches!(rv, RvParam::Rev(_)) {
+        return Err(ApiError::bad_request(
+            "specifying resource version is not allowed when using continue",
+        ));
+    }
+    // Like kube-apiserver's watch cache, a read at a revision not reached yet waits for it.
+    if let (None, RvParam::Rev(n)) = (&token, rv)
+        && let Err(current) = shared.wait_for_revision(n).await
+    {
+        return Err(ApiError::too_large_resource_version(
+            &rv::render(n, opaque),
+            &rv::render(current, opaque),
+        ));
+    }
     let delay = shared.faults().page_delay();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -353,63 +494,61 @@ async fn list(
         (f.take_malformed_list(), f.take_injected_list())
     };
 
-    let (page, snapshot, served, epoch, rt) = {
+    let (page, snapshot, served, page_no, epoch, rt) = {
         let st = shared.state();
-        let (snapshot, after, served) = if let Some(t) = token {
-            if !rv.is_empty() && rv != "0" {
-                return Err(ApiError::bad_request(
-                    "specifying resource version is not allowed when using continue",
-                ));
-            }
+        let (snapshot, after, served, page_no) = if let Some(t) = token {
             if t.epoch != st.compactions || t.rv < st.floor {
                 return Err(ApiError::expired(EXPIRED_CONTINUE));
             }
-            (t.rv, Some((t.ns, t.name)), t.served)
+            (t.rv, Some((t.ns, t.name)), t.served, t.page)
         } else {
-            let snapshot = match (rv, rv_match) {
-                ("", "") => st.revision,
-                ("", _) => {
-                    return Err(ApiError::bad_request(
-                        "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            let snapshot = match rv {
+                RvParam::Unset | RvParam::Any => st.revision,
+                RvParam::Rev(n) if n > st.revision => {
+                    return Err(ApiError::too_large_resource_version(
+                        &st.rv(n),
+                        &st.rv(st.revision),
                     ));
                 }
-                ("0", "Exact") => {
-                    return Err(ApiError::bad_request(
-                        "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"",
-                    ));
-                }
-                (rv, m) => {
-                    let n = parse_rv(rv)?;
-                    if n > st.revision {
-                        return Err(ApiError::too_large(format!(
-                            "Too large resource version: {n}, current: {}",
-                            st.revision
+                RvParam::Rev(n) if rv_match == "Exact" => {
+                    if n < st.floor {
+                        return Err(ApiError::expired(format!(
+                            "too old resource version: {} ({})",
+                            st.rv(n),
+                            st.rv(st.floor)
                         )));
                     }
-                    match m {
-                        "Exact" if n < st.floor => {
-                            return Err(ApiError::expired(format!(
-                                "too old resource version: {n} ({})",
-                                st.floor
-                            )));
-                        }
-                        "Exact" => n,
-                        "" | "NotOlderThan" => st.revision,
-                        other => {
-                            return Err(ApiError::bad_request(format!(
-                                "unsupported resourceVersionMatch {other:?}"
-                            )));
-                        }
-                    }
+                    n
                 }
+                RvParam::Rev(_) => st.revision,
             };
-            (snapshot, None, 0)
+            (snapshot, None, 0, 0)
         };
-        let page = st.list_page(ty, snapshot, after.as_ref(), limit, &filter);
+        let page = match (limit, shared.opts.short_pages) {
+            // An empty page that still carries a continue token (if anything is left).
+            (Some(_), true) if page_no % 3 == 1 => {
+                let probe = st.list_page(ty, snapshot, after.as_ref(), Some(1), &filter);
+                Page {
+                    next_after: if probe.items.is_empty() {
+                        None
+                    } else {
+                        after.clone()
+                    },
+                    items: Vec::new(),
+                    total: probe.total,
+                }
+            }
+            (Some(l), true) => {
+                let short = l.div_ceil(2).max(1);
+                st.list_page(ty, snapshot, after.as_ref(), Some(short), &filter)
+            }
+            (l, _) => st.list_page(ty, snapshot, after.as_ref(), l, &filter),
+        };
         (
             page,
             snapshot,
             served,
+            page_no,
             st.compactions,
             st.resource_type(ty).clone(),
         )
@@ -419,7 +558,7 @@ async fn list(
     let mut meta = serde_json::Map::new();
     meta.insert(
         "resourceVersion".into(),
-        Value::String(snapshot.to_string()),
+        Value::String(rv::render(snapshot, opaque)),
     );
     if let Some((ns, name)) = page.next_after {
         let token = ContinueToken {
@@ -428,6 +567,7 @@ async fn list(
             name,
             served: served_now,
             epoch,
+            page: page_no + 1,
         };
         let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
         meta.insert("continue".into(), Value::String(token));

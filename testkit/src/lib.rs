@@ -25,10 +25,17 @@
 //!   (`watch=true`, `allowWatchBookmarks`, `sendInitialEvents`, `timeoutSeconds`), GET, POST,
 //!   PUT, DELETE; `Accept: ...;as=PartialObjectMetadata(List)` for metadata-only answers.
 //!   Errors are Kubernetes `Status` bodies.
+//!   LIST and WATCH options are validated like kube-apiserver's `ValidateListOptions`
+//!   (422 `Invalid`); errors after a WATCH is accepted (too old or too large
+//!   resourceVersion) are one ERROR event on an HTTP 200 stream. Options make the server
+//!   stricter or older: opaque resourceVersions, short/empty pages, gzip, servers without
+//!   streaming lists ([`ServerOptions`], [`StreamingLists`]).
 //! - Admin (same bearer-token rule): `GET /testkit/counts`, `POST /testkit/reset-counts`,
-//!   `GET /testkit/revision`, `POST /testkit/compact`, `POST /testkit/churn?updates=U&creates=C&deletes=D&seed=S`,
+//!   `GET /testkit/revision` (`{"revision": N, "resourceVersion": "<as rendered>"}`),
+//!   `POST /testkit/compact`, `POST /testkit/churn?updates=U&creates=C&deletes=D&seed=S`,
 //!   `POST /testkit/seed?pods=N&namespaces=M`, and under `POST /testkit/faults/`:
-//!   `gone-next-watch`, `drop-watch-after?events=N`, `fail-next?verb=list&status=503&count=1`,
+//!   `gone-next-watch`, `too-large-next-watch`, `drop-watch-after?events=N`,
+//!   `fail-next?verb=list&status=503&count=1`, `timeout-next?verb=list&count=1`,
 //!   `page-delay?ms=N`, `malformed-next-list`, `malformed-next-watch`, `close-watches`, `clear`.
 //!   The raw injections ([`Faults::inject_next_list`], [`Faults::inject_next_watch`]) are
 //!   in-process only.
@@ -46,6 +53,7 @@ mod http;
 mod object;
 mod pods;
 mod resource;
+mod rv;
 mod selectors;
 mod shared;
 mod state;
@@ -67,6 +75,9 @@ pub use status::ApiError;
 use shared::Shared;
 
 /// Server configuration.
+///
+/// Build it with struct-update syntax so new fields keep their defaults:
+/// `ServerOptions { gzip: true, ..Default::default() }`.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     /// Address to bind; default `127.0.0.1:0` (an ephemeral port).
@@ -75,8 +86,78 @@ pub struct ServerOptions {
     pub token: Option<String>,
     /// Number of events kept in the history (at least 1); default 10 000.
     pub history: usize,
-    /// Period of BOOKMARK events on watches with `allowWatchBookmarks=true`; default 1s.
+    /// Period of BOOKMARK events on watches with `allowWatchBookmarks=true`; default 1 s
+    /// (minimum 10 ms), which is convenient for tests. kube-apiserver sends one about every
+    /// minute (set `Duration::from_secs(60)` for realism), and, like it, this server also
+    /// sends one about 2 s before a watch's `timeoutSeconds` deadline when that comes
+    /// before the next periodic one. A bookmark's resourceVersion is always the revision
+    /// the watch has delivered up to: never ahead of an event not yet sent.
     pub bookmark_interval: Duration,
+    /// How long a request for a resourceVersion newer than the current revision waits for
+    /// the revision to catch up before failing with 504 `Timeout` and cause
+    /// `ResourceVersionTooLarge` (kube-apiserver's watch cache waits 3 s: the default).
+    /// A LIST then answers HTTP 504; a WATCH (already accepted) answers HTTP 200 with one
+    /// ERROR event carrying that `Status`, then ends. If the revision is reached meanwhile,
+    /// the request proceeds normally. See also [`ServerOptions::future_watch_waits`].
+    pub too_large_wait: Duration,
+    /// When true, a WATCH without `sendInitialEvents=true` from a resourceVersion newer than
+    /// the current revision is accepted at once and silently waits: it gets no event until
+    /// the revision passes the requested one, then only events after it. That is what
+    /// kube-apiserver 1.36's watch cache does (only watch-list requests wait
+    /// [`ServerOptions::too_large_wait`] and fail). Default false: every such WATCH waits
+    /// `too_large_wait` and then gets the `ResourceVersionTooLarge` ERROR event.
+    pub future_watch_waits: bool,
+    /// Render every resourceVersion the server emits (objects, list metadata, bookmarks,
+    /// `Status` messages) as a non-numeric string that does not sort like the revision
+    /// (`tk` + the revision in letters, least significant first), and accept only that form
+    /// back (`""` and `"0"` keep their special meaning; a plain number is 400 BadRequest
+    /// `invalid resource version`). [`ServerHandle::resource_version`] gives the current
+    /// revision in the rendered form. Default false (decimal revisions, like etcd).
+    pub opaque_resource_versions: bool,
+    /// Make LIST pages with a `limit` short or empty while still carrying a `continue`
+    /// token, as etcd-backed lists with selectors can be: page k (0-based) holds no item
+    /// when `k % 3 == 1` and about half the limit otherwise. Pages never skip or repeat an
+    /// object, the token is present until the last page and `remainingItemCount` stays
+    /// exact (or absent, as without this option). Default false.
+    pub short_pages: bool,
+    /// gzip-compress non-watch responses (LIST, GET, writes, admin and `Status` error bodies)
+    /// when the request has `Accept-Encoding: gzip`, with `Content-Encoding: gzip` and
+    /// `Vary: Accept-Encoding`. WATCH streams are never compressed: kube-apiserver's
+    /// `APIResponseCompression` only applies to the buffered response writer, not to the
+    /// watch server. Default false.
+    pub gzip: bool,
+    /// With [`ServerOptions::gzip`], bodies shorter than this stay uncompressed.
+    /// kube-apiserver compresses only bodies over 128 KiB (`defaultGzipThresholdBytes`),
+    /// so small `Status` bodies are never compressed there; the default 0 compresses
+    /// everything, to exercise clients.
+    pub gzip_min_bytes: usize,
+    /// How WATCH requests with `sendInitialEvents` (streaming lists) are handled; default
+    /// [`StreamingLists::Supported`].
+    pub streaming_lists: StreamingLists,
+}
+
+/// How a server handles streaming lists (WATCH with `sendInitialEvents=true`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamingLists {
+    /// Like kube-apiserver 1.36 with the WatchList feature: initial ADDED events, then a
+    /// bookmark annotated `k8s.io/initial-events-end` (only with `allowWatchBookmarks=true`).
+    #[default]
+    Supported,
+    /// The storage lacks the `RequestWatchProgress` feature a watch-list needs: a WATCH with
+    /// `sendInitialEvents=true` and `allowWatchBookmarks=true` is answered HTTP 200 with a
+    /// single ERROR event (500 `InternalError`, `a watch stream was requested by the client
+    /// but the required storage feature RequestWatchProgress is disabled`, as kube-apiserver's
+    /// cacher sends) and ends. Without bookmarks the request is served as with `Supported`.
+    Rejected,
+    /// The WatchList feature gate is off: any WATCH with `sendInitialEvents` is 422 `Invalid`
+    /// (`sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the
+    /// WatchList feature gate is enabled`).
+    Forbidden,
+    /// A server older than streaming lists, which ignores `sendInitialEvents` and
+    /// `resourceVersionMatch` on WATCH entirely (and `sendInitialEvents` on LIST): a watch
+    /// from resourceVersion `""` or `"0"` gets synthetic ADDED events for every current object
+    /// then live events, and never an initial-events-end bookmark.
+    Ignored,
 }
 
 impl Default for ServerOptions {
@@ -86,6 +167,13 @@ impl Default for ServerOptions {
             token: None,
             history: 10_000,
             bookmark_interval: Duration::from_secs(1),
+            too_large_wait: Duration::from_secs(3),
+            future_watch_waits: false,
+            opaque_resource_versions: false,
+            short_pages: false,
+            gzip: false,
+            gzip_min_bytes: 0,
+            streaming_lists: StreamingLists::Supported,
         }
     }
 }

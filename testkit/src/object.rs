@@ -157,6 +157,8 @@ pub(crate) fn prepare(
 /// Server-assigned fields for one write.
 pub(crate) struct Stamp<'a> {
     pub rev: u64,
+    /// `rev` as the server renders it.
+    pub rv: &'a str,
     pub uid: &'a str,
     pub created: &'a str,
     pub generation: i64,
@@ -171,7 +173,7 @@ pub(crate) fn finalize(rt: &ResourceType, mut p: Prepared, stamp: Stamp<'_>) -> 
     if let Some(Value::Object(meta)) = p.value.get_mut("metadata") {
         meta.insert(
             "resourceVersion".into(),
-            Value::String(stamp.rev.to_string()),
+            Value::String(stamp.rv.to_string()),
         );
         meta.insert("uid".into(), Value::String(stamp.uid.to_string()));
         meta.insert(
@@ -194,11 +196,12 @@ pub(crate) fn finalize(rt: &ResourceType, mut p: Prepared, stamp: Stamp<'_>) -> 
     }
 }
 
-/// The last state of a deleted object, re-stamped with the deletion's revision.
-pub(crate) fn deletion_state(old: &StoredObject, rev: u64) -> StoredObject {
+/// The last state of a deleted object, re-stamped with the deletion's revision (`rv` is
+/// `rev` as the server renders it).
+pub(crate) fn deletion_state(old: &StoredObject, rev: u64, rv: &str) -> StoredObject {
     let mut value = old.value();
     if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
     }
     StoredObject {
         rev,

@@ -48,7 +48,8 @@ const REGISTRIES: &[&str] = &["registry.example.com", "ghcr.io/example", "quay.i
 
 /// Server-assigned metadata embedded directly by the fast seeding path.
 pub(crate) struct ServerFields<'a> {
-    pub rev: u64,
+    /// The revision as the server renders it.
+    pub rv: &'a str,
     pub uid: &'a str,
     pub created: &'a str,
 }
@@ -149,8 +150,8 @@ pub(crate) fn pod_json(
     if let Some(f) = server {
         let _ = write!(
             out,
-            r#""resourceVersion":"{}","uid":{},"creationTimestamp":{},"generation":1,"#,
-            f.rev,
+            r#""resourceVersion":{},"uid":{},"creationTimestamp":{},"generation":1,"#,
+            q(f.rv),
             q(f.uid),
             q(f.created)
         );
@@ -209,7 +210,7 @@ mod tests {
         let odd = make_pod("we\"ird", "na\\me", 3);
         assert_eq!(odd["metadata"]["name"], "na\\me");
         let fields = ServerFields {
-            rev: 7,
+            rv: "7",
             uid: "u",
             created: "2024-01-01T00:00:00Z",
         };

@@ -25,7 +25,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(opts: ServerOptions) -> Self {
         Self {
-            state: Mutex::new(State::new(opts.history)),
+            state: Mutex::new(State::new(opts.history, opts.opaque_resource_versions)),
             faults: Mutex::new(FaultState::default()),
             rev_tx: watch::channel(0).0,
             close_tx: watch::channel(0).0,
@@ -57,6 +57,23 @@ impl Shared {
             changed
         });
         out
+    }
+
+    /// Waits until the revision reaches `rev`, at most [`ServerOptions::too_large_wait`];
+    /// `Err(current revision)` on timeout.
+    pub(crate) async fn wait_for_revision(&self, rev: u64) -> Result<(), u64> {
+        let mut rx = self.rev_tx.subscribe();
+        if self.state().revision >= rev {
+            return Ok(());
+        }
+        let waited = tokio::time::timeout(self.opts.too_large_wait, rx.wait_for(|r| *r >= rev));
+        match waited.await {
+            Ok(Ok(_)) => Ok(()),
+            _ => {
+                let current = self.state().revision;
+                if current >= rev { Ok(()) } else { Err(current) }
+            }
+        }
     }
 
     /// Ends every open watch stream.

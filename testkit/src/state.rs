@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::object::{self, Key, Prepared, Stamp, StoredObject};
 use crate::resource::ResourceType;
+use crate::rv;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 
@@ -74,10 +75,12 @@ pub(crate) struct State {
     pub floor: u64,
     /// Number of `compact()` calls; continue tokens carry it.
     pub compactions: u64,
+    /// Whether resourceVersions are rendered opaque (see [`crate::rv`]).
+    pub opaque: bool,
 }
 
 impl State {
-    pub(crate) fn new(history_cap: usize) -> Self {
+    pub(crate) fn new(history_cap: usize, opaque: bool) -> Self {
         let mut s = Self {
             revision: 0,
             types: Vec::new(),
@@ -87,6 +90,7 @@ impl State {
             history_cap: history_cap.max(1),
             floor: 0,
             compactions: 0,
+            opaque,
         };
         for rt in ResourceType::builtin() {
             s.register(&rt);
@@ -103,6 +107,11 @@ impl State {
         self.collections.push(BTreeMap::new());
         self.index.insert(rt.clone(), self.types.len() - 1);
         self.types.len() - 1
+    }
+
+    /// A revision as the server renders it in `resourceVersion` fields.
+    pub(crate) fn rv(&self, rev: u64) -> String {
+        rv::render(rev, self.opaque)
     }
 
     /// Finds a type by URL coordinates.
@@ -162,8 +171,10 @@ impl State {
         }
         let rev = self.revision + 1;
         let (uid, created) = (object::new_uid(), object::now_rfc3339());
+        let rv = self.rv(rev);
         let stamp = Stamp {
             rev,
+            rv: &rv,
             uid: &uid,
             created: &created,
             generation: 1,
@@ -199,8 +210,9 @@ impl State {
         true
     }
 
-    /// Replaces an object (404 if absent, 409 Conflict on a stale resourceVersion).
-    /// With `check_rv == false` the sent resourceVersion is ignored.
+    /// Replaces an object (404 if absent, 409 Conflict on a stale resourceVersion, 400 on a
+    /// resourceVersion the server would not have rendered). With `check_rv == false` the
+    /// sent resourceVersion is ignored.
     pub(crate) fn replace(
         &mut self,
         ty: usize,
@@ -211,16 +223,17 @@ impl State {
         let Some(old) = self.collections[ty].get(&key).cloned() else {
             return Err(ApiError::not_found(&self.types[ty].qualified(), &p.name));
         };
-        if check_rv
-            && p.resource_version
-                .as_ref()
-                .is_some_and(|rv| *rv != old.rev.to_string())
-        {
-            return Err(ApiError::conflict(&self.types[ty].qualified(), &p.name));
+        if let (true, Some(sent)) = (check_rv, &p.resource_version) {
+            let sent = rv::parse(sent, self.opaque).ok_or_else(|| rv::invalid(sent))?;
+            if sent != old.rev {
+                return Err(ApiError::conflict(&self.types[ty].qualified(), &p.name));
+            }
         }
         let rev = self.revision + 1;
+        let rv = self.rv(rev);
         let stamp = Stamp {
             rev,
+            rv: &rv,
             uid: &old.uid,
             created: &old.created,
             generation: old.generation + 1,
@@ -241,7 +254,7 @@ impl State {
     pub(crate) fn delete(&mut self, ty: usize, ns: &str, name: &str) -> Option<Arc<StoredObject>> {
         let old = self.collections[ty].remove(&(ns.to_string(), name.to_string()))?;
         let rev = self.revision + 1;
-        let obj = Arc::new(object::deletion_state(&old, rev));
+        let obj = Arc::new(object::deletion_state(&old, rev, &self.rv(rev)));
         self.push(HistoryEvent {
             rev,
             ty,

@@ -74,9 +74,34 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
-    /// 504 Timeout with cause `ResourceVersionTooLarge`.
+    /// 504 Timeout with cause `ResourceVersionTooLarge` (the `Status` carries
+    /// `details.causes[0].reason = "ResourceVersionTooLarge"`). The cause is recognised by the
+    /// message, so a message without `Too large resource version` gets that text prefixed.
     pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(504, "Timeout", message)
+        let message = message.into();
+        if message.contains(TOO_LARGE) {
+            Self::new(504, "Timeout", message)
+        } else {
+            Self::new(504, "Timeout", format!("{TOO_LARGE}: {message}"))
+        }
+    }
+
+    /// 504 Timeout with cause `ResourceVersionTooLarge`, worded like kube-apiserver's
+    /// `storage.NewTooLargeResourceVersionError`:
+    /// `Timeout: Too large resource version: <requested>, current: <current>`.
+    pub fn too_large_resource_version(requested: &str, current: &str) -> Self {
+        Self::new(
+            504,
+            "Timeout",
+            format!("Timeout: {TOO_LARGE}: {requested}, current: {current}"),
+        )
+    }
+
+    /// A generic 504 Timeout without the `ResourceVersionTooLarge` cause, worded like
+    /// kube-apiserver's request-timeout filter:
+    /// `Timeout: request did not complete within requested timeout - context deadline exceeded`.
+    pub fn request_timeout() -> Self {
+        Self::new(504, "Timeout", REQUEST_TIMEOUT)
     }
 
     /// The Kubernetes `Status` JSON for this error.
@@ -105,7 +130,16 @@ pub(crate) fn reason_for(code: u16) -> &'static str {
     }
 }
 
-/// Builds a `Status` object. A 504 `Timeout` carries the `ResourceVersionTooLarge` cause.
+/// The text that marks a `ResourceVersionTooLarge` 504 (the cause's message in kube-apiserver).
+pub(crate) const TOO_LARGE: &str = "Too large resource version";
+
+/// kube-apiserver's request-timeout message (`apierrors.NewTimeoutError` adds `Timeout: `).
+pub(crate) const REQUEST_TIMEOUT: &str =
+    "Timeout: request did not complete within requested timeout - context deadline exceeded";
+
+/// Builds a `Status` object. A 504 `Timeout` whose message mentions a too large resource
+/// version carries the `ResourceVersionTooLarge` cause (like
+/// `storage.NewTooLargeResourceVersionError`); other 504s carry no cause.
 pub(crate) fn status_json(code: u16, reason: &str, message: &str) -> Value {
     let mut status = json!({
         "kind": "Status",
@@ -116,9 +150,9 @@ pub(crate) fn status_json(code: u16, reason: &str, message: &str) -> Value {
         "reason": reason,
         "code": code,
     });
-    if code == 504 && reason == "Timeout" {
+    if code == 504 && reason == "Timeout" && message.contains(TOO_LARGE) {
         status["details"] = json!({
-            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": TOO_LARGE}],
             "retryAfterSeconds": 1
         });
     } else if code == 429 || code == 503 {
@@ -143,4 +177,66 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&self.to_status()).unwrap_or_default();
         json_response(code, body)
     }
+}
+
+/// One field error of a validation failure (apimachinery's `field.Error`).
+#[derive(Debug, Clone)]
+pub(crate) struct FieldError {
+    /// `FieldValueForbidden`, `FieldValueNotSupported`, ...
+    pub cause: &'static str,
+    pub field: &'static str,
+    /// The error without the field path, e.g. `Forbidden: ...`.
+    pub body: String,
+}
+
+impl FieldError {
+    /// `field.Forbidden(path, detail)`.
+    pub(crate) fn forbidden(field: &'static str, detail: &str) -> Self {
+        Self {
+            cause: "FieldValueForbidden",
+            field,
+            body: format!("Forbidden: {detail}"),
+        }
+    }
+
+    /// `field.NotSupported(path, value, supported)`.
+    pub(crate) fn not_supported(field: &'static str, value: &str, supported: &[&str]) -> Self {
+        let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+        Self {
+            cause: "FieldValueNotSupported",
+            field,
+            body: format!(
+                "Unsupported value: {value:?}: supported values: {}",
+                supported.join(", ")
+            ),
+        }
+    }
+}
+
+/// The 422 `Invalid` answer kube-apiserver gives when `ValidateListOptions` fails:
+/// `errors.NewInvalid(meta.k8s.io/ListOptions, "", errs)`.
+pub(crate) fn invalid_list_options(errs: &[FieldError]) -> Response {
+    let each: Vec<String> = errs
+        .iter()
+        .map(|e| format!("{}: {}", e.field, e.body))
+        .collect();
+    let aggregate = if each.len() == 1 {
+        each[0].clone()
+    } else {
+        format!("[{}]", each.join(", "))
+    };
+    let mut status = status_json(
+        422,
+        "Invalid",
+        &format!("ListOptions.meta.k8s.io \"\" is invalid: {aggregate}"),
+    );
+    let causes: Vec<Value> = errs
+        .iter()
+        .map(|e| json!({"reason": e.cause, "message": e.body, "field": e.field}))
+        .collect();
+    status["details"] = json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes});
+    json_response(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        serde_json::to_vec(&status).unwrap_or_default(),
+    )
 }

@@ -8,20 +8,28 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
+use serde_json::{Value, json};
+
+use crate::StreamingLists;
 use crate::faults::WatchFaults;
-use crate::http::{Params, malformed_item, render};
+use crate::http::{Params, malformed_item, parse_bool, render};
 use crate::object::StoredObject;
 use crate::resource::ResourceType;
+use crate::rv::{self, RvParam};
 use crate::shared::Shared;
 use crate::state::{EventKind, Filter, HistoryEvent};
-use crate::status::{ApiError, status_json};
+use crate::status::{ApiError, FieldError, invalid_list_options, status_json};
 
 /// Events handled per lock acquisition while replaying history.
 const BATCH: usize = 512;
 /// Bytes buffered before a chunk is sent.
 const CHUNK: usize = 256 * 1024;
+
+/// Marks a WATCH stream response (never gzip-compressed).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WatchStream;
 
 /// Everything a watch task needs.
 struct WatchTask {
@@ -31,11 +39,11 @@ struct WatchTask {
     filter: Filter,
     meta_only: bool,
     bookmarks: bool,
+    /// The revision the watch has delivered up to (for a watch from a future revision with
+    /// [`crate::ServerOptions::future_watch_waits`], the requested one).
     cursor: u64,
     initial: Option<Vec<Arc<StoredObject>>>,
     initial_end_bookmark: bool,
-    /// `Some(floor)` if the requested revision is already compacted.
-    expired: Option<u64>,
     faults: WatchFaults,
     deadline: Option<Instant>,
     rev_rx: watch::Receiver<u64>,
@@ -49,6 +57,8 @@ struct Out {
     buf: Vec<u8>,
     events: usize,
     limit: Option<usize>,
+    /// Send an ERROR event when the limit is reached.
+    error_at_limit: bool,
 }
 
 impl Out {
@@ -63,10 +73,19 @@ impl Out {
         self.buf.extend_from_slice(object);
         self.buf.extend_from_slice(b"}\n");
         self.events += 1;
-        self.limit.is_none_or(|l| self.events < l)
+        let more = self.limit.is_none_or(|l| self.events < l);
+        if !more && std::mem::take(&mut self.error_at_limit) {
+            let status = crate::status::status_json(
+                500,
+                "InternalError",
+                "Internal error occurred: injected watch failure",
+            );
+            self.raw(&serde_json::json!({"type": "ERROR", "object": status}));
+        }
+        more
     }
 
-    fn raw(&mut self, line: &serde_json::Value) {
+    fn raw(&mut self, line: &Value) {
         self.buf
             .extend_from_slice(&serde_json::to_vec(line).unwrap_or_default());
         self.buf.push(b'\n');
@@ -90,37 +109,99 @@ impl Out {
     }
 }
 
-fn parse_bool(params: &Params, key: &str) -> Result<Option<bool>, ApiError> {
-    match params.get(key).map(String::as_str) {
-        None | Some("") => Ok(None),
-        Some("true" | "1") => Ok(Some(true)),
-        Some("false" | "0") => Ok(Some(false)),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "invalid value for {key}: {other:?}"
-        ))),
+/// A `200 OK` watch response with headers for a JSON event stream.
+fn stream_response(body: Body) -> Response {
+    let mut res = Response::new(body);
+    *res.status_mut() = StatusCode::OK;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res.extensions_mut().insert(WatchStream);
+    res
+}
+
+/// A watch that was accepted but fails at once: one ERROR event carrying `status`, then the
+/// end of the stream (kube-apiserver's cacher `newErrWatcher`).
+fn error_stream(status: Value) -> Response {
+    let mut line =
+        serde_json::to_vec(&json!({"type": "ERROR", "object": status})).unwrap_or_default();
+    line.push(b'\n');
+    stream_response(Body::from(line))
+}
+
+/// The 410 `Status` for a watch from a compacted revision.
+fn expired_status(requested: u64, floor: u64, opaque: bool) -> Value {
+    let msg = format!(
+        "too old resource version: {} ({})",
+        rv::render(requested, opaque),
+        rv::render(floor, opaque)
+    );
+    status_json(410, "Expired", &msg)
+}
+
+/// `apimachinery`'s `validateWatchOptions` (ValidateListOptions for `watch=true`).
+fn validate(params: &Params, send_initial: Option<bool>, mode: StreamingLists) -> Vec<FieldError> {
+    let rv_match = params
+        .get("resourceVersionMatch")
+        .map(String::as_str)
+        .unwrap_or("");
+    let cont = params.get("continue").map(String::as_str).unwrap_or("");
+    let mut errs = Vec::new();
+    if send_initial.is_some() {
+        if rv_match != "NotOlderThan" {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        if mode == StreamingLists::Forbidden {
+            errs.push(FieldError::forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        }
     }
+    if !rv_match.is_empty() {
+        if send_initial.is_none() {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if rv_match != "NotOlderThan" {
+            errs.push(FieldError::not_supported(
+                "resourceVersionMatch",
+                rv_match,
+                &["NotOlderThan"],
+            ));
+        }
+        if !cont.is_empty() {
+            errs.push(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+    }
+    errs
 }
 
 /// Validates a WATCH request and starts its streaming response.
-pub(crate) fn start(
+///
+/// Errors found before the watch is accepted (bad parameters, validation) are HTTP errors;
+/// later ones (too old or too large resourceVersion, storage without watch-list support)
+/// are one ERROR event on an HTTP 200 stream, as kube-apiserver's watch cache answers.
+pub(crate) async fn start(
     shared: Arc<Shared>,
     ty: usize,
     filter: Filter,
     params: &Params,
     meta_only: bool,
 ) -> Result<Response, ApiError> {
-    let rv = params
-        .get("resourceVersion")
-        .map(String::as_str)
-        .unwrap_or("");
-    let rv = match rv {
-        "" | "0" => None,
-        n => Some(
-            n.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {n:?}")))?,
-        ),
-    };
-    let send_initial = parse_bool(params, "sendInitialEvents")?;
+    let started = Instant::now();
+    let opts = &shared.opts;
+    let opaque = opts.opaque_resource_versions;
+    let mode = opts.streaming_lists;
     let bookmarks = parse_bool(params, "allowWatchBookmarks")?.unwrap_or(false);
     let timeout = match params.get("timeoutSeconds").map(|t| t.parse::<u64>()) {
         None => None,
@@ -128,29 +209,76 @@ pub(crate) fn start(
         Some(Ok(t)) => Some(Duration::from_secs(t)),
         Some(Err(_)) => return Err(ApiError::bad_request("invalid value for timeoutSeconds")),
     };
+    // An older server does not know sendInitialEvents / resourceVersionMatch on watches.
+    let send_initial = if mode == StreamingLists::Ignored {
+        None
+    } else {
+        let send_initial = parse_bool(params, "sendInitialEvents")?;
+        let errs = validate(params, send_initial, mode);
+        if !errs.is_empty() {
+            return Ok(invalid_list_options(&errs));
+        }
+        send_initial
+    };
+    let rv = rv::parse_param(
+        params
+            .get("resourceVersion")
+            .map(String::as_str)
+            .unwrap_or(""),
+        opaque,
+    )?;
     let streaming = send_initial == Some(true);
-    if streaming && params.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-        return Err(ApiError::new(
-            422,
-            "Invalid",
-            "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-        ));
+    if streaming && bookmarks && mode == StreamingLists::Rejected {
+        return Ok(error_stream(status_json(
+            500,
+            "InternalError",
+            "a watch stream was requested by the client but the required storage feature \
+             RequestWatchProgress is disabled",
+        )));
     }
     let faults = shared.faults().take_watch();
-    let drop_after = faults.drop_after;
+    let render = |n: u64| rv::render(n, opaque);
+    if faults.too_large {
+        let current = shared.state().revision;
+        let requested = match rv {
+            RvParam::Rev(n) => n,
+            _ => current + 1,
+        };
+        let err = ApiError::too_large_resource_version(&render(requested), &render(current));
+        return Ok(error_stream(err.to_status()));
+    }
+    if faults.gone {
+        let current = shared.state().revision;
+        let requested = match rv {
+            RvParam::Rev(n) => n,
+            _ => current,
+        };
+        return Ok(error_stream(expired_status(requested, current, opaque)));
+    }
+    if let RvParam::Rev(n) = rv
+        && (streaming || !opts.future_watch_waits)
+        && let Err(current) = shared.wait_for_revision(n).await
+    {
+        let err = ApiError::too_large_resource_version(&render(n), &render(current));
+        return Ok(error_stream(err.to_status()));
+    }
+    let (drop_after, error_at_limit) = (faults.drop_after, faults.error_at_drop);
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let task = {
         let st = shared.state();
-        let (cursor, initial, expired) = match (rv, send_initial.unwrap_or(rv.is_none())) {
-            (Some(n), true) if n > st.revision => {
-                return Err(ApiError::too_large(format!(
-                    "Too large resource version: {n}, current: {}",
-                    st.revision
-                )));
+        let (cursor, initial) = match (rv, send_initial) {
+            // Streaming list: the current state, at least as fresh as the requested revision
+            // (waited for above), then events after it.
+            (_, Some(true)) => (st.revision, Some(st.current(ty, &filter))),
+            // Legacy "get state and start at most recent / any".
+            (RvParam::Unset | RvParam::Any, None) => (st.revision, Some(st.current(ty, &filter))),
+            (RvParam::Unset | RvParam::Any, Some(false)) => (st.revision, None),
+            (RvParam::Rev(n), _) => {
+                if n < st.floor {
+                    return Ok(error_stream(expired_status(n, st.floor, opaque)));
+                }
+                (n, None)
             }
-            (_, true) => (st.revision, Some(st.current(ty, &filter)), None),
-            (None, false) => (st.revision, None, None),
-            (Some(n), false) => (n, None, (n < st.floor).then_some(st.floor)),
         };
         WatchTask {
             shared: shared.clone(),
@@ -161,10 +289,9 @@ pub(crate) fn start(
             bookmarks,
             cursor,
             initial,
-            initial_end_bookmark: streaming,
-            expired,
+            initial_end_bookmark: streaming && bookmarks,
             faults,
-            deadline: timeout.map(|t| Instant::now() + t),
+            deadline: timeout.map(|t| started + t),
             rev_rx: shared.rev_tx.subscribe(),
             close_rx: shared.close_tx.subscribe(),
             out: Out {
@@ -172,6 +299,7 @@ pub(crate) fn start(
                 buf: Vec::new(),
                 events: 0,
                 limit: drop_after,
+                error_at_limit,
             },
         }
     };
@@ -179,20 +307,26 @@ pub(crate) fn start(
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
-    let mut res = Response::new(Body::from_stream(stream));
-    *res.status_mut() = StatusCode::OK;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(res)
+    Ok(stream_response(Body::from_stream(stream)))
+}
+
+/// When the next periodic bookmark is due: `interval` from now, or (like kube-apiserver's
+/// `cacheWatcher.nextBookmarkTime`) 2 s before the watch's deadline if that comes first and
+/// is still ahead.
+fn next_bookmark_time(now: Instant, interval: Duration, deadline: Option<Instant>) -> Instant {
+    let periodic = now + interval;
+    match deadline.and_then(|d| d.checked_sub(Duration::from_secs(2))) {
+        Some(pre) if pre > now && pre < periodic => pre,
+        _ => periodic,
+    }
 }
 
 impl WatchTask {
     fn bookmark(&mut self, initial_end: bool) {
-        let mut metadata = serde_json::json!({"resourceVersion": self.cursor.to_string()});
+        let rv = rv::render(self.cursor, self.shared.opts.opaque_resource_versions);
+        let mut metadata = json!({"resourceVersion": rv});
         if initial_end {
-            metadata["annotations"] = serde_json::json!({"k8s.io/initial-events-end": "true"});
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
         let (api_version, kind) = if self.meta_only {
             (
@@ -202,17 +336,19 @@ impl WatchTask {
         } else {
             (self.rt.api_version(), self.rt.kind.clone())
         };
-        self.out.raw(&serde_json::json!({
+        self.out.raw(&json!({
             "type": "BOOKMARK",
             "object": {"kind": kind, "apiVersion": api_version, "metadata": metadata}
         }));
     }
 
     fn expired_event(&mut self, floor: u64) {
-        let msg = format!("too old resource version: {} ({floor})", self.cursor);
-        self.out.raw(
-            &serde_json::json!({"type": "ERROR", "object": status_json(410, "Expired", &msg)}),
+        let status = expired_status(
+            self.cursor,
+            floor,
+            self.shared.opts.opaque_resource_versions,
         );
+        self.out.raw(&json!({"type": "ERROR", "object": status}));
     }
 
     /// Translates one history event through the selectors; false once the stream must end.
@@ -235,17 +371,6 @@ impl WatchTask {
     }
 
     async fn run(mut self) {
-        if self.faults.gone {
-            let floor = self.shared.state().revision;
-            self.expired_event(floor);
-            self.out.flush().await;
-            return;
-        }
-        if let Some(floor) = self.expired {
-            self.expired_event(floor);
-            self.out.flush().await;
-            return;
-        }
         if self.faults.malformed {
             let item = malformed_item(&self.rt, self.meta_only);
             if !self.out.event("ADDED", &item) {
@@ -280,7 +405,7 @@ impl WatchTask {
             .opts
             .bookmark_interval
             .max(Duration::from_millis(10));
-        let mut next_bookmark = Instant::now() + interval;
+        let mut next_bookmark = next_bookmark_time(Instant::now(), interval, self.deadline);
         loop {
             if !self.drain().await {
                 return;
@@ -291,12 +416,16 @@ impl WatchTask {
                 _ = self.close_rx.changed() => return,
                 _ = self.out.tx.closed() => return,
                 _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => return,
-                _ = sleep(next_bookmark.saturating_duration_since(Instant::now())), if self.bookmarks => {
-                    self.bookmark(false);
-                    if !self.out.flush().await {
-                        return;
+                _ = sleep_until(next_bookmark), if self.bookmarks => {
+                    // A watch from a future revision (future_watch_waits) stays silent until
+                    // the revision catches up, like kube-apiserver's cache watcher.
+                    if self.cursor <= self.shared.state().revision {
+                        self.bookmark(false);
+                        if !self.out.flush().await {
+                            return;
+                        }
                     }
-                    next_bookmark = Instant::now() + interval;
+                    next_bookmark = next_bookmark_time(Instant::now(), interval, self.deadline);
                 }
             }
         }

@@ -207,7 +207,7 @@ async fn bad_http_input_gets_status_errors() {
             400,
         ),
         ("GET", "/api/v1/pods?resourceVersion=abc", "", 400),
-        ("GET", "/api/v1/pods?resourceVersionMatch=Exact", "", 400),
+        ("GET", "/api/v1/pods?resourceVersionMatch=Exact", "", 422),
         ("GET", "/testkit/faults/unknown", "", 404),
         ("POST", "/testkit/faults/fail-next?verb=fly", "", 400),
     ];

@@ -173,7 +173,11 @@ async fn continue_token_expires_on_compaction() {
 
 #[tokio::test]
 async fn too_large_resource_version_is_504() {
-    let server = TestServer::start().await;
+    let server = TestServer::start_with(kube_persist_testkit::ServerOptions {
+        too_large_wait: std::time::Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
     server.handle().seed_pods(3, 1);
     let client = client_for_opts(&server.url(), None, false);
     let api: Api<Pod> = Api::all(client);

@@ -1,8 +1,11 @@
 //! `testkit-server`: runs the kube-persist test API server as a standalone process.
 //!
 //! ```text
-//! testkit-server --addr 127.0.0.1:0 --pods N [--namespaces M] [--history EVENTS] [--token T] [--bookmark-ms MS]
+//! testkit-server --addr 127.0.0.1:0 --pods N [--namespaces M] [--history EVENTS] [--token T]
+//!                [--bookmark-interval-ms MS] [--too-large-wait-ms MS] [--opaque-rv]
+//!                [--short-pages] [--gzip] [--streaming-lists supported|rejected|forbidden|ignored]
 //! ```
+//! (`--bookmark-ms` is an alias of `--bookmark-interval-ms`.)
 //! Seeds N pods, prints exactly one line `listening on http://HOST:PORT` to stdout, logs to
 //! stderr (`RUST_LOG`), and serves until killed.
 
@@ -10,10 +13,12 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use kube_persist_testkit::{ServerOptions, TestServer};
+use kube_persist_testkit::{ServerOptions, StreamingLists, TestServer};
 
 const USAGE: &str = "usage: testkit-server [--addr HOST:PORT] [--pods N] [--namespaces M] \
-                     [--history EVENTS] [--token T] [--bookmark-ms MS]";
+                     [--history EVENTS] [--token T] [--bookmark-interval-ms MS] \
+                     [--too-large-wait-ms MS] [--opaque-rv] [--short-pages] [--gzip] \
+                     [--streaming-lists supported|rejected|forbidden|ignored]";
 
 struct Args {
     opts: ServerOptions,
@@ -29,8 +34,21 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(USAGE.to_string());
+        match flag.as_str() {
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            "--opaque-rv" => {
+                args.opts.opaque_resource_versions = true;
+                continue;
+            }
+            "--short-pages" => {
+                args.opts.short_pages = true;
+                continue;
+            }
+            "--gzip" => {
+                args.opts.gzip = true;
+                continue;
+            }
+            _ => {}
         }
         let value = it
             .next()
@@ -42,9 +60,22 @@ fn parse_args() -> Result<Args, String> {
             "--namespaces" => args.namespaces = value.parse().map_err(|e| bad(&e))?,
             "--history" => args.opts.history = value.parse().map_err(|e| bad(&e))?,
             "--token" => args.opts.token = Some(value),
-            "--bookmark-ms" => {
+            "--bookmark-ms" | "--bookmark-interval-ms" => {
                 args.opts.bookmark_interval =
                     Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
+            }
+            "--too-large-wait-ms" => {
+                args.opts.too_large_wait =
+                    Duration::from_millis(value.parse().map_err(|e| bad(&e))?)
+            }
+            "--streaming-lists" => {
+                args.opts.streaming_lists = match value.to_ascii_lowercase().as_str() {
+                    "supported" => StreamingLists::Supported,
+                    "rejected" => StreamingLists::Rejected,
+                    "forbidden" => StreamingLists::Forbidden,
+                    "ignored" => StreamingLists::Ignored,
+                    _ => return Err(bad(&"expected supported|rejected|forbidden|ignored")),
+                }
             }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }

@@ -1,0 +1,237 @@
+//! The single writer of one stream: turns list pages, watch bursts and sweeps into
+//! atomic batches that always carry the new [`State`] (the checkpoint) with the data.
+
+mod batch;
+mod index;
+mod sweep;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::Status;
+use super::cache::HotCache;
+use super::engine::{Backend, WriteBatch};
+use super::keys::{self, OBJECT, STATE_KEY};
+use super::record::{self, Phase, Record, State};
+use crate::crypto::Cipher;
+use crate::error::{Error, Result};
+use crate::stats::Counters;
+
+/// An object as received from the server, reduced to what the store needs.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    pub(crate) suffix: Vec<u8>,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
+    pub(crate) body: Vec<u8>,
+    /// Secondary index entries (index name, value).
+    pub(crate) index: Vec<(String, String)>,
+}
+
+/// One write to apply.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// Create or update (skipped when the stored resourceVersion is the same).
+    Put(Incoming),
+    /// Remove; `body` is the last state as the server sent it.
+    Delete { suffix: Vec<u8>, body: Vec<u8> },
+    /// The server has a newer version that the store refused (see `Stats::bad_objects`):
+    /// remove the stored one, which is no longer current. No `Delete` event.
+    Reject { suffix: Vec<u8> },
+}
+
+impl Op {
+    /// The key and (for a server deletion) the last body of a removal.
+    fn into_removal(self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+        match self {
+            Op::Put(_) => None,
+            Op::Delete { suffix, body } => Some((suffix, Some(body))),
+            Op::Reject { suffix } => Some((suffix, None)),
+        }
+    }
+}
+
+/// What a committed batch changed, with the JSON body, for the event stream.
+#[derive(Debug)]
+pub(crate) enum Change {
+    Created(Vec<u8>),
+    Updated(Vec<u8>),
+    Deleted(Vec<u8>),
+}
+
+/// How far a list has got after a page.
+pub(crate) enum ListProgress {
+    /// More pages follow; the token (if any) continues the list.
+    More(Option<String>),
+    /// The list is complete at this resourceVersion.
+    Done(String),
+}
+
+pub(crate) struct Writer {
+    backend: Arc<dyn Backend>,
+    path: PathBuf,
+    state: State,
+    status: watch::Sender<Status>,
+    stats: Arc<Counters>,
+    cache: Arc<HotCache>,
+    cipher: Option<Arc<Cipher>>,
+    /// Whether index entries are maintained (some index is configured).
+    indexed: bool,
+    /// Whether bodies are zstd-compressed.
+    compress: bool,
+    /// Keys-only mode: no bodies stored; (apiVersion, kind) to describe swept objects.
+    keys_only: Option<(String, String)>,
+}
+
+impl Writer {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        path: PathBuf,
+        state: State,
+        status: watch::Sender<Status>,
+        stats: Arc<Counters>,
+        cache: Arc<HotCache>,
+        cipher: Option<Arc<Cipher>>,
+    ) -> Self {
+        Writer {
+            backend,
+            path,
+            state,
+            status,
+            stats,
+            cache,
+            cipher,
+            indexed: false,
+            compress: true,
+            keys_only: None,
+        }
+    }
+
+    /// Store no bodies from now on; swept objects are described with this (apiVersion, kind).
+    pub(crate) fn set_keys_only(&mut self, type_meta: Option<(String, String)>) {
+        self.keys_only = type_meta;
+    }
+
+    /// Compress bodies written from now on (or not).
+    pub(crate) fn set_compress(&mut self, compress: bool) {
+        self.compress = compress;
+    }
+
+    /// Maintain index entries on every write from now on.
+    pub(crate) fn set_indexed(&mut self, indexed: bool) {
+        self.indexed = indexed;
+    }
+
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// A handle on the readers' status, for the watcher to publish liveness without
+    /// waiting for the writer.
+    pub(crate) fn status_sender(&self) -> watch::Sender<Status> {
+        self.status.clone()
+    }
+
+    /// Start a (re)list with a new epoch. Objects not seen in it are swept at the end.
+    pub(crate) fn begin_list(&mut self) -> Result<()> {
+        let mut next = self.state.clone();
+        next.epoch += 1;
+        next.phase = Phase::Listing {
+            continue_token: None,
+            sweep: self.state.count > 0,
+        };
+        if self.state.last_synced.is_some() {
+            Counters::add(&self.stats.relists, 1);
+        }
+        tracing::info!(
+            epoch = next.epoch,
+            sweep = self.state.count > 0,
+            "list started"
+        );
+        self.commit(Vec::new(), next, false).map(|_| ())
+    }
+
+    /// Write one list page (or one batch of streaming-list events) in one atomic batch.
+    pub(crate) fn list_page(
+        &mut self,
+        objects: Vec<Incoming>,
+        progress: ListProgress,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
+        let sweep = match &self.state.phase {
+            Phase::Listing { sweep, .. } => *sweep,
+            other => {
+                return Err(Error::Storage {
+                    path: self.path.clone(),
+                    detail: format!("list page written outside a list (phase {other:?})"),
+                });
+            }
+        };
+        let mut next = self.state.clone();
+        next.phase = match progress {
+            ListProgress::More(continue_token) => Phase::Listing {
+                continue_token,
+                sweep,
+            },
+            ListProgress::Done(resource_version) if sweep => Phase::Sweeping {
+                resource_version,
+                after: None,
+            },
+            ListProgress::Done(resource_version) => {
+                next.last_synced = Some(resource_version.clone());
+                Phase::Synced { resource_version }
+            }
+        };
+        let ops = objects.into_iter().map(Op::Put).collect();
+        self.commit(ops, next, emit)
+    }
+
+    /// Apply a burst of watch events and move the checkpoint to `resource_version`.
+    pub(crate) fn watch_burst(
+        &mut self,
+        ops: Vec<Op>,
+        resource_version: String,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
+        let mut next = self.state.clone();
+        next.last_synced = Some(resource_version.clone());
+        next.phase = Phase::Synced { resource_version };
+        self.commit(ops, next, emit)
+    }
+
+    fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Record> {
+        record::decode(value).map_err(|detail| Error::Corrupt {
+            path: self.path.clone(),
+            detail: format!("record {}: {detail}", keys::display(&key[1..])),
+        })
+    }
+
+    fn write(&mut self, mut batch: WriteBatch, next: State) -> Result<()> {
+        batch.put(STATE_KEY.to_vec(), record::encode(&next));
+        let ops = batch.len();
+        // Readers must not keep (or re-insert) cached versions of what this batch changes.
+        self.cache
+            .begin_write(batch.keys().filter(|k| k.first() == Some(&OBJECT)));
+        let applied = self.backend.apply(batch);
+        self.cache.end_write();
+        applied?;
+        Counters::add(&self.stats.batches, 1);
+        tracing::trace!(ops, phase = ?next.phase, "batch committed");
+        self.state = next;
+        self.publish();
+        Ok(())
+    }
+
+    /// Tell readers about the current state.
+    pub(crate) fn publish(&self) {
+        let state = &self.state;
+        self.status.send_modify(|s| {
+            s.count = state.count;
+            s.phase = (&state.phase).into();
+            s.checkpoint = state.last_synced.clone();
+            s.ready = state.last_synced.is_some();
+        });
+    }
+}

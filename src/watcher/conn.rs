@@ -1,0 +1,237 @@
+//! One WATCH connection: the request, the classification of connect failures, and the
+//! response body split into bounded lines, read in bursts.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::{AsyncBufRead, AsyncBufReadExt, FutureExt, Stream, StreamExt};
+use kube::core::Request;
+use kube::core::params::WatchParams;
+
+use super::config::Config;
+use crate::error::{Error, Result};
+
+/// One line of a watch response.
+#[derive(Debug)]
+pub(crate) enum Line {
+    /// A complete line (without its length checked against anything else).
+    Data(Vec<u8>),
+    /// A line longer than the limit: its bytes were skipped while reading, never buffered.
+    TooLong { bytes: usize },
+}
+
+type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Line>> + Send>>;
+
+/// Split a body into lines of at most `max` bytes. A longer line is consumed and dropped
+/// as it arrives (memory stays bounded by `max`) and reported as [`Line::TooLong`]. Lines
+/// are bytes: one that is not UTF-8 does not break the stream.
+fn bounded_lines(body: impl AsyncBufRead + Send + 'static, max: usize) -> Lines {
+    Box::pin(futures::stream::unfold(
+        Box::pin(body),
+        move |mut body| async move {
+            let mut line = Vec::new();
+            let mut skipped = 0usize;
+            loop {
+                let buf = match body.fill_buf().await {
+                    Ok(b) => b,
+                    Err(e) => return Some((Err(e), body)),
+                };
+                if buf.is_empty() {
+                    // End of stream: a last line without newline still counts.
+                    return match (line.is_empty(), skipped) {
+                        (true, 0) => None,
+                        (_, 0) => Some((Ok(Line::Data(line)), body)),
+                        (_, n) => Some((Ok(Line::TooLong { bytes: n }), body)),
+                    };
+                }
+                let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+                    Some(i) => (&buf[..=i], true),
+                    None => (buf, false),
+                };
+                let n = chunk.len();
+                if skipped > 0 || line.len() + n > max {
+                    skipped += line.len() + n;
+                    line = Vec::new();
+                } else {
+                    line.extend_from_slice(chunk);
+                }
+                body.as_mut().consume(n);
+                if done {
+                    return Some((
+                        Ok(if skipped > 0 {
+                            Line::TooLong { bytes: skipped }
+                        } else {
+                            Line::Data(line)
+                        }),
+                        body,
+                    ));
+                }
+            }
+        },
+    ))
+}
+
+/// A burst of lines read from a connection.
+#[derive(Debug, Default)]
+pub(crate) struct Burst {
+    pub(crate) lines: Vec<Line>,
+    /// The server ended the stream (timeout or close) after these lines.
+    pub(crate) ended: bool,
+    /// No line arrived within the idle limit.
+    pub(crate) idle: bool,
+}
+
+/// An open watch response.
+pub(crate) struct WatchConn {
+    lines: Lines,
+}
+
+impl std::fmt::Debug for WatchConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WatchConn")
+    }
+}
+
+/// Why a watch could not be opened.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// 410: the resourceVersion is compacted; relist.
+    Gone,
+    /// 504 with cause `ResourceVersionTooLarge` (a lagging replica): retry, then relist.
+    TooLarge(Error),
+    /// 400/422: the server refused the request's parameters.
+    Invalid(Error),
+    /// Anything else (network, 5xx, auth): retry with backoff.
+    Other(Error),
+}
+
+/// What to watch.
+pub(crate) struct Target<'a> {
+    pub(crate) request: &'a Request,
+    pub(crate) metadata_only: bool,
+    pub(crate) cfg: &'a Config,
+}
+
+impl WatchConn {
+    /// Open a watch from `resource_version` (`""` with `initial` for a streaming list).
+    pub(crate) async fn connect(
+        client: &kube::Client,
+        target: Target<'_>,
+        resource_version: &str,
+        initial: bool,
+    ) -> std::result::Result<WatchConn, ConnectFailure> {
+        let cfg = target.cfg;
+        let wp = WatchParams {
+            label_selector: cfg.label_selector.clone(),
+            field_selector: cfg.field_selector.clone(),
+            timeout: Some(cfg.timeout),
+            bookmarks: true,
+            send_initial_events: initial,
+        };
+        let url = &target.request.url_path;
+        let context = || format!("WATCH {url} from resourceVersion {resource_version:?}");
+        let req = if target.metadata_only {
+            target.request.watch_metadata(&wp, resource_version)
+        } else {
+            target.request.watch(&wp, resource_version)
+        }
+        .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))?;
+        match client.request_stream(req).await {
+            Ok(body) => {
+                tracing::debug!(resource_version, initial, "watch connected");
+                Ok(WatchConn {
+                    lines: bounded_lines(body, cfg.max_object_bytes.saturating_add(4096)),
+                })
+            }
+            Err(source) => {
+                let status = match &source {
+                    kube::Error::Api(s) => Some((s.code, is_too_large(s))),
+                    _ => None,
+                };
+                let err = Error::Kube {
+                    context: context(),
+                    source,
+                };
+                Err(match status {
+                    Some((410, _)) => ConnectFailure::Gone,
+                    Some((_, true)) => ConnectFailure::TooLarge(err),
+                    Some((400 | 422, _)) => ConnectFailure::Invalid(err),
+                    _ => ConnectFailure::Other(err),
+                })
+            }
+        }
+    }
+
+    /// Wait for the next line (at most `idle`, if given), then take every line already
+    /// buffered, up to `max` lines in all.
+    pub(crate) async fn burst(&mut self, max: usize, idle: Option<Duration>) -> Result<Burst> {
+        let mut burst = Burst::default();
+        let first = match idle {
+            Some(d) => match tokio::time::timeout(d, self.lines.next()).await {
+                Ok(l) => l,
+                Err(_) => {
+                    burst.idle = true;
+                    return Ok(burst);
+                }
+            },
+            None => self.lines.next().await,
+        };
+        match first {
+            None => burst.ended = true,
+            Some(Err(e)) => return Err(broke(e)),
+            Some(Ok(l)) => burst.lines.push(l),
+        }
+        while !burst.ended && burst.lines.len() < max {
+            match self.lines.next().now_or_never() {
+                Some(Some(Ok(l))) => burst.lines.push(l),
+                Some(None) => burst.ended = true,
+                // An error after complete lines: apply those first; the next read reports it.
+                Some(Some(Err(_))) | None => break,
+            }
+        }
+        Ok(burst)
+    }
+}
+
+fn broke(e: std::io::Error) -> Error {
+    Error::Protocol {
+        context: "WATCH".into(),
+        detail: format!("stream broke: {e}"),
+    }
+}
+
+/// Whether a `Status` says "resourceVersion too large" (kube-apiserver's
+/// `NewTooLargeResourceVersionError`: 504 with cause `ResourceVersionTooLarge`).
+pub(crate) fn is_too_large(s: &kube::core::Status) -> bool {
+    let cause = s.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == "ResourceVersionTooLarge")
+    });
+    cause || (s.code == 504 && s.message.contains("Too large resource version"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<String> {
+        let body = futures::io::Cursor::new(input.to_vec());
+        futures::executor::block_on(
+            bounded_lines(body, max)
+                .map(|l| match l.unwrap() {
+                    Line::Data(d) => String::from_utf8(d).unwrap(),
+                    Line::TooLong { bytes } => format!("<{bytes}>"),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn long_lines_are_skipped_while_reading() {
+        assert_eq!(lines(b"ab\ncd\n", 10), ["ab\n", "cd\n"]);
+        assert_eq!(lines(b"ab\n0123456789abc\ncd", 10), ["ab\n", "<14>", "cd"]);
+        assert_eq!(lines(b"0123456789abc", 10), ["<13>"]);
+        assert!(lines(b"", 10).is_empty());
+    }
+}
