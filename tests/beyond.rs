@@ -183,10 +183,16 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: E
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), base())
         .unwrap();
-    let _w = drive(watcher);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut w = drive(watcher);
+    // Positive signal instead of a quiet period: the watcher resumed (indexes are prepared
+    // before that) and then delivered a pod created now.
+    h.apply(&ResourceType::pods(), make_pod("ns-0", "sentinel", 4242));
+    let evs = until_apply(&mut w, "ns-0/sentinel").await;
+    assert!(matches!(evs[0], Ev::Resumed(_)), "{evs:?}");
+    assert_eq!(evs.len(), 2, "only the sentinel's change: {evs:?}");
     assert!(reader.by_index("node", "node-1").is_err());
-    assert_eq!(reader.len(), 1200);
+    assert_eq!(reader.len(), 1200 + 1);
+    assert_eq!(h.counts().list, 0, "a warm restart lists nothing");
 }
 
 async fn select_by_labels_with_and_without_an_index(engine: Engine) {
@@ -344,8 +350,16 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
         .unwrap();
     let mut events = std::pin::pin!(watcher.stream());
     let (mut applied, mut gone) = (BTreeSet::new(), BTreeSet::new());
+    // Once the expected differences arrived, a pod is created: its Apply comes through the
+    // watch after everything the relist reported (a flood of re-adds would be in there).
+    let sentinel = "ns-0/keys-sentinel";
+    let mut sentinel_made = false;
     let deadline = tokio::time::Instant::now() + WAIT;
-    while applied.len() < 6 || gone.len() < 5 {
+    loop {
+        if !sentinel_made && applied.len() >= 6 && gone.len() >= 5 {
+            h.apply(&rt, make_pod("ns-0", "keys-sentinel", 98));
+            sentinel_made = true;
+        }
         let ev = tokio::time::timeout_at(deadline, events.next())
             .await
             .expect("events in time")
@@ -356,11 +370,15 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
                     p.spec.is_some(),
                     "Apply carries the full object from the server"
                 );
-                applied.insert(format!(
+                let k = format!(
                     "{}/{}",
                     p.metadata.namespace.unwrap(),
                     p.metadata.name.unwrap()
-                ));
+                );
+                if k == sentinel {
+                    break;
+                }
+                applied.insert(k);
             }
             Event::Delete(p) => {
                 assert!(p.metadata.uid.is_some() && p.metadata.resource_version.is_some());
@@ -379,7 +397,7 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
         "only the changed objects, no flood of re-adds"
     );
     assert_eq!(gone, deleted);
-    assert_eq!(reader.len(), 1000 - 5 + 1);
+    assert_eq!(reader.len(), 1000 - 5 + 1 + 1, "+1: the sentinel");
     assert_eq!(reader.stats().relists, 1);
     assert_eq!(reader.stats().objects_unchanged, 1000 - 5 - 5);
 }

@@ -127,6 +127,82 @@ fn touch_pod(h: &ServerHandle, ns: &str, name: &str, tag: &str) {
     h.apply(&rt, o);
 }
 
+/// Sets `data.k` of configmap `app/name`.
+fn set_configmap(h: &ServerHandle, name: &str, value: &str) {
+    let rt = ResourceType::configmaps();
+    let mut o = h.get(&rt, Some("app"), name).expect("configmap exists");
+    o["data"]["k"] = value.into();
+    h.apply(&rt, o);
+}
+
+/// Sets the `barrier` annotation of deployment `app/name`.
+fn annotate_deployment(h: &ServerHandle, name: &str, value: &str) {
+    let rt = ResourceType::deployments();
+    let mut o = h.get(&rt, Some("app"), name).expect("deployment exists");
+    o["metadata"]["annotations"]["barrier"] = value.into();
+    h.apply(&rt, o);
+}
+
+/// What the reconciles of a sentinel Deployment (`app/d-c`, owner of pod `app/c-0` and named
+/// by configmap `app/cm-c`) saw, one line per reconcile:
+/// `;self=<its barrier annotation>;pod=<c-0's touched label>;cm=<cm-c's data.k>;`.
+#[derive(Default)]
+struct Seen(Mutex<Vec<String>>);
+
+impl Seen {
+    fn record(&self, d: &Deployment, pods: &Reader<Pod>, cms: Option<&Reader<ConfigMap>>) {
+        let own = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("barrier").cloned());
+        let pod = pods
+            .get_named(Some("app"), "c-0")
+            .ok()
+            .flatten()
+            .and_then(|p| p.metadata.labels.as_ref()?.get("touched").cloned());
+        let cm = cms
+            .and_then(|r| r.get_named(Some("app"), "cm-c").ok().flatten())
+            .and_then(|c| c.data.as_ref()?.get("k").cloned());
+        let line = format!(
+            ";self={};pod={};cm={};",
+            own.unwrap_or_default(),
+            pod.unwrap_or_default(),
+            cm.unwrap_or_default()
+        );
+        self.0.lock().unwrap().push(line);
+    }
+
+    fn saw(&self, slot: &str, token: &str) -> bool {
+        let want = format!(";{slot}={token};");
+        self.0.lock().unwrap().iter().any(|l| l.contains(&want))
+    }
+}
+
+/// A positive signal that one trigger stream delivered, and the controller scheduled, what
+/// came before: change the sentinel's object on that stream (`change(token)`: `slot` is
+/// `pod`, `cm` or `self`) and wait for a reconcile of the sentinel Deployment that saw the
+/// change. Twice: requests due at once leave the scheduler in no set order and their
+/// objects are read from disk concurrently, so a request that was queued before the first
+/// change has started by the time a reconcile saw the second one.
+async fn barrier(seen: &Seen, slot: &str, tag: &str, change: impl Fn(&str)) {
+    for round in 0..2 {
+        let token = format!("{tag}-{round}");
+        change(&token);
+        eventually(
+            &format!("a sentinel reconcile that saw {slot}={token}"),
+            || seen.saw(slot, &token),
+        )
+        .await;
+    }
+}
+
+fn configmap(name: &str, target: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "namespace": "app", "labels": {"target": target}},
+           "data": {"k": "v"}})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_reconcile_per_object_at_a_time_within_the_concurrency_limit() {
     common::init_tracing();
@@ -223,25 +299,34 @@ async fn requeue_after_action_and_await_change() {
         book.clone(),
     );
     let (task, _errors) = spawn_run(run);
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    task.abort();
+    // Positive signal instead of a time window: pod-0 and pod-1 were requeued four times
+    // each. A requeue of pod-2 scheduled like theirs would have run long before.
+    eventually("pod-0 and pod-1 requeued four times", || {
+        book.count("ns-0/pod-0") >= 5 && book.count("ns-0/pod-1") >= 5
+    })
+    .await;
     let times = book.times.lock().unwrap().clone();
+    task.abort();
     for k in ["ns-0/pod-0", "ns-0/pod-1"] {
-        let t = &times[k];
-        assert!(
-            (4..=7).contains(&t.len()),
-            "{k}: {} reconciles in 1.6 s",
-            t.len()
-        );
-        for w in t.windows(2) {
+        for w in times[k].windows(2) {
             let gap = w[1] - w[0];
             assert!(
                 gap >= Duration::from_millis(290),
                 "{k} requeued after {gap:?}"
             );
+            assert!(
+                gap < Duration::from_secs(3),
+                "{k} requeued only after {gap:?} (asked for 300 ms)"
+            );
         }
     }
-    assert_eq!(times["ns-0/pod-2"].len(), 1, "await_change: no requeue");
+    assert_eq!(
+        times["ns-0/pod-2"].len(),
+        1,
+        "await_change: no requeue (meanwhile pod-0 and pod-1 ran {} and {} times)",
+        times["ns-0/pod-0"].len(),
+        times["ns-0/pod-1"].len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,13 +442,12 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
         h.create(&pods, owned_pod("app", &format!("a-{i}"), &da, i))
             .unwrap();
     }
-    h.create(
-        &cms,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": "cm", "namespace": "app", "labels": {"target": "d-b"}},
-               "data": {"k": "v"}}),
-    )
-    .unwrap();
+    h.create(&cms, configmap("cm", "d-b")).unwrap();
+    // The sentinel d-c, its pod and its configmap: changes of them prove that a stream has
+    // delivered everything before (see `barrier`).
+    let dc = h.create(&deps, deployment("app", "d-c")).unwrap();
+    h.create(&pods, owned_pod("app", "c-0", &dc, 9)).unwrap();
+    h.create(&cms, configmap("cm-c", "d-c")).unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
@@ -378,6 +462,7 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
             store_cfg(),
         )
         .unwrap();
+    let cm_reader = cm_pair.0.clone();
     let controller = Controller::for_store(
         &db,
         "deployments",
@@ -398,17 +483,24 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
     struct Ctx {
         book: Book,
         pods: Reader<Pod>,
+        cms: Reader<ConfigMap>,
         children: Mutex<HashMap<String, usize>>,
+        seen: Seen,
     }
     let ctx = Arc::new(Ctx {
         book: Book::default(),
         pods: pod_reader,
+        cms: cm_reader,
         children: Mutex::new(HashMap::new()),
+        seen: Seen::default(),
     });
     let (task, errors) = spawn_run(controller.run(
         |d: Arc<Deployment>, ctx: Arc<Ctx>| async move {
             let k = key(d.as_ref());
             ctx.book.enter(&k);
+            if k == "app/d-c" {
+                ctx.seen.record(&d, &ctx.pods, Some(&ctx.cms));
+            }
             let uid = d.metadata.uid.clone();
             let n = ctx
                 .pods
@@ -431,31 +523,47 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
         ctx.clone(),
     ));
 
-    // Start: both reconciled (the sweep after the first list, and the related triggers).
-    eventually("both deployments reconciled", || ctx.book.distinct() == 2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Start: all reconciled (the sweep after the first list, and the related triggers).
+    // Whatever the first lists triggered has run once each of the three streams delivered a
+    // later change of the sentinel's objects.
+    eventually("the deployments reconciled", || ctx.book.distinct() == 3).await;
+    barrier(&ctx.seen, "self", "start", |t| {
+        annotate_deployment(&h, "d-c", t)
+    })
+    .await;
+    barrier(&ctx.seen, "pod", "start", |t| {
+        touch_pod(&h, "app", "c-0", t)
+    })
+    .await;
+    barrier(&ctx.seen, "cm", "start", |t| set_configmap(&h, "cm-c", t)).await;
     assert_eq!(ctx.children.lock().unwrap()["app/d-a"], 3);
     ctx.book.clear();
 
-    // A child Pod changes: its owner is reconciled, the other Deployment is not.
+    // A child Pod changes: its owner is reconciled, the other Deployment is not (not up to
+    // a later change on the pod stream either).
     touch_pod(&h, "app", "a-1", "x");
     eventually("owner of the changed pod reconciled", || {
         ctx.book.count("app/d-a") >= 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&ctx.seen, "pod", "after-a-1", |t| {
+        touch_pod(&h, "app", "c-0", t)
+    })
+    .await;
     assert_eq!(ctx.book.count("app/d-b"), 0, "d-b does not own the pod");
     ctx.book.clear();
 
-    // The watched ConfigMap changes: the Deployment its mapper names is reconciled.
-    let mut cm = h.get(&cms, Some("app"), "cm").unwrap();
-    cm["data"]["k"] = "w".into();
-    h.apply(&cms, cm);
+    // The watched ConfigMap changes: the Deployment its mapper names is reconciled, the
+    // other is not (not up to a later change on the configmap stream either).
+    set_configmap(&h, "cm", "w");
     eventually("mapped deployment reconciled", || {
         ctx.book.count("app/d-b") >= 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&ctx.seen, "cm", "after-cm", |t| {
+        set_configmap(&h, "cm-c", t)
+    })
+    .await;
     assert_eq!(
         ctx.book.count("app/d-a"),
         0,
@@ -486,7 +594,16 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let book = Arc::new(Book::default());
+    /// Reconciles wait at the gate until the test closes it: they are certainly running
+    /// when the signal comes, not merely likely to be (no sleep inside).
+    struct Gated {
+        book: Book,
+        gate: tokio::sync::Semaphore,
+    }
+    let ctx = Arc::new(Gated {
+        book: Book::default(),
+        gate: tokio::sync::Semaphore::new(0),
+    });
     let run = Controller::for_store(
         &db,
         "pods",
@@ -499,23 +616,28 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
         let _ = stop_rx.await;
     })
     .run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
+        |pod: Arc<Pod>, ctx: Arc<Gated>| async move {
             let k = key(pod.as_ref());
-            book.enter(&k);
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            book.leave(&k);
+            ctx.book.enter(&k);
+            // Closed by the test: the acquire then fails at once.
+            let _ = ctx.gate.acquire().await;
+            ctx.book.leave(&k);
             Ok::<_, Boom>(Action::requeue(Duration::from_millis(1)))
         },
         |_, _, _| Action::await_change(),
-        book.clone(),
+        ctx.clone(),
     );
+    let book = &ctx.book;
     let done = tokio::spawn(run.count());
     eventually("five reconciles running", || {
         book.running.load(Ordering::SeqCst) == 5
     })
     .await;
     stop_tx.send(()).unwrap();
+    // The five slots are held at the gate: nothing can start or finish meanwhile.
     let started_at_signal = book.started.load(Ordering::SeqCst);
+    assert_eq!(started_at_signal, 5, "the concurrency limit is 5");
+    ctx.gate.close();
     let results = tokio::time::timeout(Duration::from_secs(5), done)
         .await
         .expect("the run stream ends after a graceful shutdown")
@@ -536,8 +658,22 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
         .expect("stream released after shutdown");
 }
 
-/// Runs a controller until `n` distinct pods were reconciled, then shuts it down gracefully.
-async fn run_until(db: &Db, server: &TestServer, cfg: Config, book: Arc<Book>, n: usize) {
+/// The pod `run_until` changes at the end.
+const SENTINEL: &str = "ns-0/pod-0";
+
+/// Runs a controller until `n` distinct pods were reconciled and then a change of
+/// [`SENTINEL`] (made twice, with labels `<tag>-0` and `<tag>-1`) was reconciled each time,
+/// then shuts it down gracefully. The sentinel's reconciles come after anything the watch
+/// delivered before its changes: the book then holds every reconcile the start caused, and
+/// two more of the sentinel.
+async fn run_until(
+    db: &Db,
+    server: &TestServer,
+    cfg: Config,
+    book: Arc<Book>,
+    n: usize,
+    tag: &str,
+) {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let run = Controller::for_store(
         db,
@@ -562,7 +698,16 @@ async fn run_until(db: &Db, server: &TestServer, cfg: Config, book: Arc<Book>, n
     );
     let done = tokio::spawn(run.count());
     eventually("pods reconciled", || book.distinct() >= n).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let h = server.handle();
+    let (ns, name) = SENTINEL.split_once('/').unwrap();
+    for round in 0..2 {
+        let before = book.count(SENTINEL);
+        touch_pod(&h, ns, name, &format!("{tag}-{round}"));
+        eventually("the sentinel pod reconciled after its change", || {
+            book.count(SENTINEL) > before
+        })
+        .await;
+    }
     let _ = stop_tx.send(());
     done.await.unwrap();
 }
@@ -576,7 +721,8 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
 
-    // Cold start: one reconcile per pod, after the first list.
+    // Cold start: one reconcile per pod, after the first list (and two of the sentinel's
+    // changes, see `run_until`).
     let book = Arc::new(Book::default());
     run_until(
         &db,
@@ -584,13 +730,16 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
         Config::default().sweep_chunk(40),
         book.clone(),
         300,
+        "cold",
     )
     .await;
     assert_eq!(
         book.started.load(Ordering::SeqCst),
-        300,
-        "exactly one reconcile per pod"
+        300 + 2,
+        "exactly one reconcile per pod (and one per change of the sentinel)"
     );
+    assert_eq!(book.distinct(), 300);
+    assert_eq!(book.count(SENTINEL), 1 + 2);
 
     // Warm restart: every stored pod again, read from disk in chunks; no LIST.
     h.reset_counts();
@@ -601,9 +750,12 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
         Config::default().sweep_chunk(40),
         book.clone(),
         300,
+        "warm",
     )
     .await;
-    assert_eq!(book.started.load(Ordering::SeqCst), 300);
+    assert_eq!(book.started.load(Ordering::SeqCst), 300 + 2);
+    assert_eq!(book.distinct(), 300);
+    assert_eq!(book.count(SENTINEL), 1 + 2);
     assert_eq!(h.counts().list, 0, "a warm restart lists nothing");
 
     // Without reconcile_all_on_start: only changes are reconciled.
@@ -630,11 +782,17 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
         book.clone(),
     );
     let done = tokio::spawn(run.count());
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(book.distinct(), 0, "nothing reconciled without a change");
-    touch_pod(&h, "ns-1", "pod-7", "x");
-    eventually("changed pod reconciled", || book.distinct() == 1).await;
-    assert_eq!(book.count("ns-1/pod-7"), 1);
+    // Positive signal instead of a quiet period: a changed pod is reconciled (twice, as in
+    // `barrier`); nothing else was, before or in between.
+    for round in 0..2 {
+        touch_pod(&h, "ns-1", "pod-7", &format!("x-{round}"));
+        eventually("changed pod reconciled", || {
+            book.count("ns-1/pod-7") > round
+        })
+        .await;
+    }
+    assert_eq!(book.count("ns-1/pod-7"), 2);
+    assert_eq!(book.distinct(), 1, "nothing reconciled without a change");
     let _ = stop_tx.send(());
     done.await.unwrap();
     assert_eq!(h.counts().list, 0);
@@ -654,11 +812,14 @@ async fn touched_objects_trigger_kube_runtime_applier() {
     let da = h.create(&deps, deployment("app", "d-a")).unwrap();
     h.create(&deps, deployment("app", "d-b")).unwrap();
     h.create(&pods, owned_pod("app", "a-0", &da, 1)).unwrap();
+    // The sentinel d-c and its pod (see `barrier`).
+    let dc = h.create(&deps, deployment("app", "d-c")).unwrap();
+    h.create(&pods, owned_pod("app", "c-0", &dc, 9)).unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
     let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
-    let (_pods, pod_watcher) = db
+    let (pod_reader, pod_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), store_cfg())
         .unwrap();
     let (store, writer) = reflector::store::<Deployment>();
@@ -668,17 +829,30 @@ async fn touched_objects_trigger_kube_runtime_applier() {
         trigger_self(reflector(writer, deployments).applied_objects(), ()),
         trigger_owners(pod_watcher.touched_objects(), (), ()),
     );
-    let book = Arc::new(Book::default());
+    struct Ctx {
+        book: Book,
+        pods: Reader<Pod>,
+        seen: Seen,
+    }
+    let ctx = Arc::new(Ctx {
+        book: Book::default(),
+        pods: pod_reader,
+        seen: Seen::default(),
+    });
     let run = applier(
-        |d: Arc<Deployment>, book: Arc<Book>| {
+        |d: Arc<Deployment>, ctx: Arc<Ctx>| {
             Box::pin(async move {
-                book.enter(&key(d.as_ref()));
-                book.leave(&key(d.as_ref()));
+                let k = key(d.as_ref());
+                ctx.book.enter(&k);
+                if k == "app/d-c" {
+                    ctx.seen.record(&d, &ctx.pods, None);
+                }
+                ctx.book.leave(&k);
                 Ok::<_, Boom>(Action::await_change())
             })
         },
         |_, _, _| Action::await_change(),
-        book.clone(),
+        ctx.clone(),
         store,
         queue,
         controller::Config::default(),
@@ -691,15 +865,29 @@ async fn touched_objects_trigger_kube_runtime_applier() {
         }
         async {}
     }));
-    eventually("both deployments reconciled", || book.distinct() == 2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let book = &ctx.book;
+    // Whatever the start triggered has run once both streams delivered a later change of
+    // the sentinel's objects.
+    eventually("the deployments reconciled", || book.distinct() == 3).await;
+    barrier(&ctx.seen, "self", "start", |t| {
+        annotate_deployment(&h, "d-c", t)
+    })
+    .await;
+    barrier(&ctx.seen, "pod", "start", |t| {
+        touch_pod(&h, "app", "c-0", t)
+    })
+    .await;
     book.clear();
     touch_pod(&h, "app", "a-0", "x");
     eventually("owner reconciled through the persistent pod stream", || {
         book.count("app/d-a") >= 1
     })
     .await;
-    assert_eq!(book.count("app/d-b"), 0);
+    barrier(&ctx.seen, "pod", "after-a-0", |t| {
+        touch_pod(&h, "app", "c-0", t)
+    })
+    .await;
+    assert_eq!(book.count("app/d-b"), 0, "d-b does not own the pod");
 
     // Failing WATCH reconnects: the persistent watcher's arrive as WatchFailed with the API
     // status (kube-runtime's own watcher reports WatchStartFailed).
@@ -827,18 +1015,21 @@ impl Child {
     }
 }
 
+/// Whether the operator labeled this pod with its owner.
+fn is_labeled(p: &serde_json::Value) -> bool {
+    let pod: Pod = serde_json::from_value(p.clone()).unwrap();
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(operator::OWNER_LABEL))
+        == Some(&operator::wanted_owner(&pod))
+}
+
 /// Pods on the server labeled with their owner by the operator.
 fn labeled(h: &ServerHandle) -> usize {
     h.list(&ResourceType::pods())
         .iter()
-        .filter(|p| {
-            let pod: Pod = serde_json::from_value((*p).clone()).unwrap();
-            pod.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(operator::OWNER_LABEL))
-                == Some(&operator::wanted_owner(&pod))
-        })
+        .filter(|p| is_labeled(p))
         .count()
 }
 
@@ -894,7 +1085,18 @@ async fn operator_converges_after_sigkill_without_list() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let took = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Positive signal instead of a quiet period: a pod created now gets labeled too, so the
+    // restarted operator has handled whatever its watch delivered before.
+    let rt = ResourceType::pods();
+    h.apply(
+        &rt,
+        kube_persist_testkit::make_pod("ns-0", "sentinel", 4242),
+    );
+    eventually("the operator labels a new pod", || {
+        h.get(&rt, Some("ns-0"), "sentinel")
+            .is_some_and(|p| is_labeled(&p))
+    })
+    .await;
     let counts = h.counts();
     let state = second.kill();
     println!(
@@ -909,5 +1111,6 @@ async fn operator_converges_after_sigkill_without_list() {
         counts.update as usize >= PODS - done_before,
         "each remaining pod written once at least"
     );
-    assert_eq!(h.list(&ResourceType::pods()).len(), PODS);
+    assert_eq!(h.list(&ResourceType::pods()).len(), PODS + 1);
+    assert_eq!(labeled(&h), PODS + 1, "every pod labeled, the sentinel too");
 }

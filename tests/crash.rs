@@ -5,19 +5,23 @@
 //!
 //! - if its phase is `Synced`, it equals the server's state AT the checkpoint's
 //!   resourceVersion, object by object (invariant 1);
-//! - periodically, after letting a restarted child settle, it equals the server now.
+//! - periodically, after a restarted child reported its store durable at the server's
+//!   current resourceVersion, its checkpoint is that resourceVersion and it equals the
+//!   server now.
+//!
+//! resourceVersions are compared as the strings the server rendered, never parsed.
 //!
 //! The test runs once per storage engine (`sled::` and, with the `redb` feature, `redb::`).
 //! `cargo test --release --test crash -- --nocapture` prints
-//! `crash: <K> kill points, <D> divergences` for each. `KP_CRASH_SEED` replays a run,
-//! `KP_CRASH_KILLS` sets the number of kill points (default 60).
+//! `crash: <K> kill points, <D> divergences` for each. The schedule is seeded with a fixed
+//! seed; `KP_CRASH_SEED=<n>` replays a run, `KP_CRASH_SEED=random` picks a new seed (printed,
+//! and printed again on failure). `KP_CRASH_KILLS` sets the number of kill points (default 60).
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +34,11 @@ use kube_persist_testkit::{ServerOptions, TestServer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const CHILD_ENV: &str = "KP_CRASH_CHILD_DIR";
+/// Child mode that flushes the store after each state change and then reports the state
+/// as durable (`durable state ...`): used only by the settle phase, never by the kills.
+const FLUSH_ENV: &str = "KP_CRASH_FLUSH";
+/// The schedule's seed unless `KP_CRASH_SEED` says otherwise.
+const DEFAULT_SEED: u64 = 0x6b70_6372_6173_6801;
 
 fn config() -> Config {
     let c = if std::env::var("KP_CRASH_STREAMING").is_ok_and(|v| v == "1") {
@@ -62,6 +71,7 @@ fn crash_child() {
         let db = try_open_db(common::child_engine(), &dir).expect("child opens the store");
         let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), config()).unwrap();
         tokio::spawn(watcher.run());
+        let flush = std::env::var(FLUSH_ENV).is_ok_and(|v| v == "1");
         let mut last = String::new();
         loop {
             let line = format!(
@@ -72,6 +82,11 @@ fn crash_child() {
             );
             if line != last {
                 println!("{line}");
+                if flush {
+                    // Read before the flush: once it returns, the disk is at least here.
+                    db.flush().expect("flush");
+                    println!("durable {line}");
+                }
                 last = line;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -84,13 +99,21 @@ struct Running {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
-fn spawn_child(engine: Engine, dir: &std::path::Path, url: &str, streaming: bool) -> Running {
+fn spawn_child(
+    engine: Engine,
+    dir: &std::path::Path,
+    url: &str,
+    streaming: bool,
+    flush: bool,
+) -> Running {
     let streaming = if streaming { "1" } else { "0" };
+    let flush = if flush { "1" } else { "0" };
     let mut child = common::spawn_self(
         "crash_child",
         &[
             (common::ENGINE_ENV, engine.name().as_ref()),
             ("KP_CRASH_STREAMING", streaming.as_ref()),
+            (FLUSH_ENV, flush.as_ref()),
             (CHILD_ENV, dir.as_os_str()),
             ("KP_CRASH_URL", url.as_ref()),
         ],
@@ -100,7 +123,7 @@ fn spawn_child(engine: Engine, dir: &std::path::Path, url: &str, streaming: bool
     let sink = lines.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with("state ") {
+            if line.starts_with("state ") || line.starts_with("durable state ") {
                 sink.lock().unwrap().push(line);
             }
         }
@@ -117,18 +140,21 @@ impl Running {
             .any(|l| l.contains(needle))
     }
 
-    fn last_checkpoint(&self) -> Option<u64> {
-        let lines = self.lines.lock().unwrap();
-        let l = lines
-            .iter()
-            .rev()
-            .find(|l| l.contains("phase=Synced") && l.contains("live=true"))?;
-        l.split("checkpoint=")
-            .nth(1)?
-            .split(' ')
-            .next()?
-            .parse()
-            .ok()
+    /// Whether the child (in flush mode) reported its store durable, synced and live at
+    /// exactly `resource_version` (as the server renders it: compared, never parsed).
+    fn durable_at(&self, resource_version: &str) -> bool {
+        let want = format!("durable state phase=Synced checkpoint={resource_version} live=true");
+        self.lines.lock().unwrap().contains(&want)
+    }
+
+    /// The child's last reported state, for messages.
+    fn last_line(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn kill(mut self) {
@@ -230,9 +256,12 @@ fn index_matches(
 
 async fn crash_consistency_under_sigkill(engine: Engine) {
     common::init_tracing();
-    let seed: u64 = common::env_num("KP_CRASH_SEED").unwrap_or_else(|| rand::rng().random());
+    let seed = common::test_seed("KP_CRASH_SEED", DEFAULT_SEED);
     let kills: usize = common::env_num("KP_CRASH_KILLS").unwrap_or(60);
     println!("crash: engine {engine}, seed {seed} (replay with KP_CRASH_SEED={seed})");
+    let _report = common::SeedReport(format!(
+        "crash: engine {engine}, seed {seed} (replay with KP_CRASH_SEED={seed} KP_CRASH_KILLS={kills})"
+    ));
     let mut rng = StdRng::seed_from_u64(seed);
 
     let server = TestServer::start_with(ServerOptions {
@@ -248,17 +277,22 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
 
-    // Scripted churn: creates, updates and deletes while the child runs.
-    let churning = Arc::new(AtomicBool::new(true));
+    // Scripted churn: creates, updates and deletes while the child runs. A churn runs with
+    // the lock held: once the settle phase has switched it off under the lock, no change is
+    // under way and none follows, so the server's resourceVersion stays put.
+    let churning = Arc::new(Mutex::new(true));
     let churn = tokio::spawn({
         let h = h.clone();
         let churning = churning.clone();
         let mut seed = seed;
         async move {
             loop {
-                if churning.load(Ordering::Relaxed) {
-                    seed = seed.wrapping_add(1);
-                    h.churn(4, 1, 1, seed);
+                {
+                    let on = churning.lock().unwrap();
+                    if *on {
+                        seed = seed.wrapping_add(1);
+                        h.churn(4, 1, 1, seed);
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(15)).await;
             }
@@ -274,7 +308,7 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
         }
         // Alternate paginated and streaming lists (the identity does not include it).
         let streaming = rng.random_bool(0.3);
-        let running = spawn_child(engine, dir.path(), &url, streaming);
+        let running = spawn_child(engine, dir.path(), &url, streaming, false);
         let strategy = rng.random_range(0..5);
         let started = Instant::now();
         match strategy {
@@ -315,19 +349,20 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
 
         if i % 10 == 9 {
             // Settle: stop changes, let a restarted child catch up, kill it, compare with now.
-            churning.store(false, Ordering::Relaxed);
-            let target = h.revision();
-            let running = spawn_child(engine, dir.path(), &url, false);
+            *churning.lock().unwrap() = false;
+            let target = h.resource_version();
+            let running = spawn_child(engine, dir.path(), &url, false, true);
+            // Positive signal: the child reports its store flushed while synced and live at
+            // the server's current resourceVersion (same string, not a number compared).
             let deadline = Instant::now() + Duration::from_secs(60);
-            while running.last_checkpoint().is_none_or(|c| c < target) && Instant::now() < deadline
-            {
+            while !running.durable_at(&target) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            // Batches are atomic at once but durable after the periodic flush (500 ms).
-            tokio::time::sleep(Duration::from_millis(1200)).await;
+            let caught_up = running.durable_at(&target);
+            let last_line = running.last_line();
             running.kill();
             points += 1;
-            let (phase, _, store) = inspect(engine, dir.path(), &client);
+            let (phase, checkpoint, store) = inspect(engine, dir.path(), &client);
             let server = common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
             settled_checks += 1;
             let index_ok = index_matches(engine, dir.path(), &client, &h);
@@ -336,14 +371,19 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
                     "crash: settle after kill point {i}: the node index differs from the server"
                 );
             }
-            if phase != SyncPhase::Synced || store != server || !index_ok {
+            if !caught_up
+                || phase != SyncPhase::Synced
+                || checkpoint.as_deref() != Some(target.as_str())
+                || store != server
+                || !index_ok
+            {
                 divergences += 1;
                 println!(
-                    "crash: settle after kill point {i}: phase {phase:?}: {}",
+                    "crash: settle after kill point {i}: caught up {caught_up} (last [{last_line}]), phase {phase:?}, checkpoint {checkpoint:?} vs server {target}: {}",
                     common::diff("store", &store, &server)
                 );
             }
-            churning.store(true, Ordering::Relaxed);
+            *churning.lock().unwrap() = true;
         }
     }
     churn.abort();

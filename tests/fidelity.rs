@@ -136,6 +136,19 @@ fn divergences_quiet(reader: &Reader<Pod>, h: &ServerHandle, except: &[String]) 
     usize::from(server != store)
 }
 
+/// A first sync of a new store, then the process "stops".
+async fn sync_and_stop(server: &TestServer, dir: &std::path::Path) {
+    let (_db, _reader, mut w) = open(server, dir, cfg(false));
+    w.until(|e| *e == Ev::InitDone).await;
+    w.stop().await;
+}
+
+/// Wait for the `Delete` of the last of `deleted`; returns the events seen.
+async fn until_deleted(w: &mut Driven, deleted: &[String]) -> Vec<Ev> {
+    let last = deleted.last().expect("something was deleted").clone();
+    w.until(|e| matches!(e, Ev::Delete(k) if *k == last)).await
+}
+
 /// Change the server: delete `n`, update `n`, create `n` Pods; returns the deleted keys.
 fn churn(h: &ServerHandle, n: usize, tag: &str) -> Vec<String> {
     let rt = ResourceType::pods();
@@ -177,17 +190,11 @@ async fn warm_restart(mode: Mode) -> usize {
     let server = server(mode).await;
     let h = server.handle();
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (_db, _reader, mut w) = open(&server, dir.path(), cfg(false));
-        w.until(|e| *e == Ev::InitDone).await;
-        w.stop().await;
-    }
+    sync_and_stop(&server, dir.path()).await;
     let deleted = churn(&h, 10, "down");
     h.reset_counts();
     let (_db, reader, mut w) = open(&server, dir.path(), cfg(false));
-    let evs = w
-        .until(|e| matches!(e, Ev::Delete(k) if *k == deleted[deleted.len() - 1]))
-        .await;
+    let evs = until_deleted(&mut w, &deleted).await;
     assert!(matches!(evs[0], Ev::Resumed(_)), "{}", summary(&evs));
     let d = settle(&reader, &h, &[]).await;
     assert_eq!(h.counts().list, 0, "a warm restart makes no LIST call");
@@ -201,20 +208,14 @@ async fn gone_on_resume(mode: Mode, http: bool) -> usize {
     let server = server(mode).await;
     let h = server.handle();
     let dir = tempfile::tempdir().unwrap();
-    {
-        let (_db, _reader, mut w) = open(&server, dir.path(), cfg(false));
-        w.until(|e| *e == Ev::InitDone).await;
-        w.stop().await;
-    }
+    sync_and_stop(&server, dir.path()).await;
     let deleted = churn(&h, 10, "gone");
     h.compact();
     if http {
         h.faults().fail_next(Verb::Watch, 410, 1);
     }
     let (_db, reader, mut w) = open(&server, dir.path(), cfg(false));
-    let evs = w
-        .until(|e| matches!(e, Ev::Delete(k) if *k == deleted[deleted.len() - 1]))
-        .await;
+    let evs = until_deleted(&mut w, &deleted).await;
     let deletes = evs.iter().filter(|e| matches!(e, Ev::Delete(_))).count();
     assert_eq!(deletes, deleted.len(), "exact deletions: {}", summary(&evs));
     assert_eq!(reader.stats().relists, 1);
@@ -234,8 +235,7 @@ async fn gone_live(mode: Mode, streaming: bool) -> usize {
     h.faults().gone_next_watch();
     h.faults().close_watches();
     let deleted = churn(&h, 10, "live");
-    w.until(|e| matches!(e, Ev::Delete(k) if *k == deleted[deleted.len() - 1]))
-        .await;
+    until_deleted(&mut w, &deleted).await;
     let d = settle(&reader, &h, &[]).await;
     w.stop().await;
     d
@@ -369,8 +369,7 @@ async fn no_streaming(mode: Mode, how: StreamingLists) -> usize {
     w.until(|e| *e == Ev::InitDone).await;
     assert!(h.counts().list > 0, "fell back to paginated LIST");
     let deleted = churn(&h, 5, "after-fallback");
-    w.until(|e| matches!(e, Ev::Delete(k) if *k == deleted[deleted.len() - 1]))
-        .await;
+    until_deleted(&mut w, &deleted).await;
     let d = settle(&reader, &h, &[]).await;
     w.stop().await;
     d
@@ -389,8 +388,7 @@ async fn too_large(mode: Mode) -> usize {
     w.until(|e| matches!(e, Ev::Error(m) if m.contains("504")))
         .await;
     let deleted = churn(&h, 3, "too-large");
-    w.until(|e| matches!(e, Ev::Delete(k) if *k == deleted[deleted.len() - 1]))
-        .await;
+    until_deleted(&mut w, &deleted).await;
     let d = settle(&reader, &h, &[]).await;
     w.stop().await;
     d

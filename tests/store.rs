@@ -9,7 +9,7 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube_persist::{Config, Error};
+use kube_persist::{Config, Error, SyncPhase};
 use kube_persist_testkit::{ResourceType, TestServer, Verb, make_pod};
 
 fn cfg(streaming: bool) -> Config {
@@ -71,7 +71,8 @@ async fn cold_then_warm(engine: Engine, streaming: bool) {
             assert_eq!(counts.list, 10, "one LIST call per page of 500");
             assert_eq!(reader.stats().list_pages, 10);
         }
-        assert_eq!(reader.checkpoint(), Some(h.revision().to_string()));
+        // The checkpoint is the list's resourceVersion, exactly as the server rendered it.
+        assert_eq!(reader.checkpoint(), Some(h.resource_version()));
         w.stop().await;
     }
 
@@ -104,6 +105,8 @@ async fn cold_then_warm(engine: Engine, streaming: bool) {
     }
     reader.wait_until_live().await.unwrap();
     assert_matches(&reader, &h, &rt);
+    // The last event was the last change: the checkpoint is the server's current version.
+    assert_eq!(reader.checkpoint(), Some(h.resource_version()));
     let counts = h.counts();
     assert_eq!(counts.list, 0, "warm restart made a LIST call");
     assert_eq!(counts.watch, 1, "warm restart opens exactly one WATCH");
@@ -155,7 +158,12 @@ async fn relist_after_gone(engine: Engine, streaming: bool) {
         evs.extend(w.until(|e| matches!(e, Ev::Delete(_))).await);
     }
     converge(&reader, &h, &rt).await;
-    evs.extend(w.drain_for(Duration::from_millis(300)).await);
+    // Positive end of the relist's events: a pod created after convergence reaches us as a
+    // watch event, after everything the relist reported; nothing more is awaited.
+    h.apply(&rt, make_pod("ns-0", "sentinel", 77_777));
+    evs.extend(until_apply(&mut w, "ns-0/sentinel").await);
+    evs.pop(); // the sentinel's own Apply
+    assert_eq!(reader.checkpoint(), Some(h.resource_version()));
     let mut got_deleted: Vec<_> = evs
         .iter()
         .filter_map(|e| match e {
@@ -177,8 +185,9 @@ async fn relist_after_gone(engine: Engine, streaming: bool) {
     let stats = reader.stats();
     assert_eq!(stats.relists, 1);
     assert_eq!(
-        stats.objects_written, 14,
-        "unchanged objects are not rewritten: {stats:?}"
+        stats.objects_written,
+        14 + 1,
+        "unchanged objects are not rewritten (+1: the sentinel): {stats:?}"
     );
     assert_eq!(stats.objects_unchanged, 1200 - 7 - 7, "{stats:?}");
     assert_eq!(stats.objects_deleted, 7);
@@ -217,18 +226,29 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
     h.faults().gone_next_watch();
     h.faults().close_watches();
     // While the relist runs, the store never shrinks below what it had.
+    let relisted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watch_len = tokio::spawn({
-        let reader = reader.clone();
+        let (reader, relisted) = (reader.clone(), relisted.clone());
         async move {
             let mut min = u64::MAX;
-            for _ in 0..100 {
+            while !relisted.load(std::sync::atomic::Ordering::SeqCst) {
                 min = min.min(reader.len());
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            min
+            min.min(reader.len())
         }
     });
-    let evs = w.drain_for(Duration::from_millis(1500)).await;
+    // The relist is over once it was counted and the store is synced and live again (the
+    // watcher marks itself not live before the relist is counted).
+    eventually("the relist to complete", || {
+        reader.stats().relists >= 1 && reader.phase() == SyncPhase::Synced && reader.is_live()
+    })
+    .await;
+    relisted.store(true, std::sync::atomic::Ordering::SeqCst);
+    // A pod created now arrives through the new watch, after anything the relist reported.
+    h.apply(&rt, make_pod("ns-0", "sentinel", 77_777));
+    let mut evs = until_apply(&mut w, "ns-0/sentinel").await;
+    evs.pop(); // the sentinel's own Apply
     assert!(
         watch_len.await.unwrap() >= 2000,
         "store shrank during the relist"
@@ -237,8 +257,9 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
     let stats = reader.stats();
     assert_eq!(stats.relists, 1, "{stats:?} {}", summary(&evs));
     assert_eq!(
-        stats.objects_written, 2000,
-        "relist rewrote unchanged objects: {stats:?}"
+        stats.objects_written,
+        2000 + 1,
+        "relist rewrote unchanged objects (+1: the sentinel): {stats:?}"
     );
     assert!(
         !evs.iter()
@@ -246,6 +267,7 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
         "{}",
         summary(&evs)
     );
+    assert_eq!(reader.checkpoint(), Some(h.resource_version()));
 }
 
 /// The continue token expires mid-list: the list restarts with a new epoch, objects deleted
@@ -571,20 +593,25 @@ async fn hot_cache_never_goes_back_in_time(engine: Engine) {
     for _ in 0..4 {
         let (reader, names, stop) = (reader.clone(), names.clone(), stop.clone());
         readers.push(tokio::task::spawn_blocking(move || {
-            let mut last = std::collections::HashMap::<String, u64>::new();
+            // The age of a read is the `round` label the test wrote (None before the first
+            // round), never the resourceVersion: that is opaque and has no order.
+            let mut last = std::collections::HashMap::<String, Option<u64>>::new();
             let mut reads = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for n in &names {
                     let pod = reader.get_named(Some("ns-0"), n).unwrap().expect("present");
-                    let rv: u64 = pod
+                    let round: Option<u64> = pod
                         .metadata
-                        .resource_version
+                        .labels
                         .as_ref()
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    let prev = last.insert(n.clone(), rv).unwrap_or(0);
-                    assert!(rv >= prev, "{n}: read rv {rv} after {prev}");
+                        .and_then(|l| l.get("round"))
+                        .map(|r| r.parse().expect("the test writes numbers"));
+                    let prev = last.insert(n.clone(), round).flatten();
+                    assert!(
+                        round >= prev,
+                        "{n}: read round {round:?} after round {prev:?} (rv {:?})",
+                        pod.metadata.resource_version
+                    );
                     reads += 1;
                 }
             }

@@ -326,3 +326,50 @@ pub fn spawn_self(test_name: &str, envs: &[(&str, &std::ffi::OsStr)]) -> std::pr
     }
     cmd.spawn().expect("spawn child test process")
 }
+
+/// The seed of a randomized test. `name` set to a number replays that seed; set to `random`
+/// it asks for a fresh random seed; otherwise (unset) the fixed `default`, so that a plain
+/// `cargo test` runs the same schedule every time. Print the result with [`SeedReport`].
+pub fn test_seed(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) if v.trim().eq_ignore_ascii_case("random") => {
+            use rand::Rng;
+            rand::rng().random()
+        }
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            panic!("{name}={v:?}: expected a number (a seed to replay) or `random`")
+        }),
+        Err(_) => default,
+    }
+}
+
+/// Prints how to replay a randomized test when it fails: keep it alive for the whole test;
+/// if the test panics, dropping it (while unwinding) prints `what` to stderr.
+pub struct SeedReport(pub String);
+
+impl Drop for SeedReport {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("FAILED with {}", self.0);
+        }
+    }
+}
+
+/// Poll `f` (every 10 ms, to pace the loop) until it holds; panics after [`WAIT`].
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Collect events until `Apply(key)` arrives: the positive signal that everything the stream
+/// delivered before the change that produced it has been received.
+pub async fn until_apply(w: &mut Driven, key: &str) -> Vec<Ev> {
+    let want = Ev::Apply(key.to_string());
+    w.until(|e| *e == want).await
+}

@@ -142,7 +142,9 @@ impl Writer {
             continue_token: None,
             sweep: self.state.count > 0,
         };
-        if self.state.last_synced.is_some() {
+        // A retry of a list that has not completed is the same relist, not another one.
+        let retry = matches!(self.state.phase, Phase::Listing { .. });
+        if self.state.last_synced.is_some() && !retry {
             Counters::add(&self.stats.relists, 1);
         }
         tracing::info!(
