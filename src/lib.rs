@@ -16,6 +16,10 @@
 //!   exact deletions (mark and sweep on disk, no in-memory key set);
 //! - serves [`Reader::get`], iteration and namespace scans from disk.
 //!
+//! The design (data flow, the watcher's state machine, the on-disk layout and the tests
+//! that guard each invariant) is described in `ARCHITECTURE.md` at the root of the
+//! repository.
+//!
 //! ```no_run
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::Pod;

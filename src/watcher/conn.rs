@@ -130,12 +130,18 @@ impl WatchConn {
         };
         let url = &target.request.url_path;
         let context = || format!("WATCH {url} from resourceVersion {resource_version:?}");
-        let req = if target.metadata_only {
+        let mut req = if target.metadata_only {
             target.request.watch_metadata(&wp, resource_version)
         } else {
             target.request.watch(&wp, resource_version)
         }
         .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))?;
+        // Events must reach the store as they arrive; a compressed stream would be held
+        // back by the decompressor (kube-apiserver does not compress watches anyway).
+        req.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
         match client.request_stream(req).await {
             Ok(body) => {
                 tracing::debug!(resource_version, initial, "watch connected");
