@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> engine=<E>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E>`
 
 mod support;
 
@@ -68,7 +68,14 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         "encryption cost: uniform get p50 {:.1} -> {:.1} us, apply {:.0} -> {:.0} events/s",
         plain.uni50, enc.uni50, plain.apply_per_s, enc.apply_per_s
     );
-    let (hot50, uni50, uni99, per_s) = (plain.hot50, plain.uni50, plain.uni99, plain.apply_per_s);
+    let (hot50, uni50, uni99, raw50, hit_rate, per_s) = (
+        plain.hot50,
+        plain.uni50,
+        plain.uni99,
+        plain.raw50,
+        plain.hit_rate,
+        plain.apply_per_s,
+    );
 
     // kube-runtime's reflector Store::get on the same keys.
     let (store, writer) = reflector::store::<Pod>();
@@ -110,7 +117,7 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} engine={engine}"
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine}"
     );
 }
 
@@ -129,7 +136,22 @@ struct PersistFigures {
     hot50: f64,
     uni50: f64,
     uni99: f64,
+    raw50: f64,
+    hit_rate: f64,
     apply_per_s: f64,
+}
+
+/// p50 of `f` over `seq`, in microseconds.
+fn p50_of(seq: &[usize], mut f: impl FnMut(usize)) -> f64 {
+    let times = seq
+        .iter()
+        .map(|&i| {
+            let t = Instant::now();
+            f(i);
+            t.elapsed()
+        })
+        .collect();
+    percentiles(times).0
 }
 
 /// Sync a kube-persist store, time `Reader::get` on hot and uniform keys, then time how fast
@@ -147,7 +169,8 @@ async fn measure_persist(
         hot_seq,
         uniform_seq,
     } = *work;
-    let label = if key.is_some() {
+    let encrypted = key.is_some();
+    let label = if encrypted {
         "kube-persist (encrypted)"
     } else {
         "kube-persist"
@@ -190,6 +213,68 @@ async fn measure_persist(
     eprintln!(
         "{label} Reader::get  hot keys (cache hits): p50 {hot50:.2} us p99 {hot99:.2} us; uniform random: p50 {uni50:.1} us p99 {uni99:.1} us"
     );
+    // Where a miss goes: engine read + envelope + decompression (+ decryption) is get_raw;
+    // the rest is JSON decoding, timed alone on the same bodies with both parsers.
+    let sample = &uniform_seq[..uniform_seq.len().min(20_000)];
+    let raw50 = p50_of(sample, |i| {
+        let (ns, name) = &keys[i];
+        assert!(reader.get_raw(Some(ns), name).expect("get_raw").is_some());
+    });
+    let partial50 = p50_of(sample, |i| {
+        let (ns, name) = &keys[i];
+        let m: Option<kube::core::PartialObjectMeta<Pod>> =
+            reader.get_as(Some(ns), name).expect("get_as");
+        assert!(m.is_some());
+    });
+    let bodies: Vec<Vec<u8>> = sample[..2000]
+        .iter()
+        .map(|&i| {
+            let (ns, name) = &keys[i];
+            reader.get_raw(Some(ns), name).unwrap().unwrap()
+        })
+        .collect();
+    let idx: Vec<usize> = (0..bodies.len()).collect();
+    let serde50 = p50_of(&idx, |i| {
+        let _: Pod = serde_json::from_slice(&bodies[i]).expect("serde_json");
+    });
+    let simd50 = p50_of(&idx, |i| {
+        let mut b = bodies[i].clone();
+        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
+    });
+    let json_kb = bodies.iter().map(Vec::len).sum::<usize>() as f64 / bodies.len() as f64 / 1e3;
+    // The same bodies without metadata.managedFields (what `drop_managed_fields` stores).
+    let stripped: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| {
+            let mut v: serde_json::Value = serde_json::from_slice(b).expect("json");
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("managedFields");
+            }
+            serde_json::to_vec(&v).expect("json")
+        })
+        .collect();
+    let stripped50 = p50_of(&idx, |i| {
+        let mut b = stripped[i].clone();
+        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
+    });
+    let stripped_kb =
+        stripped.iter().map(Vec::len).sum::<usize>() as f64 / stripped.len() as f64 / 1e3;
+    eprintln!(
+        "{label} managedFields: simd-json decode p50 {simd50:.1} us for {json_kb:.1} KB with them, \
+         {stripped50:.1} us for {stripped_kb:.1} KB without"
+    );
+    eprintln!(
+        "{label} read breakdown (p50, us): get {uni50:.1} = get_raw {raw50:.1} (engine read, envelope, \
+         decompression{}) + decode; decode alone: serde_json {serde50:.1}, simd-json {simd50:.1} \
+         (incl. a {json_kb:.1} KB copy); typed partial get_as::<PartialObjectMeta<Pod>> {partial50:.1}",
+        if encrypted { ", decryption" } else { "" }
+    );
+
+    let hit_rate = churn_hit_rate(url, &reader, keys).await;
+    eprintln!(
+        "{label} hot cache under churn (Zipf gets while the server updates 1,000 Pods/s): hit rate {:.1}%",
+        hit_rate * 100.0
+    );
 
     // Apply throughput: updates are made while the watcher is stopped (the test server
     // writes only a few thousand objects per second, slower than the store applies them),
@@ -229,6 +314,62 @@ async fn measure_persist(
         hot50,
         uni50,
         uni99,
+        raw50,
+        hit_rate,
         apply_per_s: per_s,
     }
+}
+
+/// The hot cache's hit rate for Zipf-distributed gets (s = 1: rank r is read with weight
+/// 1/r) over every key for 5 s, while the server updates 1,000 random Pods per second.
+async fn churn_hit_rate(
+    url: &str,
+    reader: &kube_persist::Reader<Pod>,
+    keys: &[(String, String)],
+) -> f64 {
+    let mut cdf = Vec::with_capacity(keys.len());
+    let mut total = 0.0;
+    for r in 1..=keys.len() {
+        total += 1.0 / r as f64;
+        cdf.push(total);
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let url = url.to_string();
+    let churn = tokio::spawn(async move {
+        for round in 0u64.. {
+            support::admin(
+                &url,
+                "POST",
+                &format!(
+                    "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
+                    1000 + round
+                ),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let before = reader.stats();
+    let reader = reader.clone();
+    let keys = keys.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            let x = rng.random_range(0.0..total);
+            let rank = cdf.partition_point(|&c| c < x).min(keys.len() - 1);
+            let (ns, name) = &keys[order[rank]];
+            reader.get_named(Some(ns), name).expect("get");
+        }
+        let after = reader.stats();
+        churn.abort();
+        let hits = (after.hot_cache_hits - before.hot_cache_hits) as f64;
+        let misses = (after.hot_cache_misses - before.hot_cache_misses) as f64;
+        hits / (hits + misses).max(1.0)
+    })
+    .await
+    .expect("churn gets")
 }

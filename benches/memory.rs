@@ -6,7 +6,7 @@
 //! cargo bench --bench memory            # N = 10k, 50k, 100k, 200k
 //! cargo bench --bench memory -- --quick # N = 10k, 100k
 //! cargo bench --bench memory -- --pods 20000
-//! cargo bench --bench memory -- --quick --engine redb   # storage engine (default sled)
+//! cargo bench --bench memory -- --quick --engine sled   # storage engine (default redb)
 //! ```
 //! The last lines are one `RESULT n=<N> ... engine=<E>` line per N. Besides the sync and
 //! relist peaks, a fresh kube-persist process opens the synced store and makes 100,000

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench restart [-- --pods 100000]
 //! ```
-//! `-- --engine sled|redb` picks the storage engine (default sled).
+//! `-- --engine sled|redb` picks the storage engine (default redb).
 //! Last line: `RESULT n=<N> warm_ready_ms=<x> warm_list_calls=<k> cold_persist_ready_ms=<y> cold_reflector_ready_ms=<z> killed_restart_ready_ms=<r> killed_restart_list_calls=<l> engine=<E>`
 
 mod support;

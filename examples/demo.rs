@@ -7,6 +7,11 @@
 //! child process, cold-syncs them into a kube-persist store in a client process, changes
 //! Pods on the server, restarts the client on the same directory (warm restart: no LIST),
 //! does the same with kube-runtime's in-memory reflector, and prints a side-by-side table.
+//!
+//! The store uses redb, the default engine for new stores (flat memory under reads, less
+//! than half of sled's peak while syncing, a warm restart ready in milliseconds: see
+//! BENCHMARKS.md); `--engine sled` runs the same demo on sled. A `--dir` that already
+//! holds a store keeps the engine recorded in it unless `--engine` names one.
 
 #[path = "../benches/support/mod.rs"]
 mod support;
@@ -19,7 +24,8 @@ use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_serve
 struct Args {
     pods: usize,
     dir: Option<PathBuf>,
-    engine: kube_persist::Engine,
+    /// `--engine`, if given.
+    engine: Option<kube_persist::Engine>,
 }
 
 const USAGE: &str = "usage: demo [--pods N] [--dir DIR] [--engine sled|redb]";
@@ -28,7 +34,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         pods: 50_000,
         dir: None,
-        engine: kube_persist::Engine::default(),
+        engine: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -40,7 +46,7 @@ fn parse_args() -> Result<Args, String> {
             "--dir" => args.dir = Some(PathBuf::from(it.next().ok_or("--dir needs a path")?)),
             "--engine" => {
                 let v = it.next().ok_or("--engine needs sled or redb")?;
-                args.engine = v.parse().map_err(|e| format!("--engine: {e}"))?;
+                args.engine = Some(v.parse().map_err(|e| format!("--engine: {e}"))?);
             }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
@@ -132,7 +138,18 @@ async fn demo() -> std::process::ExitCode {
     println!("server: {url}");
     let tmp = tempfile::tempdir().expect("temporary directory");
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().join("store"));
-    let engine = args.engine;
+    // As `Db::open` chooses: the engine asked for, else the one an existing store records,
+    // else the default for new stores (redb).
+    let engine = match args.engine {
+        Some(engine) => engine,
+        None => match kube_persist::Engine::of_store(&dir) {
+            Ok(recorded) => recorded.unwrap_or_default(),
+            Err(e) => {
+                eprintln!("{e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+    };
     println!("store directory: {} ({engine} engine)", dir.display());
 
     let opts = |until_rv| ClientOpts {

@@ -5,6 +5,10 @@
 //! ```
 //! Uses the cluster your kubeconfig (or in-cluster service account) points at. Run it
 //! twice: the second start resumes from the checkpoint on disk without listing.
+//!
+//! A new `--dir` gets redb, the default engine (its memory stays flat however many Pods are
+//! read, where sled's grows with them: see BENCHMARKS.md); an existing one keeps the engine
+//! recorded in it. `--engine` chooses explicitly (and refuses a store of the other engine).
 
 use std::time::{Duration, Instant};
 
@@ -31,15 +35,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let dir = flag("--dir")
         .ok_or("usage: pods --dir DIR [--namespace NS] [--lookup NS/NAME] [--engine sled|redb]")?;
-    // Examples build with the `redb` feature; a controller enables it in its Cargo.toml.
-    let engine: Engine = flag("--engine").as_deref().unwrap_or("sled").parse()?;
+    let mut db_config = DbConfig::default();
+    if let Some(engine) = flag("--engine") {
+        db_config = db_config.engine(engine.parse::<Engine>()?);
+    }
 
     let client = Client::try_default().await?;
     let api: Api<Pod> = match flag("--namespace") {
         Some(ns) => Api::namespaced(client, &ns),
         None => Api::all(client),
     };
-    let db = Db::open_with(&dir, DbConfig::default().engine(engine))?;
+    let db = Db::open_with(&dir, db_config)?;
+    eprintln!("store {dir} ({} engine)", db.engine());
     // managedFields are often half of a Pod; few controllers read them.
     let (reader, watcher) = db.store("pods", api, Config::default().drop_managed_fields())?;
 

@@ -120,14 +120,16 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
-    /// The store directory was written by another storage engine than the one requested.
-    #[error("store at {} was written by the {stored} engine and cannot be opened with {requested}: open it with DbConfig::engine(Engine::{stored:?}), or remove it with Db::destroy to start over", path.display())]
+    /// The store directory was written by another storage engine than the one explicitly
+    /// requested with [`DbConfig::engine`](crate::DbConfig::engine). (Without that choice a
+    /// store is opened with the engine recorded in it.) Nothing in the store is touched.
+    #[error("store at {} was written by the {stored} engine and cannot be opened with {requested}: open it without DbConfig::engine or with DbConfig::engine(Engine::{stored:?}), or remove it with Db::destroy to start over", path.display())]
     EngineMismatch {
         /// The store directory.
         path: PathBuf,
         /// The engine that wrote the store.
         stored: crate::Engine,
-        /// The engine it was opened with.
+        /// The engine the caller asked for.
         requested: crate::Engine,
     },
     /// An object from the API server was not stored: it does not decode into the stream's

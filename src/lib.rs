@@ -1,8 +1,9 @@
 //! # kube-persist
 //!
 //! A disk-backed, persistent reflector store for Kubernetes controllers written with
-//! [kube-rs](https://kube.rs), built on [sled](https://docs.rs/sled) or, with the `redb`
-//! cargo feature, [redb](https://docs.rs/redb) (see [`Engine`]).
+//! [kube-rs](https://kube.rs), built on [redb](https://docs.rs/redb) (the default for new
+//! stores) or [sled](https://docs.rs/sled) (see [`Engine`]: both are always built, and a
+//! store is reopened with the engine that wrote it).
 //!
 //! In-memory caches (kube-runtime's `Store`, client-go informers) hold every watched object
 //! in RAM, spike to 2-3x that during every (re)list, and list the whole cluster again after

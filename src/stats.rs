@@ -35,6 +35,10 @@ pub struct Stats {
     pub errors: u64,
     /// Times the store was wiped because it was opened with a different identity.
     pub identity_resets: u64,
+    /// `Reader::get` calls answered from the hot cache (all readers of the stream).
+    pub hot_cache_hits: u64,
+    /// `Reader::get` calls that read from disk while the hot cache was enabled.
+    pub hot_cache_misses: u64,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +76,8 @@ impl Counters {
             bad_objects: self.bad_objects.load(Relaxed),
             errors: self.errors.load(Relaxed),
             identity_resets: self.identity_resets.load(Relaxed),
+            hot_cache_hits: 0,
+            hot_cache_misses: 0,
         }
     }
 }

@@ -1,9 +1,10 @@
-//! kube-persist's `Controller` against the testkit API server over real HTTP, with real sled
-//! stores: reconcile semantics (one reconcile per object at a time, concurrency limit,
-//! requeue, error policy, related triggers, graceful shutdown, warm-restart sweeps), the
-//! persistent watcher as a trigger of kube-runtime's own `Controller`, and an end-to-end
-//! crash test: the example operator (examples/operator.rs) in a child process labels 5,000
-//! Pods, is SIGKILLed mid-way, restarts, and converges with zero LIST calls.
+//! kube-persist's `Controller` against the testkit API server over real HTTP, with real
+//! stores (the default engine, redb): reconcile semantics (one reconcile per object at a
+//! time, concurrency limit, requeue, error policy, related triggers, graceful shutdown,
+//! warm-restart sweeps), the persistent watcher as a trigger of kube-runtime's own
+//! `Controller`, and an end-to-end crash test: the example operator (examples/operator.rs)
+//! in a child process labels 5,000 Pods, is SIGKILLed mid-way, restarts, and converges with
+//! zero LIST calls.
 
 mod common;
 

@@ -11,7 +11,7 @@
 //!
 //! resourceVersions are compared as the strings the server rendered, never parsed.
 //!
-//! The test runs once per storage engine (`sled::` and, with the `redb` feature, `redb::`).
+//! The test runs once per storage engine (`sled::` and `redb::`).
 //! `cargo test --release --test crash -- --nocapture` prints
 //! `crash: <K> kill points, <D> divergences` for each. The schedule is seeded with a fixed
 //! seed; `KP_CRASH_SEED=<n>` replays a run, `KP_CRASH_SEED=random` picks a new seed (printed,

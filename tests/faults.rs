@@ -1,5 +1,5 @@
 //! Crash safety, faults and bad input (issue 6, parts 2-4), over real HTTP against testkit
-//! and a real sled store in temporary directories:
+//! and real stores in temporary directories (each engine: `redb::…`, `sled::…`):
 //!
 //! - `model_random_faults_store_equals_server`: a seeded random sequence of server changes,
 //!   dropped and closed watch streams, 410s, expired continue tokens, 5xx answers and store
@@ -27,7 +27,7 @@ use common::{
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Resource};
-use kube_persist::{Config, Db, Error, Event, Reader, SyncPhase};
+use kube_persist::{Config, Db, DbConfig, Error, Event, Reader, SyncPhase};
 use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer, Verb, make_pod};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::de::DeserializeOwned;
@@ -75,7 +75,15 @@ where
     K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
-    let db = try_open_db(engine, dir)?;
+    client_on(try_open_db(engine, dir)?, api, config)
+}
+
+/// A store of stream `s` in `db`, with its watcher's event stream driven on a task.
+fn client_on<K>(db: Db, api: Api<K>, config: Config) -> Result<Client<K>, Error>
+where
+    K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
     let (reader, watcher) = db.store("s", api, config)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
@@ -724,7 +732,6 @@ async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) 
 
 /// A store directory opened with the other engine is `EngineMismatch`, and nothing in it is
 /// touched: reopened with its own engine it resumes (no LIST) with every object.
-#[cfg(feature = "redb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_other_engine_is_a_clear_error_not_a_wipe() {
     init_tracing();
@@ -756,6 +763,103 @@ async fn the_other_engine_is_a_clear_error_not_a_wipe() {
         assert_eq!(c.reader.len(), 300);
         c.until(|_| true).await;
         c.stop().await;
+    }
+}
+
+/// New stores are redb; an existing store is opened with the engine recorded in it. A sled
+/// store (made with an explicit `Engine::Sled`) is reopened by `Db::open` as sled with every
+/// object and resumes without a LIST, also when it predates the `engine` file; only an
+/// explicit `Engine::Redb` is `EngineMismatch`, and it leaves the store as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(300, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let api = || {
+        Api::<Pod>::all(kube_persist_testkit::client_for_opts(
+            &server.url(),
+            None,
+            false,
+        ))
+    };
+
+    // New directories without an explicit engine: redb, recorded in the directory.
+    assert_eq!(Engine::default(), Engine::Redb);
+    assert_eq!(DbConfig::default().selected_engine(), None);
+    for (i, db) in [
+        Db::open(dir.path().join("new-0")),
+        Db::open_with(dir.path().join("new-1"), DbConfig::default()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let db = db.unwrap();
+        assert_eq!(db.engine(), Engine::Redb);
+        drop(db);
+        let path = dir.path().join(format!("new-{i}"));
+        assert_eq!(Engine::of_store(&path).unwrap(), Some(Engine::Redb));
+        assert!(path.join("data.redb").is_file());
+    }
+    // ... and they reopen as redb with no choice or with an explicit Engine::Redb.
+    assert_eq!(
+        Db::open(dir.path().join("new-0")).unwrap().engine(),
+        Engine::Redb
+    );
+    let redb_cfg = DbConfig::default().engine(Engine::Redb);
+    assert_eq!(redb_cfg.selected_engine(), Some(Engine::Redb));
+    let db = Db::open_with(dir.path().join("new-1"), redb_cfg.clone()).unwrap();
+    assert_eq!(db.engine(), Engine::Redb);
+    drop(db);
+
+    // A sled store, asked for explicitly.
+    let path = dir.path().join("sled");
+    synced_store(Engine::Sled, &server, &path).await;
+    assert_eq!(Engine::of_store(&path).unwrap(), Some(Engine::Sled));
+    let files = |p: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = files(&path);
+
+    // An explicit request for redb: EngineMismatch, and nothing in the store changes.
+    match Db::open_with(&path, redb_cfg) {
+        Err(Error::EngineMismatch {
+            stored: Engine::Sled,
+            requested: Engine::Redb,
+            path: p,
+        }) => assert_eq!(p, path),
+        other => panic!("sled store opened with an explicit redb: {other:?}"),
+    }
+    assert_eq!(files(&path), before, "EngineMismatch touched nothing");
+    assert!(!path.join("data.redb").exists());
+
+    // No explicit engine: sled, every object, resumed without a LIST. Twice: the second
+    // time without the `engine` file, as a store written before it existed (told by its
+    // files: a sled store).
+    for without_engine_file in [false, true] {
+        if without_engine_file {
+            std::fs::remove_file(path.join("engine")).unwrap();
+        }
+        h.reset_counts();
+        let db = Db::open(&path).unwrap();
+        assert_eq!(db.engine(), Engine::Sled);
+        let mut c = client_on(db, api(), cfg().page_size(200)).unwrap();
+        converge(&c.reader, &h, &ResourceType::pods()).await;
+        assert_eq!(h.counts().list, 0, "the sled store resumed without a LIST");
+        assert_eq!(c.reader.len(), 300);
+        c.until(|_| true).await;
+        c.stop().await;
+        assert_eq!(Engine::of_store(&path).unwrap(), Some(Engine::Sled));
+        assert!(
+            !path.join("data.redb").exists(),
+            "no redb file beside sled's"
+        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! ```
 //! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
 //! variable (64 hex characters). The store must not be open in another process. Stores of
-//! either engine (sled, or redb when built with the `redb` feature) are opened as they are.
+//! either engine (redb or sled) are opened with the engine recorded in them.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -30,11 +30,10 @@ fn main() -> ExitCode {
     if let Some(k) = key {
         config = config.encryption_key(k);
     }
-    // Open with whichever engine wrote the store; never create one.
+    // Never create a store. Without an explicit engine, `Db::open_with` opens an existing
+    // store with whichever engine wrote it.
     let open = |dir: &str| match Engine::of_store(dir) {
-        Ok(Some(engine)) => {
-            Db::open_with(dir, config.clone().engine(engine)).map_err(|e| e.to_string())
-        }
+        Ok(Some(_)) => Db::open_with(dir, config.clone()).map_err(|e| e.to_string()),
         Ok(None) => Err(format!("no kube-persist store at {dir}")),
         Err(e) => Err(e.to_string()),
     };

@@ -1,32 +1,53 @@
 //! A bounded cache of decoded objects for `Reader::get`, kept coherent with the writer.
 //!
-//! The writer removes the keys of a batch from the cache and marks a write in progress
-//! *before* the batch reaches disk, and ends the mark after. A reader may insert what it
-//! decoded only if no write started or ended since it began its disk read. So a reader never
-//! gets an object older than one it (or anyone) could already read from disk.
+//! The writer removes the keys of a batch from the cache and marks them in flight *before*
+//! the batch reaches disk; when the batch is applied they are remembered with the write
+//! sequence number at which they were applied. A reader takes the current sequence number
+//! before its disk read and may insert what it decoded only if its key was neither in
+//! flight nor applied since. So a reader never gets an object older than one it (or anyone)
+//! could already read from disk, and a write to one object does not stop the caching of
+//! others.
+//!
+//! Entries are charged their JSON size times [`DECODED_PER_JSON_BYTE`], an estimate of
+//! what the decoded object holds on the heap (the JSON size is known exactly, the decoded
+//! size is not observable without a counting allocator).
 
 use std::any::Any;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
 type Entry = (Arc<dyn Any + Send + Sync>, usize);
 
+/// How many recently written keys are remembered one by one; older ones are summarised by
+/// one sequence number (inserts that began before it are refused for every key).
+const RECENT_KEYS: usize = 16_384;
+
 pub(crate) struct HotCache {
     max_bytes: usize,
     inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 struct Inner {
     map: LruCache<Vec<u8>, Entry>,
     bytes: usize,
-    /// Bumped when a write starts and when it ends: odd while a write is in progress.
-    generation: u64,
+    /// Bumped at the start and at the end of every write.
+    seq: u64,
+    /// Keys of the batch being applied.
+    in_flight: HashSet<Vec<u8>>,
+    /// Recently written keys and the sequence number at which their write ended.
+    recent: LruCache<Vec<u8>, u64>,
+    /// The newest sequence number of a key evicted from `recent`.
+    forgotten: u64,
 }
 
 /// Decoded objects cost far more heap than their JSON; this factor turns the JSON size
 /// into an estimate of the decoded size (measured: a ~5 KB Pod decodes into 35-70 KiB).
-const DECODED_PER_JSON_BYTE: usize = 10;
+pub(crate) const DECODED_PER_JSON_BYTE: usize = 10;
 
 impl HotCache {
     pub(crate) fn new(max_bytes: usize) -> Self {
@@ -35,8 +56,13 @@ impl HotCache {
             inner: Mutex::new(Inner {
                 map: LruCache::unbounded(),
                 bytes: 0,
-                generation: 0,
+                seq: 0,
+                in_flight: HashSet::new(),
+                recent: LruCache::unbounded(),
+                forgotten: 0,
             }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         }
     }
 
@@ -48,29 +74,44 @@ impl HotCache {
         self.max_bytes > 0
     }
 
-    /// A cached object, and the generation to pass to [`HotCache::insert`] on a miss.
+    /// (hits, misses) since the cache was created.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+
+    /// A cached object, or the token to pass to [`HotCache::insert`] after a disk read.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Arc<dyn Any + Send + Sync>, u64> {
         let mut inner = self.lock();
         match inner.map.get(key) {
-            Some((v, _)) => Ok(v.clone()),
-            None => Err(inner.generation),
+            Some((v, _)) => {
+                self.hits.fetch_add(1, Relaxed);
+                Ok(v.clone())
+            }
+            None => {
+                self.misses.fetch_add(1, Relaxed);
+                Err(inner.seq)
+            }
         }
     }
 
-    /// Cache an object read from disk, unless a write started or ended since `generation`.
+    /// Cache an object read from disk after [`HotCache::get`] returned `token`, unless its
+    /// key was written (or is being written) since.
     pub(crate) fn insert(
         &self,
         key: Vec<u8>,
         value: Arc<dyn Any + Send + Sync>,
         json_len: usize,
-        generation: u64,
+        token: u64,
     ) {
         let cost = json_len.saturating_mul(DECODED_PER_JSON_BYTE);
         if cost > self.max_bytes {
             return;
         }
         let mut inner = self.lock();
-        if inner.generation != generation || generation % 2 == 1 {
+        let written_since = inner.in_flight.contains(&key)
+            || inner.forgotten > token
+            || inner.recent.peek(&key).is_some_and(|&at| at > token);
+        if written_since {
             return;
         }
         if let Some((_, old)) = inner.map.put(key, (value, cost)) {
@@ -85,26 +126,37 @@ impl HotCache {
         }
     }
 
-    /// Before a batch is applied: drop its keys and mark a write in progress.
+    /// Before a batch is applied: drop its keys and mark them in flight.
     pub(crate) fn begin_write<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
         if !self.enabled() {
             return;
         }
         let mut inner = self.lock();
-        inner.generation += 1;
+        inner.seq += 1;
         for k in keys {
             if let Some((_, c)) = inner.map.pop(k) {
                 inner.bytes -= c;
             }
+            inner.in_flight.insert(k.to_vec());
         }
     }
 
-    /// After the batch is applied (or failed).
+    /// After the batch is applied (or failed): its keys were written at this point.
     pub(crate) fn end_write(&self) {
         if !self.enabled() {
             return;
         }
-        self.lock().generation += 1;
+        let mut inner = self.lock();
+        inner.seq += 1;
+        let at = inner.seq;
+        for k in std::mem::take(&mut inner.in_flight) {
+            inner.recent.put(k, at);
+        }
+        while inner.recent.len() > RECENT_KEYS {
+            if let Some((_, s)) = inner.recent.pop_lru() {
+                inner.forgotten = inner.forgotten.max(s);
+            }
+        }
     }
 }
 
@@ -133,11 +185,18 @@ mod tests {
         // A reader that started before the write must not populate the cache.
         c.insert(b"a".to_vec(), Arc::new(1u32), 10, g);
         assert!(c.get(b"a").is_err());
+        // Another key read during the write is cached: the write does not concern it.
+        c.insert(b"b".to_vec(), Arc::new(9u32), 10, g);
+        assert_eq!(*c.get(b"b").unwrap().downcast::<u32>().unwrap(), 9);
         c.end_write();
+        // Read before the write ended, inserted after: refused for the written key.
+        c.insert(b"a".to_vec(), Arc::new(1u32), 10, g);
+        assert!(c.get(b"a").is_err());
         let Err(g) = c.get(b"a") else { panic!() };
         c.insert(b"a".to_vec(), Arc::new(2u32), 10, g);
         assert_eq!(*c.get(b"a").unwrap().downcast::<u32>().unwrap(), 2);
-        // 10 entries of 100 bytes fit; the 11th evicts the least recently used.
+        c.insert(b"b".to_vec(), Arc::new(9u32), 10, g);
+        // 10 entries of 100 bytes fit; the next ones evict the least recently used.
         for i in 0..11u8 {
             let Err(g) = c.get(&[i, i]) else { panic!() };
             c.insert(vec![i, i], Arc::new(i), 10, g);

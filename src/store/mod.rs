@@ -1,4 +1,4 @@
-//! The on-disk side: one database per directory (sled, or redb with the `redb` feature),
+//! The on-disk side: one database per directory (redb by default, or sled; see [`Engine`]),
 //! one keyspace per watched stream, an atomic [`writer`] and a concurrent [`Reader`].
 
 pub(crate) mod cache;
@@ -57,7 +57,8 @@ pub struct DbConfig {
     encryption: Option<EncryptionKey>,
     strict_permissions: bool,
     compression: bool,
-    engine: Engine,
+    /// The engine the caller chose; `None`: the store's own, or the default for a new one.
+    engine: Option<Engine>,
 }
 
 impl Default for DbConfig {
@@ -68,7 +69,7 @@ impl Default for DbConfig {
             encryption: None,
             strict_permissions: false,
             compression: true,
-            engine: Engine::Sled,
+            engine: None,
         }
     }
 }
@@ -109,17 +110,19 @@ impl DbConfig {
         self
     }
 
-    /// The storage engine (default [`Engine::Sled`]). A new store directory records it;
-    /// an existing one must be opened with the engine that wrote it
-    /// ([`Error::EngineMismatch`] otherwise, never a silent wipe). [`Engine::Redb`] needs
-    /// the crate's `redb` feature ([`Error::Config`] without it).
+    /// Choose the storage engine. Without this call a new store directory gets
+    /// [`Engine::Redb`] (see [`Engine`] for why) and an existing one is opened with the
+    /// engine recorded in it. With it, a new store directory records `engine`, and an
+    /// existing one written by the other engine is [`Error::EngineMismatch`] (never a silent
+    /// wipe). [`Db::engine`] tells which engine an opened store uses.
     pub fn engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
+        self.engine = Some(engine);
         self
     }
 
-    /// The configured storage engine.
-    pub fn selected_engine(&self) -> Engine {
+    /// The engine chosen with [`DbConfig::engine`], or `None` if none was: then a new store
+    /// gets [`Engine::default`] (redb) and an existing one keeps the engine recorded in it.
+    pub fn selected_engine(&self) -> Option<Engine> {
         self.engine
     }
 
@@ -138,6 +141,7 @@ impl DbConfig {
 /// let dir = tempfile::tempdir().unwrap();
 /// let db = kube_persist::Db::open(dir.path().join("cache"))?;
 /// assert!(db.path().ends_with("cache"));
+/// assert_eq!(db.engine(), kube_persist::Engine::Redb);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -147,6 +151,8 @@ pub struct Db {
 
 struct DbInner {
     storage: Arc<dyn Storage>,
+    /// The engine `storage` is kept in.
+    engine: Engine,
     path: PathBuf,
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
@@ -206,20 +212,24 @@ impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
             .field("path", &self.inner.path)
+            .field("engine", &self.inner.engine)
             .field("config", &self.inner.config)
             .finish()
     }
 }
 
 impl Db {
-    /// Open (or create) the store directory at `path` with default options.
+    /// Open (or create) the store directory at `path` with default options: an existing
+    /// store with the engine recorded in it, a new one with [`Engine::Redb`].
     pub fn open(path: impl AsRef<Path>) -> Result<Db> {
         Db::open_with(path, DbConfig::default())
     }
 
     /// Open (or create) the store directory at `path`.
     ///
-    /// The directory is created with mode 0700: cached objects are cluster data.
+    /// The directory is created with mode 0700: cached objects are cluster data. An existing
+    /// store is opened with the engine recorded in it unless `config` chose another one
+    /// ([`Error::EngineMismatch`]); see [`DbConfig::engine`].
     pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
         let path = path.as_ref().to_path_buf();
         let open = perms::too_open(&path);
@@ -233,11 +243,13 @@ impl Db {
         perms::create_private_dir(&path)?;
         let storage = open_after_close(&path, || engine::open(&path, &config))?;
         perms::tighten(&path)?;
-        tracing::info!(path = %path.display(), engine = %config.engine, "store opened");
+        let engine = storage.engine();
+        tracing::info!(path = %path.display(), %engine, "store opened");
         let worker = worker::DiskWorker::spawn(&path)?;
         Ok(Db {
             inner: Arc::new(DbInner {
                 storage,
+                engine,
                 path,
                 cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
                 config,
@@ -312,9 +324,10 @@ impl Db {
             .map(EncryptionKey::fingerprint)
     }
 
-    /// The storage engine this store is kept in.
+    /// The storage engine this store is kept in: the one recorded in its directory (for a
+    /// new store, the one [`DbConfig::engine`] chose, or [`Engine::Redb`]).
     pub fn engine(&self) -> Engine {
-        self.inner.config.engine
+        self.inner.engine
     }
 
     /// Flush everything written so far to disk.
@@ -360,18 +373,19 @@ impl Db {
             Some(b) => Some(record::decode::<Identity>(&b).map_err(|d| corrupt("identity", d))?),
             None => None,
         };
-        if let Some(stored) = &stored_identity {
-            if stored.encryption.is_some() && stored.encryption != identity.encryption {
-                return Err(Error::Encryption {
-                    path: path.clone(),
-                    detail: match &identity.encryption {
-                        None => format!(
-                            "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
-                        ),
-                        Some(_) => format!("stream {name:?} was encrypted with another key"),
-                    },
-                });
-            }
+        if let Some(stored) = &stored_identity
+            && stored.encryption.is_some()
+            && stored.encryption != identity.encryption
+        {
+            return Err(Error::Encryption {
+                path: path.clone(),
+                detail: match &identity.encryption {
+                    None => format!(
+                        "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
+                    ),
+                    Some(_) => format!("stream {name:?} was encrypted with another key"),
+                },
+            });
         }
         let mut reset = None;
         let state = match stored_identity {

@@ -56,11 +56,11 @@ fn walk(p: &Path, f: &mut dyn FnMut(&Path, u32)) {
         return;
     }
     f(p, meta.permissions().mode());
-    if meta.is_dir() {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                walk(&e.path(), f);
-            }
+    if meta.is_dir()
+        && let Ok(rd) = std::fs::read_dir(p)
+    {
+        for e in rd.flatten() {
+            walk(&e.path(), f);
         }
     }
 }

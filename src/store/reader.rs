@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::cache::HotCache;
 use super::engine::{Backend, Entry};
 use super::keys::{self, OBJECT};
-use super::record::{self, Record};
+use super::record;
 use super::{Status, SyncPhase};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
@@ -138,19 +138,68 @@ where
         } else {
             None
         };
+        let Some(value) = self.backend.get(&key)? else {
+            return Ok(None);
+        };
+        let (obj, json_len) = decode_value::<K>(&self.path, &key, &value, self.cipher.as_deref())?;
+        let obj = Arc::new(obj);
+        if let Some(g) = generation {
+            self.cache.insert(key, obj.clone(), json_len, g);
+        }
+        Ok(Some(obj))
+    }
+
+    /// The stored JSON of an object (decompressed and decrypted), without decoding it:
+    /// for controllers that forward objects, hash them, or parse only what they need.
+    ///
+    /// ```no_run
+    /// # fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) -> Result<(), kube_persist::Error> {
+    /// if let Some(json) = reader.get_raw(Some("default"), "web-0")? {
+    ///     println!("{} bytes of JSON", json.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn get_raw(&self, namespace: Option<&str>, name: &str) -> Result<Option<Vec<u8>>> {
+        self.bodies()?;
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        let Some(value) = self.backend.get(&key)? else {
+            return Ok(None);
+        };
+        let corrupt = corruption(&self.path, &key);
+        let view = record::decode_ref(&value).map_err(&corrupt)?;
+        let body = view.open(&key, self.cipher.as_deref()).map_err(&corrupt)?;
+        Ok(Some(body.into_owned()))
+    }
+
+    /// The stored object decoded into another type `T`: a partial read for controllers that
+    /// need a few fields (decoding fewer fields is faster and allocates less than `K`).
+    /// Not cached.
+    ///
+    /// ```no_run
+    /// # fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) -> Result<(), kube_persist::Error> {
+    /// #[derive(serde::Deserialize)]
+    /// struct NodeOnly {
+    ///     spec: Option<Spec>,
+    /// }
+    /// #[derive(serde::Deserialize)]
+    /// #[serde(rename_all = "camelCase")]
+    /// struct Spec {
+    ///     node_name: Option<String>,
+    /// }
+    /// let pod: Option<NodeOnly> = reader.get_as(Some("default"), "web-0")?;
+    /// let node = pod.and_then(|p| p.spec?.node_name);
+    /// # let _ = node; Ok(()) }
+    /// ```
+    pub fn get_as<T: DeserializeOwned>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<T>> {
+        self.bodies()?;
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
         match self.backend.get(&key)? {
-            Some(v) => {
-                let obj = Arc::new(decode_entry::<K>(
-                    &self.path,
-                    &key,
-                    &v,
-                    self.cipher.as_deref(),
-                )?);
-                if let Some(g) = generation {
-                    self.cache.insert(key, obj.clone(), v.len(), g);
-                }
-                Ok(Some(obj))
-            }
+            Some(value) => decode_value::<T>(&self.path, &key, &value, self.cipher.as_deref())
+                .map(|(t, _)| Some(t)),
             None => Ok(None),
         }
     }
@@ -304,7 +353,9 @@ where
 
     /// Counters of the stream's watcher and writer.
     pub fn stats(&self) -> Stats {
-        self.stats.snapshot()
+        let mut stats = self.stats.snapshot();
+        (stats.hot_cache_hits, stats.hot_cache_misses) = self.cache.counts();
+        stats
     }
 }
 
@@ -358,22 +409,86 @@ impl<K: DeserializeOwned> Iterator for Iter<K> {
     }
 }
 
+fn corruption<'a>(path: &'a std::path::Path, key: &'a [u8]) -> impl Fn(String) -> Error + 'a {
+    move |detail| Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("record {}: {detail}", keys::display(&key[1..])),
+    }
+}
+
+thread_local! {
+    /// simd-json's working buffers (tape, strings, padded input), reused by every read on
+    /// this thread instead of allocated per object.
+    static SIMD_BUFFERS: std::cell::RefCell<simd_json::Buffers> =
+        std::cell::RefCell::new(simd_json::Buffers::new(16 << 10));
+}
+
+/// Decode a stored record's body into `T`, returning it and the JSON size. The body is
+/// viewed in place, decompressed with this thread's reused zstd context, and parsed with
+/// simd-json from that (mutable) buffer; serde_json only reports what simd-json refused.
+fn decode_value<T: DeserializeOwned>(
+    path: &std::path::Path,
+    key: &[u8],
+    value: &[u8],
+    cipher: Option<&Cipher>,
+) -> Result<(T, usize)> {
+    let corrupt = corruption(path, key);
+    let view = record::decode_ref(value).map_err(&corrupt)?;
+    let mut buf = view.open(key, cipher).map_err(&corrupt)?.into_owned();
+    let len = buf.len();
+    let parsed = SIMD_BUFFERS
+        .with(|b| simd_json::serde::from_slice_with_buffers::<T>(&mut buf, &mut b.borrow_mut()));
+    match parsed {
+        Ok(t) => Ok((t, len)),
+        Err(simd) => {
+            // simd-json rewrote the buffer in place: read the body again for the error.
+            let body = view.open(key, cipher).map_err(&corrupt)?;
+            match serde_json::from_slice::<T>(&body) {
+                Ok(t) => {
+                    tracing::debug!(key = %keys::display(&key[1..]), error = %simd,
+                        "simd-json refused a body serde_json accepts");
+                    Ok((t, len))
+                }
+                Err(source) => Err(Error::Decode {
+                    path: path.to_path_buf(),
+                    key: keys::display(&key[1..]),
+                    source,
+                }),
+            }
+        }
+    }
+}
+
 fn decode_entry<K: DeserializeOwned>(
     path: &std::path::Path,
     key: &[u8],
     value: &[u8],
     cipher: Option<&Cipher>,
 ) -> Result<K> {
-    let display = || keys::display(&key[1..]);
-    let corrupt = |detail: String| Error::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("record {}: {detail}", display()),
-    };
-    let rec: Record = record::decode(value).map_err(corrupt)?;
-    let body = rec.open(key, cipher).map_err(corrupt)?;
-    serde_json::from_slice(&body).map_err(|source| Error::Decode {
-        path: path.to_path_buf(),
-        key: display(),
-        source,
-    })
+    decode_value(path, key, value, cipher).map(|(k, _)| k)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::DynamicObject;
+
+    /// The read path parses with simd-json: it must give exactly what serde_json gives.
+    #[test]
+    fn simd_json_decodes_like_serde_json() {
+        for i in 0..300u64 {
+            let json = serde_json::to_vec(&kube_persist_testkit::make_pod(
+                "ns-1",
+                &format!("p-{i}"),
+                i,
+            ))
+            .unwrap();
+            let want: Pod = serde_json::from_slice(&json).unwrap();
+            let got: Pod = simd_json::serde::from_slice(&mut json.clone()).unwrap();
+            assert_eq!(got, want, "pod {i}");
+            let want: DynamicObject = serde_json::from_slice(&json).unwrap();
+            let got: DynamicObject = simd_json::serde::from_slice(&mut json.clone()).unwrap();
+            assert_eq!(got, want, "pod {i} as DynamicObject");
+        }
+    }
 }

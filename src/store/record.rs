@@ -128,6 +128,104 @@ pub(crate) struct RecordHead {
     pub(crate) epoch: u64,
 }
 
+/// A [`Record`] viewed in place: every field borrowed from the encoded bytes (same
+/// layout: bincode writes a `Vec<u8>` as a length and the bytes, as it writes `&[u8]`).
+/// Reading an object copies nothing until its body is decompressed or decoded.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RecordRef<'a> {
+    #[serde(borrow)]
+    pub(crate) resource_version: &'a str,
+    #[allow(dead_code)]
+    #[serde(borrow)]
+    pub(crate) uid: &'a str,
+    pub(crate) epoch: u64,
+    pub(crate) compressed: bool,
+    #[serde(borrow)]
+    pub(crate) body: &'a [u8],
+}
+
+/// View an encoded [`Record`] without copying it.
+pub(crate) fn decode_ref(bytes: &[u8]) -> Result<RecordRef<'_>, String> {
+    match bincode::serde::borrow_decode_from_slice(bytes, bincode::config::standard()) {
+        Ok((v, used)) if used == bytes.len() => Ok(v),
+        Ok((_, used)) => Err(format!("record has {} trailing bytes", bytes.len() - used)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+thread_local! {
+    /// One zstd decompression context per thread, reused by every read on it.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Decompress one zstd frame into `out` (cleared first) with this thread's context.
+fn decompress_into(data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let size = zstd::zstd_safe::get_frame_content_size(data)
+        .map_err(|e| format!("compressed body has no valid frame header: {e:?}"))?
+        .ok_or("compressed body does not record its size")?;
+    let size = usize::try_from(size).map_err(|_| "compressed body too large".to_string())?;
+    out.clear();
+    out.reserve(size);
+    DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+        }
+        let d = d.as_mut().ok_or("no zstd context")?;
+        d.decompress_to_buffer(data, out)
+            .map(|_| ())
+            .map_err(|e| format!("compressed body does not decompress: {e}"))
+    })
+}
+
+impl<'a> RecordRef<'a> {
+    /// The plaintext JSON body: borrowed from the record when it is stored plain, else
+    /// decompressed (and decrypted) into a new buffer of exactly its size.
+    pub(crate) fn open(
+        &self,
+        key: &[u8],
+        cipher: Option<&Cipher>,
+    ) -> Result<std::borrow::Cow<'a, [u8]>, String> {
+        use std::borrow::Cow;
+        let data: Cow<'a, [u8]> = match cipher {
+            None => Cow::Borrowed(self.body),
+            Some(c) => {
+                let aad = aad(
+                    key,
+                    self.resource_version,
+                    self.uid,
+                    self.epoch,
+                    self.compressed,
+                );
+                Cow::Owned(c.open(self.body, &aad).ok_or_else(|| {
+                    "encrypted record fails authentication (wrong key, or modified on disk)"
+                        .to_string()
+                })?)
+            }
+        };
+        if !self.compressed {
+            return Ok(data);
+        }
+        let mut out = Vec::new();
+        decompress_into(&data, &mut out)?;
+        Ok(Cow::Owned(out))
+    }
+}
+
+/// Authenticated data binding an encrypted body to its key and envelope.
+fn aad(key: &[u8], resource_version: &str, uid: &str, epoch: u64, compressed: bool) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(key.len() + resource_version.len() + uid.len() + 10);
+    aad.extend_from_slice(key);
+    aad.push(0);
+    aad.extend_from_slice(resource_version.as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(uid.as_bytes());
+    aad.extend_from_slice(&epoch.to_be_bytes());
+    aad.push(compressed as u8);
+    aad
+}
+
 /// Decode the head of an encoded [`Record`], ignoring the body that follows.
 pub(crate) fn decode_head(bytes: &[u8]) -> Result<RecordHead, String> {
     bincode::serde::decode_from_slice(bytes, bincode::config::standard())
@@ -138,16 +236,13 @@ pub(crate) fn decode_head(bytes: &[u8]) -> Result<RecordHead, String> {
 impl Record {
     /// Authenticated data binding an encrypted body to its key and envelope.
     fn aad(&self, key: &[u8]) -> Vec<u8> {
-        let mut aad =
-            Vec::with_capacity(key.len() + self.resource_version.len() + self.uid.len() + 10);
-        aad.extend_from_slice(key);
-        aad.push(0);
-        aad.extend_from_slice(self.resource_version.as_bytes());
-        aad.push(0);
-        aad.extend_from_slice(self.uid.as_bytes());
-        aad.extend_from_slice(&self.epoch.to_be_bytes());
-        aad.push(self.compressed as u8);
-        aad
+        aad(
+            key,
+            &self.resource_version,
+            &self.uid,
+            self.epoch,
+            self.compressed,
+        )
     }
 
     /// A record for `key` whose body is sealed with `cipher` (if the store is encrypted).
@@ -230,5 +325,31 @@ mod tests {
         assert!(decode::<State>(b"\xff\xff\xff").is_err());
         let head = decode_head(&encode(&r)).unwrap();
         assert_eq!((head.resource_version.as_str(), head.epoch), ("42", 3));
+        let bytes = encode(&r);
+        let view = decode_ref(&bytes).unwrap();
+        assert_eq!(
+            (view.resource_version, view.uid, view.epoch),
+            ("42", "u", 3)
+        );
+        assert_eq!(view.body, r.body.as_slice());
+    }
+
+    #[test]
+    fn borrowed_records_open_like_owned_ones() {
+        let json = br#"{"metadata":{"name":"a"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;
+        let key = b"o\0a";
+        let cipher = crate::EncryptionKey::from_bytes([3; 32]).cipher();
+        for (compress, c) in [
+            (false, None),
+            (true, None),
+            (false, Some(&cipher)),
+            (true, Some(&cipher)),
+        ] {
+            let rec = Record::sealed(key, "7".into(), "u".into(), 1, json, c, compress);
+            let bytes = encode(&rec);
+            let view = decode_ref(&bytes).unwrap();
+            assert_eq!(&*view.open(key, c).unwrap(), json, "compress {compress}");
+            assert_eq!(rec.open(key, c).unwrap(), json);
+        }
     }
 }

@@ -56,8 +56,12 @@ pub(crate) enum Stage {
     BuildingIndex { after: Option<Vec<u8>> },
     /// Derive the next stage from the persisted phase (after start, and after any error).
     Resume,
-    /// A paginated LIST; the next page continues from `continue_token`.
-    Listing { continue_token: Option<String> },
+    /// A paginated LIST; the next page continues from `continue_token`, and may already
+    /// have been fetched while the previous one was written (`prefetched`).
+    Listing {
+        continue_token: Option<String>,
+        prefetched: Option<Vec<u8>>,
+    },
     /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
     /// (`None`: connect next). `received`: initial events seen on this connection.
     StreamingInitial {
@@ -113,21 +117,41 @@ struct Disk {
     state: State,
 }
 
+/// A job's result with the writer's state after it.
+type Done<R> = Result<(Result<R>, State)>;
+
 impl Disk {
     /// Run `job` with the writer on the disk thread.
     async fn run<R: Send + 'static>(
         &mut self,
         job: impl FnOnce(&mut Writer) -> Result<R> + Send + 'static,
     ) -> Result<R> {
+        let done = self.start(job).await;
+        self.finish(done)
+    }
+
+    /// Send `job` to the disk thread; the future (which borrows nothing) yields its result
+    /// for [`Disk::finish`], so other work can proceed meanwhile.
+    fn start<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Writer) -> Result<R> + Send + 'static,
+    ) -> impl std::future::Future<Output = Done<R>> + 'static {
         let writer = self.writer.clone();
-        let (res, state) = self
-            .worker
-            .run(move || {
-                let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-                let res = job(&mut w);
-                Ok((res, w.state().clone()))
-            })
-            .await?;
+        let worker = self.worker.clone();
+        async move {
+            worker
+                .run(move || {
+                    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    let res = job(&mut w);
+                    Ok((res, w.state().clone()))
+                })
+                .await
+        }
+    }
+
+    /// Take in the state after a job started with [`Disk::start`], and its result.
+    fn finish<R>(&mut self, done: Done<R>) -> Result<R> {
+        let (res, state) = done?;
         self.state = state;
         res
     }
@@ -268,7 +292,10 @@ impl Machine {
                 tokio::time::sleep_until(until).await;
                 Ok(*next)
             }
-            Stage::Listing { continue_token } => self.list_page(continue_token).await,
+            Stage::Listing {
+                continue_token,
+                prefetched,
+            } => self.list_page(continue_token, prefetched).await,
             Stage::StreamingInitial { conn: None, .. } => self.connect_initial().await,
             Stage::StreamingInitial {
                 conn: Some(conn),
@@ -356,6 +383,7 @@ impl Machine {
                 ..
             } if !self.streaming => Ok(Stage::Listing {
                 continue_token: Some(token),
+                prefetched: None,
             }),
             Phase::Listing { .. } => self.begin_list().await,
             Phase::Sweeping { .. } => Ok(Stage::Sweeping { then: None }),
@@ -385,6 +413,7 @@ impl Machine {
         } else {
             Stage::Listing {
                 continue_token: None,
+                prefetched: None,
             }
         }
     }
@@ -410,68 +439,138 @@ impl Machine {
         self.begin_list().await
     }
 
-    async fn list_page(&mut self, continue_token: Option<String>) -> Result<Stage> {
+    /// What a LIST needs, borrowed from the machine (without the watch connection, which
+    /// is not `Sync`), so that a page can be fetched while another is being committed.
+    fn lister(&self) -> Lister<'_> {
+        Lister {
+            client: &self.client,
+            request: &self.request,
+            metadata_only: self.metadata_only,
+            cfg: &self.cfg,
+            stats: &self.stats,
+        }
+    }
+}
+
+/// See [`Machine::lister`].
+struct Lister<'a> {
+    client: &'a kube::Client,
+    request: &'a Request,
+    metadata_only: bool,
+    cfg: &'a Config,
+    stats: &'a Counters,
+}
+
+impl Lister<'_> {
+    fn url(&self) -> &str {
+        &self.request.url_path
+    }
+
+    /// GET one LIST page (network only); `None` when its continue token expired (410).
+    async fn fetch_page(&self, continue_token: Option<&str>) -> Result<Option<Vec<u8>>> {
         let lp = ListParams {
             label_selector: self.cfg.label_selector.clone(),
             field_selector: self.cfg.field_selector.clone(),
             limit: Some(self.cfg.page_size),
-            continue_token: continue_token.clone(),
+            continue_token: continue_token.map(str::to_string),
             ..ListParams::default()
         };
-        let context = format!(
-            "LIST {} (continue: {})",
-            self.url(),
-            continue_token.is_some()
-        );
+        let context = || {
+            format!(
+                "LIST {} (continue: {})",
+                self.url(),
+                continue_token.is_some()
+            )
+        };
         let req = if self.metadata_only {
             self.request.list_metadata(&lp)
         } else {
             self.request.list(&lp)
         }
-        .map_err(|e| Error::Config(format!("{context}: {e}")))?;
+        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
-            Err(kube::Error::Api(s)) if s.code == 410 => {
-                return self.relist("continue token expired (410)").await;
+            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
+            Err(source) => {
+                return Err(Error::Kube {
+                    context: context(),
+                    source,
+                });
             }
-            Err(source) => return Err(Error::Kube { context, source }),
         };
         let mut bytes = Vec::new();
         Box::pin(body)
             .read_to_end(&mut bytes)
             .await
             .map_err(|e| Error::Protocol {
-                context: context.clone(),
+                context: context(),
                 detail: format!("reading the list body: {e}"),
             })?;
         Counters::add(&self.stats.list_pages, 1);
+        Ok(Some(bytes))
+    }
+}
+
+impl Machine {
+    /// Commit one LIST page on the disk thread and, as soon as its continue token is parsed
+    /// there, fetch the next page meanwhile: page N+1 travels while page N is written (at
+    /// most two pages in memory).
+    async fn list_page(
+        &mut self,
+        continue_token: Option<String>,
+        prefetched: Option<Vec<u8>>,
+    ) -> Result<Stage> {
+        let bytes = match prefetched {
+            Some(b) => b,
+            None => match self.lister().fetch_page(continue_token.as_deref()).await? {
+                Some(b) => b,
+                None => return self.relist("continue token expired (410)").await,
+            },
+        };
+        let context = format!(
+            "LIST {} (continue: {})",
+            self.url(),
+            continue_token.is_some()
+        );
         let (ingest, emit) = (self.ingest.clone(), self.emit);
-        let (changes, rejected) = self
-            .disk
-            .run(move |w| {
-                let page = ingest.list_page(bytes, &context)?;
-                let progress = match page.continue_token {
-                    Some(t) => ListProgress::More(Some(t)),
-                    None => ListProgress::Done(page.resource_version.ok_or_else(|| {
-                        Error::Protocol {
-                            context,
-                            detail: "last page has no metadata.resourceVersion".into(),
-                        }
-                    })?),
-                };
-                match &progress {
-                    ListProgress::Done(rv) => {
-                        tracing::info!(items = page.items, resource_version = %rv, "last list page")
-                    }
-                    ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
+        let (token_tx, token_rx) = tokio::sync::oneshot::channel();
+        let commit = self.disk.start(move |w| {
+            let page = ingest.list_page(bytes, &context)?;
+            let _ = token_tx.send(page.continue_token.clone());
+            let progress = match page.continue_token {
+                Some(t) => ListProgress::More(Some(t)),
+                None => {
+                    ListProgress::Done(page.resource_version.ok_or_else(|| Error::Protocol {
+                        context,
+                        detail: "last page has no metadata.resourceVersion".into(),
+                    })?)
                 }
-                Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
-            })
-            .await?;
+            };
+            match &progress {
+                ListProgress::Done(rv) => {
+                    tracing::info!(items = page.items, resource_version = %rv, "last list page")
+                }
+                ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
+            }
+            Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
+        });
+        let lister = self.lister();
+        let prefetch = async {
+            match token_rx.await {
+                // A failed prefetch is dropped: the next step fetches (and reports) again.
+                Ok(Some(next)) => lister.fetch_page(Some(&next)).await.ok().flatten(),
+                _ => None,
+            }
+        };
+        let (committed, next_page) = tokio::join!(commit, prefetch);
+        let (changes, rejected) = self.disk.finish(committed)?;
         self.push_changes(changes);
         self.push_rejected(rejected);
         Ok(match self.disk.state.phase.clone() {
-            Phase::Listing { continue_token, .. } => Stage::Listing { continue_token },
+            Phase::Listing { continue_token, .. } => Stage::Listing {
+                continue_token,
+                prefetched: next_page,
+            },
             Phase::Sweeping { .. } => Stage::Sweeping { then: None },
             _ => Stage::Watching {
                 conn: None,

@@ -16,13 +16,11 @@ use tokio::sync::mpsc;
 pub const WAIT: Duration = Duration::from_secs(60);
 
 /// Runs each named scenario (`async fn name(engine: Engine)` or `fn name(engine: Engine)`)
-/// once per storage engine this build has, as tests `sled::name` and, with the `redb`
-/// feature, `redb::name`.
+/// once per storage engine, as tests `sled::name` and `redb::name`.
 #[macro_export]
 macro_rules! engine_tests {
     (async: $($a:ident),* $(,)? ; sync: $($s:ident),* $(,)?) => {
         $crate::engine_tests!(@mod sled, Sled, [$($a),*], [$($s),*]);
-        #[cfg(feature = "redb")]
         $crate::engine_tests!(@mod redb, Redb, [$($a),*], [$($s),*]);
     };
     (async: $($a:ident),* $(,)?) => { $crate::engine_tests!(async: $($a),*; sync: ); };
@@ -47,7 +45,8 @@ macro_rules! engine_tests {
 /// Environment variable naming the engine a child test process opens its store with.
 pub const ENGINE_ENV: &str = "KP_TEST_ENGINE";
 
-/// The engine a child test process was started with (`ENGINE_ENV`), sled by default.
+/// The engine a child test process was started with (`ENGINE_ENV`); unset (a child test run
+/// by hand), the default engine for new stores, redb.
 pub fn child_engine() -> Engine {
     std::env::var(ENGINE_ENV)
         .ok()

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redb::{ReadableDatabase, TableDefinition, TableHandle};
 
-use super::{Backend, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
+use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::error::{Error, Result};
 use crate::store::{DbConfig, Durability};
 
@@ -186,6 +186,10 @@ impl Storage for RedbStorage {
 
     fn flush(&self) -> Result<()> {
         self.shared.flush()
+    }
+
+    fn engine(&self) -> Engine {
+        Engine::Redb
     }
 
     fn size_on_disk(&self) -> Result<u64> {

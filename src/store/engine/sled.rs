@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Backend, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
+use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::error::{Error, Result};
 use crate::store::{DbConfig, Durability};
 
@@ -83,6 +83,10 @@ impl Storage for SledStorage {
 
     fn flush(&self) -> Result<()> {
         self.sled.flush().map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    fn engine(&self) -> Engine {
+        Engine::Sled
     }
 
     fn size_on_disk(&self) -> Result<u64> {
