@@ -149,6 +149,20 @@ async fn until_deleted(w: &mut Driven, deleted: &[String]) -> Vec<Ev> {
     w.until(|e| matches!(e, Ev::Delete(k) if *k == last)).await
 }
 
+/// Wait for the deletion of the last of `deleted`, let the store settle, stop the watcher,
+/// and count the divergences.
+async fn converge_after(
+    mut w: Driven,
+    reader: &Reader<Pod>,
+    h: &ServerHandle,
+    deleted: &[String],
+) -> usize {
+    until_deleted(&mut w, deleted).await;
+    let d = settle(reader, h, &[]).await;
+    w.stop().await;
+    d
+}
+
 /// Change the server: delete `n`, update `n`, create `n` Pods; returns the deleted keys.
 fn churn(h: &ServerHandle, n: usize, tag: &str) -> Vec<String> {
     let rt = ResourceType::pods();
@@ -235,10 +249,7 @@ async fn gone_live(mode: Mode, streaming: bool) -> usize {
     h.faults().gone_next_watch();
     h.faults().close_watches();
     let deleted = churn(&h, 10, "live");
-    until_deleted(&mut w, &deleted).await;
-    let d = settle(&reader, &h, &[]).await;
-    w.stop().await;
-    d
+    converge_after(w, &reader, &h, &deleted).await
 }
 
 /// The list's continue token expires between two pages: the list starts over.
@@ -369,10 +380,7 @@ async fn no_streaming(mode: Mode, how: StreamingLists) -> usize {
     w.until(|e| *e == Ev::InitDone).await;
     assert!(h.counts().list > 0, "fell back to paginated LIST");
     let deleted = churn(&h, 5, "after-fallback");
-    until_deleted(&mut w, &deleted).await;
-    let d = settle(&reader, &h, &[]).await;
-    w.stop().await;
-    d
+    converge_after(w, &reader, &h, &deleted).await
 }
 
 /// A lagging replica: ERROR 504 ResourceVersionTooLarge on the watch; retried, then relisted.
@@ -388,10 +396,7 @@ async fn too_large(mode: Mode) -> usize {
     w.until(|e| matches!(e, Ev::Error(m) if m.contains("504")))
         .await;
     let deleted = churn(&h, 3, "too-large");
-    until_deleted(&mut w, &deleted).await;
-    let d = settle(&reader, &h, &[]).await;
-    w.stop().await;
-    d
+    converge_after(w, &reader, &h, &deleted).await
 }
 
 /// A scenario's run, yielding its divergence count.

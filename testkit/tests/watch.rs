@@ -1,6 +1,10 @@
 //! WATCH semantics over real HTTP with kube's `Api<Pod>::watch`.
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::describe;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -8,23 +12,6 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use kube_persist_testkit::{ResourceType, ServerOptions, TestServer, make_pod};
 
 type Ev = WatchEvent<Pod>;
-
-fn describe(ev: &Ev) -> String {
-    let meta = |p: &Pod| {
-        format!(
-            "{}@{}",
-            p.metadata.name.clone().unwrap_or_default(),
-            p.metadata.resource_version.clone().unwrap_or_default()
-        )
-    };
-    match ev {
-        WatchEvent::Added(p) => format!("ADDED {}", meta(p)),
-        WatchEvent::Modified(p) => format!("MODIFIED {}", meta(p)),
-        WatchEvent::Deleted(p) => format!("DELETED {}", meta(p)),
-        WatchEvent::Bookmark(b) => format!("BOOKMARK {}", b.metadata.resource_version),
-        WatchEvent::Error(e) => format!("ERROR {} {}", e.code, e.reason),
-    }
-}
 
 /// Collects events until `n` non-bookmark events arrived or the stream ended.
 async fn collect(api: &Api<Pod>, wp: &WatchParams, rv: &str, n: usize) -> Vec<String> {
