@@ -165,9 +165,7 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let corrupt = corruption(&self.path, &key);
-        let view = record::decode_ref(&value).map_err(&corrupt)?;
-        let body = view.open(&key, self.cipher.as_deref()).map_err(&corrupt)?;
+        let body = open_body(&self.path, &key, &value, self.cipher.as_deref())?;
         Ok(Some(body.into_owned()))
     }
 
@@ -409,11 +407,22 @@ impl<K: DeserializeOwned> Iterator for Iter<K> {
     }
 }
 
-fn corruption<'a>(path: &'a std::path::Path, key: &'a [u8]) -> impl Fn(String) -> Error + 'a {
-    move |detail| Error::Corrupt {
+/// A stored record's plaintext JSON body: borrowed when stored plain, else decompressed
+/// (and decrypted).
+fn open_body<'v>(
+    path: &std::path::Path,
+    key: &[u8],
+    value: &'v [u8],
+    cipher: Option<&Cipher>,
+) -> Result<std::borrow::Cow<'v, [u8]>> {
+    let corrupt = |detail: String| Error::Corrupt {
         path: path.to_path_buf(),
         detail: format!("record {}: {detail}", keys::display(&key[1..])),
-    }
+    };
+    record::decode_ref(value)
+        .map_err(corrupt)?
+        .open(key, cipher)
+        .map_err(corrupt)
 }
 
 thread_local! {
@@ -432,9 +441,7 @@ fn decode_value<T: DeserializeOwned>(
     value: &[u8],
     cipher: Option<&Cipher>,
 ) -> Result<(T, usize)> {
-    let corrupt = corruption(path, key);
-    let view = record::decode_ref(value).map_err(&corrupt)?;
-    let mut buf = view.open(key, cipher).map_err(&corrupt)?.into_owned();
+    let mut buf = open_body(path, key, value, cipher)?.into_owned();
     let len = buf.len();
     let parsed = SIMD_BUFFERS
         .with(|b| simd_json::serde::from_slice_with_buffers::<T>(&mut buf, &mut b.borrow_mut()));
@@ -442,7 +449,7 @@ fn decode_value<T: DeserializeOwned>(
         Ok(t) => Ok((t, len)),
         Err(simd) => {
             // simd-json rewrote the buffer in place: read the body again for the error.
-            let body = view.open(key, cipher).map_err(&corrupt)?;
+            let body = open_body(path, key, value, cipher)?;
             match serde_json::from_slice::<T>(&body) {
                 Ok(t) => {
                     tracing::debug!(key = %keys::display(&key[1..]), error = %simd,

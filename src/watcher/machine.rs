@@ -664,7 +664,7 @@ impl Machine {
                 return self.relist("streaming list ERROR 410").await;
             }
             if status.is_too_large() {
-                return self.too_large(status).await;
+                return self.too_large(self.watch_status(status)).await;
             }
             if received == 0 {
                 // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage
@@ -722,27 +722,21 @@ impl Machine {
                 })
             }
             Err(ConnectFailure::Gone) => self.relist("watch resourceVersion expired (410)").await,
-            Err(ConnectFailure::TooLarge(e)) => {
-                self.too_large += 1;
-                if self.too_large > self.cfg.too_large_retries {
-                    return self
-                        .relist("resourceVersion too large, retries exhausted")
-                        .await;
-                }
-                Err(e)
-            }
+            Err(ConnectFailure::TooLarge(e)) => self.too_large(e).await,
             Err(ConnectFailure::Invalid(e) | ConnectFailure::Other(e)) => Err(e),
         }
     }
 
-    async fn too_large(&mut self, status: super::raw::StatusBody) -> Result<Stage> {
+    /// A `ResourceVersionTooLarge` answer (HTTP 504 on connect, or an `ERROR` event): a
+    /// lagging replica; retry with backoff, and relist once the retries are spent.
+    async fn too_large(&mut self, err: Error) -> Result<Stage> {
         self.too_large += 1;
         if self.too_large > self.cfg.too_large_retries {
             return self
                 .relist("resourceVersion too large, retries exhausted")
                 .await;
         }
-        Err(self.watch_status(status))
+        Err(err)
     }
 
     fn watch_status(&self, status: super::raw::StatusBody) -> Error {
@@ -802,7 +796,7 @@ impl Machine {
                 return self.relist("watch ERROR 410 Gone").await;
             }
             if status.is_too_large() {
-                return self.too_large(status).await;
+                return self.too_large(self.watch_status(status)).await;
             }
             return Err(self.watch_status(status));
         }
