@@ -61,9 +61,15 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         hot_seq: &hot_seq,
         uniform_seq: &uniform_seq,
     };
-    let plain = measure_persist(engine, &url, &client, &work, None).await;
+    if std::env::args().any(|a| a == "--apply-only") {
+        // For profiling the write path: sync, then apply the streamed events; no gets.
+        let f = measure_persist(engine, &url, &client, &work, None, true).await;
+        eprintln!("apply only: {:.0} events/s", f.apply_per_s);
+        return;
+    }
+    let plain = measure_persist(engine, &url, &client, &work, None, false).await;
     let key = kube_persist::EncryptionKey::from_bytes([7; 32]);
-    let enc = measure_persist(engine, &url, &client, &work, Some(key)).await;
+    let enc = measure_persist(engine, &url, &client, &work, Some(key), false).await;
     eprintln!(
         "encryption cost: uniform get p50 {:.1} -> {:.1} us, apply {:.0} -> {:.0} events/s",
         plain.uni50, enc.uni50, plain.apply_per_s, enc.apply_per_s
@@ -162,13 +168,9 @@ async fn measure_persist(
     client: &kube::Client,
     work: &Workload<'_>,
     key: Option<kube_persist::EncryptionKey>,
+    apply_only: bool,
 ) -> PersistFigures {
-    let Workload {
-        keys,
-        hot,
-        hot_seq,
-        uniform_seq,
-    } = *work;
+    let keys = work.keys;
     let encrypted = key.is_some();
     let label = if encrypted {
         "kube-persist (encrypted)"
@@ -195,86 +197,11 @@ async fn measure_persist(
         t.elapsed().as_secs_f64()
     );
 
-    let time_gets = |seq: &[usize]| -> Vec<Duration> {
-        seq.iter()
-            .map(|&i| {
-                let (ns, name) = &keys[i];
-                let t = Instant::now();
-                let got = reader.get_named(Some(ns), name).expect("get");
-                let d = t.elapsed();
-                assert!(got.is_some(), "{ns}/{name} missing");
-                d
-            })
-            .collect()
+    let (hot50, uni50, uni99, raw50, hit_rate) = if apply_only {
+        Default::default()
+    } else {
+        read_figures(label, &reader, url, work, encrypted).await
     };
-    let _warm = time_gets(hot);
-    let (hot50, hot99) = percentiles(time_gets(hot_seq));
-    let (uni50, uni99) = percentiles(time_gets(uniform_seq));
-    eprintln!(
-        "{label} Reader::get  hot keys (cache hits): p50 {hot50:.2} us p99 {hot99:.2} us; uniform random: p50 {uni50:.1} us p99 {uni99:.1} us"
-    );
-    // Where a miss goes: engine read + envelope + decompression (+ decryption) is get_raw;
-    // the rest is JSON decoding, timed alone on the same bodies with both parsers.
-    let sample = &uniform_seq[..uniform_seq.len().min(20_000)];
-    let raw50 = p50_of(sample, |i| {
-        let (ns, name) = &keys[i];
-        assert!(reader.get_raw(Some(ns), name).expect("get_raw").is_some());
-    });
-    let partial50 = p50_of(sample, |i| {
-        let (ns, name) = &keys[i];
-        let m: Option<kube::core::PartialObjectMeta<Pod>> =
-            reader.get_as(Some(ns), name).expect("get_as");
-        assert!(m.is_some());
-    });
-    let bodies: Vec<Vec<u8>> = sample[..2000]
-        .iter()
-        .map(|&i| {
-            let (ns, name) = &keys[i];
-            reader.get_raw(Some(ns), name).unwrap().unwrap()
-        })
-        .collect();
-    let idx: Vec<usize> = (0..bodies.len()).collect();
-    let serde50 = p50_of(&idx, |i| {
-        let _: Pod = serde_json::from_slice(&bodies[i]).expect("serde_json");
-    });
-    let simd50 = p50_of(&idx, |i| {
-        let mut b = bodies[i].clone();
-        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
-    });
-    let json_kb = bodies.iter().map(Vec::len).sum::<usize>() as f64 / bodies.len() as f64 / 1e3;
-    // The same bodies without metadata.managedFields (what `drop_managed_fields` stores).
-    let stripped: Vec<Vec<u8>> = bodies
-        .iter()
-        .map(|b| {
-            let mut v: serde_json::Value = serde_json::from_slice(b).expect("json");
-            if let Some(m) = v["metadata"].as_object_mut() {
-                m.remove("managedFields");
-            }
-            serde_json::to_vec(&v).expect("json")
-        })
-        .collect();
-    let stripped50 = p50_of(&idx, |i| {
-        let mut b = stripped[i].clone();
-        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
-    });
-    let stripped_kb =
-        stripped.iter().map(Vec::len).sum::<usize>() as f64 / stripped.len() as f64 / 1e3;
-    eprintln!(
-        "{label} managedFields: simd-json decode p50 {simd50:.1} us for {json_kb:.1} KB with them, \
-         {stripped50:.1} us for {stripped_kb:.1} KB without"
-    );
-    eprintln!(
-        "{label} read breakdown (p50, us): get {uni50:.1} = get_raw {raw50:.1} (engine read, envelope, \
-         decompression{}) + decode; decode alone: serde_json {serde50:.1}, simd-json {simd50:.1} \
-         (incl. a {json_kb:.1} KB copy); typed partial get_as::<PartialObjectMeta<Pod>> {partial50:.1}",
-        if encrypted { ", decryption" } else { "" }
-    );
-
-    let hit_rate = churn_hit_rate(url, &reader, keys).await;
-    eprintln!(
-        "{label} hot cache under churn (Zipf gets while the server updates 1,000 Pods/s): hit rate {:.1}%",
-        hit_rate * 100.0
-    );
 
     // Apply throughput: updates are made while the watcher is stopped (the test server
     // writes only a few thousand objects per second, slower than the store applies them),
@@ -372,4 +299,135 @@ async fn churn_hit_rate(
     })
     .await
     .expect("churn gets")
+}
+
+/// Time `Reader::get` (hot and uniform keys), its breakdown, and the hot cache's hit rate
+/// under churn: `(hot p50, uniform p50, uniform p99, get_raw p50, hit rate)`.
+async fn read_figures(
+    label: &str,
+    reader: &kube_persist::Reader<Pod>,
+    url: &str,
+    work: &Workload<'_>,
+    encrypted: bool,
+) -> (f64, f64, f64, f64, f64) {
+    let Workload {
+        keys,
+        hot,
+        hot_seq,
+        uniform_seq,
+    } = *work;
+    let time_gets = |seq: &[usize]| -> Vec<Duration> {
+        seq.iter()
+            .map(|&i| {
+                let (ns, name) = &keys[i];
+                let t = Instant::now();
+                let got = reader.get_named(Some(ns), name).expect("get");
+                let d = t.elapsed();
+                assert!(got.is_some(), "{ns}/{name} missing");
+                d
+            })
+            .collect()
+    };
+    let _warm = time_gets(hot);
+    let (hot50, hot99) = percentiles(time_gets(hot_seq));
+    let (uni50, uni99) = percentiles(time_gets(uniform_seq));
+    eprintln!(
+        "{label} Reader::get  hot keys (cache hits): p50 {hot50:.2} us p99 {hot99:.2} us; uniform random: p50 {uni50:.1} us p99 {uni99:.1} us"
+    );
+    // Where a miss goes: engine read + envelope + decompression (+ decryption) is get_raw;
+    // the rest is JSON decoding, timed alone on the same bodies with both parsers.
+    let sample = &uniform_seq[..uniform_seq.len().min(20_000)];
+    let raw50 = p50_of(sample, |i| {
+        let (ns, name) = &keys[i];
+        assert!(reader.get_raw(Some(ns), name).expect("get_raw").is_some());
+    });
+    let partial50 = p50_of(sample, |i| {
+        let (ns, name) = &keys[i];
+        let m: Option<kube::core::PartialObjectMeta<Pod>> =
+            reader.get_as(Some(ns), name).expect("get_as");
+        assert!(m.is_some());
+    });
+    let bodies: Vec<Vec<u8>> = sample[..2000]
+        .iter()
+        .map(|&i| {
+            let (ns, name) = &keys[i];
+            reader.get_raw(Some(ns), name).unwrap().unwrap()
+        })
+        .collect();
+    let idx: Vec<usize> = (0..bodies.len()).collect();
+    let serde50 = p50_of(&idx, |i| {
+        let _: Pod = serde_json::from_slice(&bodies[i]).expect("serde_json");
+    });
+    let simd50 = p50_of(&idx, |i| {
+        let mut b = bodies[i].clone();
+        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
+    });
+    let json_kb = bodies.iter().map(Vec::len).sum::<usize>() as f64 / bodies.len() as f64 / 1e3;
+    // The same bodies without metadata.managedFields (what `drop_managed_fields` stores).
+    let stripped: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| {
+            let mut v: serde_json::Value = serde_json::from_slice(b).expect("json");
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("managedFields");
+            }
+            serde_json::to_vec(&v).expect("json")
+        })
+        .collect();
+    let stripped50 = p50_of(&idx, |i| {
+        let mut b = stripped[i].clone();
+        let _: Pod = simd_json::serde::from_slice(&mut b).expect("simd-json");
+    });
+    let stripped_kb =
+        stripped.iter().map(Vec::len).sum::<usize>() as f64 / stripped.len() as f64 / 1e3;
+    eprintln!(
+        "{label} managedFields: simd-json decode p50 {simd50:.1} us for {json_kb:.1} KB with them, \
+         {stripped50:.1} us for {stripped_kb:.1} KB without"
+    );
+    // The body codec: LZ4 (format 3) against zstd level 1 (format 2) on the same bodies.
+    let lz4: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| lz4_flex::block::compress_prepend_size(b))
+        .collect();
+    let zst: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| zstd::bulk::compress(b, 1).expect("zstd"))
+        .collect();
+    let mut zc = zstd::bulk::Compressor::new(1).expect("zstd");
+    let mut zd = zstd::bulk::Decompressor::new().expect("zstd");
+    let lz4_c = p50_of(&idx, |i| {
+        std::hint::black_box(lz4_flex::block::compress_prepend_size(&bodies[i]));
+    });
+    let zstd_c = p50_of(&idx, |i| {
+        std::hint::black_box(zc.compress(&bodies[i]).expect("zstd"));
+    });
+    let lz4_d = p50_of(&idx, |i| {
+        std::hint::black_box(lz4_flex::block::decompress_size_prepended(&lz4[i]).expect("lz4"));
+    });
+    let zstd_d = p50_of(&idx, |i| {
+        std::hint::black_box(zd.decompress(&zst[i], bodies[i].len()).expect("zstd"));
+    });
+    let ratio = |c: &[Vec<u8>]| {
+        bodies.iter().map(Vec::len).sum::<usize>() as f64
+            / c.iter().map(Vec::len).sum::<usize>() as f64
+    };
+    eprintln!(
+        "{label} body codec (p50, us): LZ4 compress {lz4_c:.1} decompress {lz4_d:.1} ratio {:.2}; \
+         zstd-1 compress {zstd_c:.1} decompress {zstd_d:.1} ratio {:.2}",
+        ratio(&lz4),
+        ratio(&zst)
+    );
+    eprintln!(
+        "{label} read breakdown (p50, us): get {uni50:.1} = get_raw {raw50:.1} (engine read, envelope, \
+         decompression{}) + decode; decode alone: serde_json {serde50:.1}, simd-json {simd50:.1} \
+         (incl. a {json_kb:.1} KB copy); typed partial get_as::<PartialObjectMeta<Pod>> {partial50:.1}",
+        if encrypted { ", decryption" } else { "" }
+    );
+
+    let hit_rate = churn_hit_rate(url, reader, keys).await;
+    eprintln!(
+        "{label} hot cache under churn (Zipf gets while the server updates 1,000 Pods/s): hit rate {:.1}%",
+        hit_rate * 100.0
+    );
+    (hot50, uni50, uni99, raw50, hit_rate)
 }

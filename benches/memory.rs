@@ -7,10 +7,15 @@
 //! cargo bench --bench memory -- --quick # N = 10k, 100k
 //! cargo bench --bench memory -- --pods 20000
 //! cargo bench --bench memory -- --quick --engine sled   # storage engine (default redb)
+//! cargo bench --bench memory -- --pods 1000000 --persist-only  # no reflector, no floor
 //! ```
 //! The last lines are one `RESULT n=<N> ... engine=<E>` line per N. Besides the sync and
-//! relist peaks, a fresh kube-persist process opens the synced store and makes 100,000
+//! relist peaks, a fresh kube-persist process opens the synced store (a warm restart:
+//! `warm_ready_ms`, and the LIST calls it made, which must be 0) and makes 100,000
 //! uniformly random `get`s: `persist_read_rss_mib` is its RSS after them.
+//! `--persist-only` leaves out kube-runtime's reflector and the bare watcher (at 1M Pods
+//! the reflector would need tens of GiB) and prints
+//! `RESULT n=<N> persist_peak_mib=.. persist_read_rss_mib=.. warm_ready_ms=.. persist_disk_bytes_per_object=.. engine=<E>`.
 
 mod support;
 
@@ -28,6 +33,7 @@ fn main() {
         vec![10_000, 50_000, 100_000, 200_000]
     };
     let engine = support::engine_arg();
+    let persist_only = std::env::args().any(|a| a == "--persist-only");
     eprintln!("== storage engine: {engine}");
     let mut results = Vec::new();
     for &n in &sizes {
@@ -53,19 +59,26 @@ fn main() {
             r
         };
         let persist = run(ClientKind::Persist, &persist_opts, "kube-persist cold sync");
-        let reflector = run(
-            ClientKind::Reflector,
-            &ClientOpts::default(),
-            "reflector cold sync",
-        );
-        let floor = run(
-            ClientKind::Floor,
-            &ClientOpts::default(),
-            "bare watcher (floor)",
-        );
+        let (reflector, floor) = if persist_only {
+            Default::default()
+        } else {
+            (
+                run(
+                    ClientKind::Reflector,
+                    &ClientOpts::default(),
+                    "reflector cold sync",
+                ),
+                run(
+                    ClientKind::Floor,
+                    &ClientOpts::default(),
+                    "bare watcher (floor)",
+                ),
+            )
+        };
         // 100,000 uniformly random keys, read by a fresh process after it resumes the store.
         let keys_file = dir.path().join("keys");
         write_random_keys(&url, &keys_file, 100_000);
+        let lists_before = block_on(support::list_calls(&url));
         let reads = run(
             ClientKind::Persist,
             &ClientOpts {
@@ -74,8 +87,10 @@ fn main() {
             },
             "kube-persist 100k random gets",
         );
+        let warm_lists = block_on(support::list_calls(&url)) - lists_before;
         eprintln!(
-            "   random gets: {} in {:.2} s, RSS after them {:.1} MiB",
+            "   warm restart: ready in {} ms with {warm_lists} LIST calls; random gets: {} in {:.2} s, RSS after them {:.1} MiB",
+            reads.ready_ms,
             reads.gets,
             reads.gets_ms as f64 / 1000.0,
             mib(reads.rss_kib)
@@ -85,35 +100,53 @@ fn main() {
             ..persist_opts.clone()
         };
         let persist_relist = run(ClientKind::Persist, &relist, "kube-persist forced relist");
-        let reflector_relist = run(
-            ClientKind::Reflector,
-            &ClientOpts {
-                until_relist: true,
-                ..ClientOpts::default()
-            },
-            "reflector sync + forced relist",
-        );
+        let reflector_relist = if persist_only {
+            ClientReport::default()
+        } else {
+            run(
+                ClientKind::Reflector,
+                &ClientOpts {
+                    until_relist: true,
+                    ..ClientOpts::default()
+                },
+                "reflector sync + forced relist",
+            )
+        };
         let disk = dir_size(&store);
         eprintln!(
             "   store on disk: {:.1} MiB ({:.0} bytes/object)",
             mib(disk / 1024),
             disk as f64 / n as f64
         );
-        results.push(format!(
-            "RESULT n={n} persist_peak_mib={:.1} reflector_peak_mib={:.1} floor_peak_mib={:.1} persist_relist_peak_mib={:.1} reflector_relist_peak_mib={:.1} persist_read_rss_mib={:.1} persist_disk_bytes_per_object={:.0} engine={engine}",
-            mib(persist.peak_rss_kib),
-            mib(reflector.peak_rss_kib),
-            mib(floor.peak_rss_kib),
-            mib(persist_relist.peak_rss_kib),
-            mib(reflector_relist.peak_rss_kib),
-            mib(reads.rss_kib),
-            disk as f64 / n as f64,
-        ));
-        eprintln!(
-            "   after sync: kube-persist {:.1} MiB, reflector {:.1} MiB",
-            mib(persist.rss_kib),
-            mib(reflector.rss_kib)
-        );
+        results.push(if persist_only {
+            format!(
+                "RESULT n={n} persist_peak_mib={:.1} persist_read_rss_mib={:.1} warm_ready_ms={} persist_disk_bytes_per_object={:.0} persist_relist_peak_mib={:.1} warm_list_calls={warm_lists} engine={engine}",
+                mib(persist.peak_rss_kib),
+                mib(reads.rss_kib),
+                reads.ready_ms,
+                disk as f64 / n as f64,
+                mib(persist_relist.peak_rss_kib),
+            )
+        } else {
+            format!(
+                "RESULT n={n} persist_peak_mib={:.1} reflector_peak_mib={:.1} floor_peak_mib={:.1} persist_relist_peak_mib={:.1} reflector_relist_peak_mib={:.1} persist_read_rss_mib={:.1} persist_disk_bytes_per_object={:.0} warm_ready_ms={} warm_list_calls={warm_lists} engine={engine}",
+                mib(persist.peak_rss_kib),
+                mib(reflector.peak_rss_kib),
+                mib(floor.peak_rss_kib),
+                mib(persist_relist.peak_rss_kib),
+                mib(reflector_relist.peak_rss_kib),
+                mib(reads.rss_kib),
+                disk as f64 / n as f64,
+                reads.ready_ms,
+            )
+        });
+        if !persist_only {
+            eprintln!(
+                "   after sync: kube-persist {:.1} MiB, reflector {:.1} MiB",
+                mib(persist.rss_kib),
+                mib(reflector.rss_kib)
+            );
+        }
     }
     for r in results {
         println!("{r}");
@@ -133,6 +166,10 @@ fn write_random_keys(url: &str, file: &std::path::Path, count: usize) {
         .map(|_| keys[rng.random_range(0..keys.len())].as_str())
         .collect();
     std::fs::write(file, picked.join("\n")).expect("write the keys file");
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Runtime::new().expect("runtime").block_on(f)
 }
 
 fn dir_size(p: &std::path::Path) -> u64 {

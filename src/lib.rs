@@ -55,6 +55,7 @@
 pub mod controller;
 mod crypto;
 mod error;
+mod json;
 mod stats;
 mod store;
 mod watcher;

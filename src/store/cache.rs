@@ -8,6 +8,11 @@
 //! could already read from disk, and a write to one object does not stop the caching of
 //! others.
 //!
+//! A miss is admitted (its decoded object inserted) only for a key that missed recently
+//! before: a doorkeeper as in TinyLFU, so that objects read once (a scan, uniformly random
+//! reads over a large store) neither evict objects that are read again nor pay for an
+//! insert and an eviction on every read.
+//!
 //! Entries are charged their JSON size times [`DECODED_PER_JSON_BYTE`], an estimate of
 //! what the decoded object holds on the heap (the JSON size is known exactly, the decoded
 //! size is not observable without a counting allocator).
@@ -25,6 +30,19 @@ type Entry = (Arc<dyn Any + Send + Sync>, usize);
 /// one sequence number (inserts that began before it are refused for every key).
 const RECENT_KEYS: usize = 16_384;
 
+/// Bits of the doorkeeper (8 KiB); it is cleared when half of them are set, so a key is
+/// admitted if it missed again within about the last `DOOR_BITS / 2` distinct misses.
+const DOOR_BITS: usize = 1 << 16;
+
+/// A cache miss: what the reader needs to insert what it decodes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Miss {
+    /// The write sequence number before the reader's disk read.
+    pub(crate) token: u64,
+    /// Whether the key missed recently before (see the module doc).
+    pub(crate) admit: bool,
+}
+
 pub(crate) struct HotCache {
     max_bytes: usize,
     inner: Mutex<Inner>,
@@ -37,6 +55,9 @@ struct Inner {
     bytes: usize,
     /// Bumped at the start and at the end of every write.
     seq: u64,
+    /// The doorkeeper: one bit per key hash that missed since the last clear.
+    door: Vec<u64>,
+    door_set: usize,
     /// Keys of the batch being applied.
     in_flight: HashSet<Vec<u8>>,
     /// Recently written keys and the sequence number at which their write ended.
@@ -57,6 +78,8 @@ impl HotCache {
                 map: LruCache::unbounded(),
                 bytes: 0,
                 seq: 0,
+                door: vec![0; DOOR_BITS / 64],
+                door_set: 0,
                 in_flight: HashSet::new(),
                 recent: LruCache::unbounded(),
                 forgotten: 0,
@@ -79,19 +102,30 @@ impl HotCache {
         (self.hits.load(Relaxed), self.misses.load(Relaxed))
     }
 
-    /// A cached object, or the token to pass to [`HotCache::insert`] after a disk read.
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Arc<dyn Any + Send + Sync>, u64> {
+    /// A cached object, or the [`Miss`] that says whether to [`HotCache::insert`] the
+    /// object read from disk instead.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Arc<dyn Any + Send + Sync>, Miss> {
         let mut inner = self.lock();
-        match inner.map.get(key) {
-            Some((v, _)) => {
-                self.hits.fetch_add(1, Relaxed);
-                Ok(v.clone())
-            }
-            None => {
-                self.misses.fetch_add(1, Relaxed);
-                Err(inner.seq)
+        if let Some((v, _)) = inner.map.get(key) {
+            self.hits.fetch_add(1, Relaxed);
+            return Ok(v.clone());
+        }
+        self.misses.fetch_add(1, Relaxed);
+        let bit = door_bit(key);
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        let admit = inner.door[word] & mask != 0;
+        if !admit {
+            inner.door[word] |= mask;
+            inner.door_set += 1;
+            if inner.door_set > DOOR_BITS / 2 {
+                inner.door.fill(0);
+                inner.door_set = 0;
             }
         }
+        Err(Miss {
+            token: inner.seq,
+            admit,
+        })
     }
 
     /// Cache an object read from disk after [`HotCache::get`] returned `token`, unless its
@@ -160,6 +194,16 @@ impl HotCache {
     }
 }
 
+/// The doorkeeper bit of a key (FNV-1a: keys are short, and this runs under the lock).
+fn door_bit(key: &[u8]) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h as usize) & (DOOR_BITS - 1)
+}
+
 impl std::fmt::Debug for HotCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let inner = self.lock();
@@ -178,7 +222,7 @@ mod tests {
     #[test]
     fn inserts_are_refused_across_a_write_and_bounded_by_bytes() {
         let c = HotCache::new(1000);
-        let Err(g) = c.get(b"a") else {
+        let Err(Miss { token: g, .. }) = c.get(b"a") else {
             panic!("empty cache hit")
         };
         c.begin_write([b"a".as_slice()].into_iter());
@@ -192,16 +236,43 @@ mod tests {
         // Read before the write ended, inserted after: refused for the written key.
         c.insert(b"a".to_vec(), Arc::new(1u32), 10, g);
         assert!(c.get(b"a").is_err());
-        let Err(g) = c.get(b"a") else { panic!() };
+        let Err(Miss { token: g, .. }) = c.get(b"a") else {
+            panic!()
+        };
         c.insert(b"a".to_vec(), Arc::new(2u32), 10, g);
         assert_eq!(*c.get(b"a").unwrap().downcast::<u32>().unwrap(), 2);
         c.insert(b"b".to_vec(), Arc::new(9u32), 10, g);
         // 10 entries of 100 bytes fit; the next ones evict the least recently used.
         for i in 0..11u8 {
-            let Err(g) = c.get(&[i, i]) else { panic!() };
+            let Err(Miss { token: g, .. }) = c.get(&[i, i]) else {
+                panic!()
+            };
             c.insert(vec![i, i], Arc::new(i), 10, g);
         }
         assert!(c.get(b"a").is_err(), "oldest entry evicted");
         assert!(c.get(&[10, 10]).is_ok());
+    }
+
+    #[test]
+    fn admits_keys_that_missed_before() {
+        let c = HotCache::new(1 << 20);
+        let Err(first) = c.get(b"k") else { panic!() };
+        assert!(!first.admit, "a first miss is not cached");
+        let Err(second) = c.get(b"k") else { panic!() };
+        assert!(second.admit, "a repeated miss is");
+        c.insert(b"k".to_vec(), Arc::new(1u8), 10, second.token);
+        assert!(c.get(b"k").is_ok());
+        // The doorkeeper forgets: once cleared (after many distinct misses), a key that
+        // missed before is new again.
+        let Err(once) = c.get(b"x") else { panic!() };
+        assert!(!once.admit);
+        let mut i = 0u32;
+        while c.lock().door_set != 0 {
+            let _ = c.get(&i.to_be_bytes());
+            i += 1;
+        }
+        assert!(i as usize <= DOOR_BITS, "cleared after {i} misses");
+        let Err(again) = c.get(b"x") else { panic!() };
+        assert!(!again.admit);
     }
 }

@@ -102,9 +102,14 @@ impl DbConfig {
         self
     }
 
-    /// Compress stored object bodies with zstd (default on: Pod JSON shrinks several times,
-    /// see BENCHMARKS.md). Records remember whether they are compressed, so this can change
-    /// between runs.
+    /// Compress stored object bodies with LZ4 (default on: Pod JSON shrinks about 2x, and
+    /// the engine keeps less in memory; see BENCHMARKS.md). Each record says how its body
+    /// is packed, so this can change between runs, and bodies written with zstd by format 2
+    /// stores stay readable.
+    ///
+    /// ```
+    /// let config = kube_persist::DbConfig::default().compression(false);
+    /// ```
     pub fn compression(mut self, on: bool) -> Self {
         self.compression = on;
         self
@@ -175,9 +180,9 @@ impl Drop for DbInner {
     }
 }
 
-/// Run `open`; if the store is locked and this process closed it a moment ago, retry for
-/// up to two seconds while the engine finishes releasing it. A lock held by another process (or
-/// by a live handle in this one) is reported at once.
+/// Run `open`; if the store is locked and this process closed it (or failed to open it) a
+/// moment ago, retry for up to two seconds while the engine finishes releasing it. A lock
+/// held by another process (or by a live handle in this one) is reported at once.
 fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     loop {
@@ -196,11 +201,17 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
                 std::thread::sleep(Duration::from_millis(10));
             }
             other => {
-                if other.is_ok() {
-                    RECENTLY_CLOSED
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|p| p != path);
+                let mut closed = RECENTLY_CLOSED.lock().unwrap_or_else(|p| p.into_inner());
+                match &other {
+                    Ok(_) => closed.retain(|p| p != path),
+                    // The engine may have opened (and locked) the files before it failed,
+                    // e.g. on a corrupt store: it releases them like a closed store.
+                    Err(Error::Locked { .. }) => {}
+                    Err(_) => {
+                        if !closed.iter().any(|p| p == path) {
+                            closed.push(path.to_path_buf());
+                        }
+                    }
                 }
                 return other;
             }
@@ -389,10 +400,22 @@ impl Db {
         }
         let mut reset = None;
         let state = match stored_identity {
-            Some(stored) if stored == *identity => match backend.get(keys::STATE_KEY)? {
-                Some(b) => record::decode::<State>(&b).map_err(|d| corrupt("state", d))?,
-                None => State::default(),
-            },
+            Some(stored) if stored.resumes_as(identity) => {
+                if stored.format_version != identity.format_version {
+                    // Its records stay readable; new ones are written in this format, which
+                    // older versions must not resume.
+                    tracing::info!(stream = name, path = %path.display(),
+                        from = stored.format_version, to = identity.format_version,
+                        "store format upgraded in place");
+                    let mut b = WriteBatch::default();
+                    b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
+                    backend.apply(b)?;
+                }
+                match backend.get(keys::STATE_KEY)? {
+                    Some(b) => record::decode::<State>(&b).map_err(|d| corrupt("state", d))?,
+                    None => State::default(),
+                }
+            }
             other => {
                 if let Some(stored) = other {
                     let why = stored.difference(identity);
@@ -480,4 +503,109 @@ pub(crate) struct Status {
     pub(crate) checkpoint: Option<String>,
     /// Secondary indexes built on disk and ready for `Reader::by_index`.
     pub(crate) indexes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record::{Codec, FORMAT_VERSION, Identity, Phase, Record, State};
+    use super::*;
+
+    fn identity(format_version: u32) -> Identity {
+        Identity {
+            format_version,
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            url: "/api/v1/pods".into(),
+            label_selector: None,
+            field_selector: None,
+            metadata_only: false,
+            keys_only: false,
+            transform: None,
+            encryption: None,
+        }
+    }
+
+    /// A format 2 store (zstd bodies) is resumed, not relisted, and its records still read;
+    /// a store of an unreadable format is wiped and relisted.
+    #[test]
+    fn previous_format_stores_resume_and_unreadable_ones_start_clean() {
+        let json = br#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"7"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;
+        let key = keys::tagged(keys::OBJECT, &keys::object_suffix(Some("n"), "a"));
+        let synced = State {
+            phase: Phase::Synced {
+                resource_version: "7".into(),
+            },
+            epoch: 1,
+            count: 1,
+            last_synced: Some("7".into()),
+        };
+        for engine in [Engine::Redb, Engine::Sled] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = Db::open_with(dir.path(), DbConfig::default().engine(engine)).unwrap();
+            {
+                // What format 2 wrote: its identity, state, and a zstd-compressed record.
+                let s = db.open_stream("pods", &identity(2)).unwrap();
+                let rec = Record {
+                    resource_version: "7".into(),
+                    uid: "u".into(),
+                    epoch: 1,
+                    codec: Codec::Zstd as u8,
+                    body: zstd::bulk::compress(json, 1).unwrap(),
+                };
+                let mut b = WriteBatch::default();
+                b.put(key.clone(), record::encode(&rec));
+                b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
+                s.backend.apply(b).unwrap();
+            }
+            let s = db.open_stream("pods", &identity(FORMAT_VERSION)).unwrap();
+            assert_eq!(s.reset, None, "{engine}: format 2 is resumed");
+            assert_eq!(s.state, synced, "{engine}: its checkpoint is kept");
+            let stored = s.backend.get(&key).unwrap().expect("record kept");
+            let body = record::decode_ref(&stored)
+                .unwrap()
+                .open(&key, None)
+                .unwrap();
+            assert_eq!(&*body, json, "{engine}: zstd body reads");
+            let id = s.backend.get(keys::IDENTITY_KEY).unwrap().unwrap();
+            assert_eq!(
+                record::decode::<Identity>(&id).unwrap().format_version,
+                FORMAT_VERSION,
+                "{engine}: the identity now says the current format"
+            );
+            drop(s);
+
+            // Format 1 is not readable: the stream starts clean (a relist).
+            let s = db.open_stream("old", &identity(1)).unwrap();
+            let mut b = WriteBatch::default();
+            b.put(
+                key.clone(),
+                record::encode(&Record::sealed(
+                    &key,
+                    "7".into(),
+                    "u".into(),
+                    1,
+                    json,
+                    None,
+                    true,
+                )),
+            );
+            b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
+            s.backend.apply(b).unwrap();
+            drop(s);
+            let s = db.open_stream("old", &identity(FORMAT_VERSION)).unwrap();
+            assert!(
+                s.reset
+                    .as_deref()
+                    .is_some_and(|r| r.contains("format_version")),
+                "{engine}: {:?}",
+                s.reset
+            );
+            assert_eq!(s.state, State::default(), "{engine}: relisted from scratch");
+            assert_eq!(
+                s.backend.get(&key).unwrap(),
+                None,
+                "{engine}: old objects removed"
+            );
+        }
+    }
 }

@@ -133,7 +133,7 @@ where
                     }
                     None
                 }
-                Err(generation) => Some(generation),
+                Err(miss) => miss.admit.then_some(miss.token),
             }
         } else {
             None
@@ -425,15 +425,8 @@ fn open_body<'v>(
         .map_err(corrupt)
 }
 
-thread_local! {
-    /// simd-json's working buffers (tape, strings, padded input), reused by every read on
-    /// this thread instead of allocated per object.
-    static SIMD_BUFFERS: std::cell::RefCell<simd_json::Buffers> =
-        std::cell::RefCell::new(simd_json::Buffers::new(16 << 10));
-}
-
 /// Decode a stored record's body into `T`, returning it and the JSON size. The body is
-/// viewed in place, decompressed with this thread's reused zstd context, and parsed with
+/// viewed in place, decompressed (LZ4, or zstd for format 2 records), and parsed with
 /// simd-json from that (mutable) buffer; serde_json only reports what simd-json refused.
 fn decode_value<T: DeserializeOwned>(
     path: &std::path::Path,
@@ -443,9 +436,7 @@ fn decode_value<T: DeserializeOwned>(
 ) -> Result<(T, usize)> {
     let mut buf = open_body(path, key, value, cipher)?.into_owned();
     let len = buf.len();
-    let parsed = SIMD_BUFFERS
-        .with(|b| simd_json::serde::from_slice_with_buffers::<T>(&mut buf, &mut b.borrow_mut()));
-    match parsed {
+    match crate::json::decode_in_place::<T>(&mut buf) {
         Ok(t) => Ok((t, len)),
         Err(simd) => {
             // simd-json rewrote the buffer in place: read the body again for the error.

@@ -1,5 +1,5 @@
 //! The disk worker: one dedicated OS thread per [`Db`](super::Db) that runs every write
-//! (engine commits, fsyncs, zstd, encryption) and the CPU-heavy parsing of pages and
+//! (engine commits, fsyncs, compression, encryption) and the CPU-heavy parsing of pages and
 //! watch bursts, so that none of it runs on a tokio worker thread.
 //!
 //! Async callers hand it a closure and await a oneshot answer. This works the same under a
@@ -45,24 +45,31 @@ impl DiskWorker {
         })
     }
 
-    /// Run `job` on the disk thread and wait for its result without blocking the caller's
-    /// thread. If the caller stops waiting, the job still runs to completion.
-    pub(crate) async fn run<R: Send + 'static>(
+    /// Queue `job` on the disk thread now (jobs run in the order they are queued); the
+    /// returned future, which borrows nothing, yields its result without blocking the
+    /// caller's thread. If the caller stops waiting, the job still runs to completion.
+    pub(crate) fn submit<R: Send + 'static>(
         &self,
         job: impl FnOnce() -> Result<R> + Send + 'static,
-    ) -> Result<R> {
+    ) -> impl std::future::Future<Output = Result<R>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let sent = self.tx.send(Box::new(move || {
-            let _ = tx.send(job());
-        }));
-        let lost = || Error::Storage {
-            path: self.path.clone(),
-            detail: "the disk worker thread stopped (a storage operation panicked)".into(),
-        };
-        if sent.is_err() {
-            return Err(lost());
+        let sent = self
+            .tx
+            .send(Box::new(move || {
+                let _ = tx.send(job());
+            }))
+            .is_ok();
+        let path = self.path.clone();
+        async move {
+            let lost = || Error::Storage {
+                path,
+                detail: "the disk worker thread stopped (a storage operation panicked)".into(),
+            };
+            if !sent {
+                return Err(lost());
+            }
+            rx.await.map_err(|_| lost())?
         }
-        rx.await.map_err(|_| lost())?
     }
 }
 
@@ -78,13 +85,13 @@ mod tests {
         let worker = DiskWorker::spawn(Path::new("/tmp/x")).unwrap();
         let caller = std::thread::current().id();
         let ran_on = rt
-            .block_on(worker.run(|| Ok(std::thread::current().id())))
+            .block_on(worker.submit(|| Ok(std::thread::current().id())))
             .unwrap();
         assert_ne!(ran_on, caller);
         let err = rt
-            .block_on(worker.run(|| -> Result<()> { panic!("boom") }))
+            .block_on(worker.submit(|| -> Result<()> { panic!("boom") }))
             .unwrap_err();
         assert!(matches!(err, Error::Storage { .. }), "{err}");
-        assert_eq!(rt.block_on(worker.run(|| Ok(7))).unwrap(), 7);
+        assert_eq!(rt.block_on(worker.submit(|| Ok(7))).unwrap(), 7);
     }
 }

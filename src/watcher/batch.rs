@@ -33,6 +33,7 @@ pub(crate) struct Rejected {
 }
 
 /// A parsed LIST page.
+#[derive(Debug)]
 pub(crate) struct Page {
     pub(crate) objects: Vec<Incoming>,
     pub(crate) continue_token: Option<String>,
@@ -42,7 +43,7 @@ pub(crate) struct Page {
 }
 
 /// A parsed burst of watch lines.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Parsed {
     pub(crate) ops: Vec<Op>,
     /// The resourceVersion of the last event or bookmark applied.

@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use kube::Resource;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
@@ -14,9 +15,21 @@ pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 /// Index entries of one object: (index name, value).
 pub(crate) type Entries = Vec<(String, String)>;
 
-/// Decodes an object's JSON (validating it) and computes its index entries.
+/// What one decode of an incoming object gives the write path: its index entries and the
+/// metadata the store keys and compares by (so the JSON is not parsed a second time).
+#[derive(Debug, Default)]
+pub(crate) struct Inspected {
+    pub(crate) entries: Entries,
+    pub(crate) name: Option<String>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) uid: Option<String>,
+    pub(crate) resource_version: Option<String>,
+}
+
+/// Decodes an object's JSON into the stream's type (validating it) and computes its index
+/// entries.
 pub(crate) type Inspector =
-    Arc<dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error> + Send + Sync>;
+    Arc<dyn Fn(&[u8]) -> std::result::Result<Inspected, serde_json::Error> + Send + Sync>;
 
 /// Build the inspector for `K` from the type-erased index functions of a `Config`.
 /// `None` when there is nothing to check or index.
@@ -25,7 +38,7 @@ pub(crate) fn inspector<K>(
     indexes: &[(String, Arc<dyn Any + Send + Sync>)],
 ) -> Result<Option<Inspector>>
 where
-    K: DeserializeOwned + 'static,
+    K: Resource + DeserializeOwned + 'static,
 {
     let mut fns: Vec<(String, IndexFn<K>)> = Vec::new();
     for (name, f) in indexes {
@@ -43,7 +56,7 @@ where
         return Ok(None);
     }
     Ok(Some(Arc::new(move |body: &[u8]| {
-        let obj: K = serde_json::from_slice(body)?;
+        let mut obj: K = crate::json::decode_copy(body)?;
         let mut entries = Vec::new();
         for (name, f) in &fns {
             for value in f(&obj) {
@@ -54,6 +67,13 @@ where
         }
         entries.sort();
         entries.dedup();
-        Ok(entries)
+        let meta = obj.meta_mut();
+        Ok(Inspected {
+            entries,
+            name: meta.name.take(),
+            namespace: meta.namespace.take(),
+            uid: meta.uid.take(),
+            resource_version: meta.resource_version.take(),
+        })
     })))
 }

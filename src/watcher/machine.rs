@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
-use super::batch::{Ingest, Parsed, Rejected};
+use super::batch::{Ingest, Page, Parsed, Rejected};
 use super::config::Config;
 use super::conn::{ConnectFailure, Line, Target, WatchConn};
 use super::index::Inspector;
@@ -33,6 +33,14 @@ use crate::store::Status;
 use crate::store::record::{Phase, State};
 use crate::store::worker::DiskWorker;
 use crate::store::writer::{Change, ListProgress, Op, Writer};
+
+/// How long a live watch burst waits for more events after its first one: events that
+/// arrive together are committed in one batch (up to `page_size`), for a few ms of latency.
+const WATCH_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The same for a streaming list's initial events, which arrive as fast as the server
+/// sends them: nothing is live yet, so they are gathered into pages like a LIST's.
+const INITIAL_LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// An event before it is decoded into the user's type.
 #[derive(Debug)]
@@ -57,10 +65,10 @@ pub(crate) enum Stage {
     /// Derive the next stage from the persisted phase (after start, and after any error).
     Resume,
     /// A paginated LIST; the next page continues from `continue_token`, and may already
-    /// have been fetched while the previous one was written (`prefetched`).
+    /// have been fetched and parsed while the previous one was written (`prefetched`).
     Listing {
         continue_token: Option<String>,
-        prefetched: Option<Vec<u8>>,
+        prefetched: Option<Box<Page>>,
     },
     /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
     /// (`None`: connect next). `received`: initial events seen on this connection.
@@ -73,14 +81,33 @@ pub(crate) enum Stage {
     Sweeping {
         then: Option<(WatchConn, Vec<Line>)>,
     },
-    /// Watching from the checkpoint (`None`: connect next); `deferred` lines are applied
+    /// Watching from the checkpoint (`None`: connect next); what is `deferred` is applied
     /// before reading more.
     Watching {
         conn: Option<WatchConn>,
-        deferred: Vec<Line>,
+        deferred: Deferred,
     },
     /// Waiting until `until` after an error or before a relist, then `next`.
     Backoff { until: Instant, next: Box<Stage> },
+}
+
+/// What a watch applies before it reads more from its connection.
+#[derive(Debug, Default)]
+pub(crate) enum Deferred {
+    #[default]
+    Nothing,
+    /// Lines read but not parsed: live events that followed a streaming list's end bookmark.
+    Lines(Vec<Line>),
+    /// A burst read and parsed while the previous one was being committed.
+    Parsed(Box<Ahead>),
+}
+
+/// A parsed watch burst waiting for its commit.
+#[derive(Debug)]
+pub(crate) struct Ahead {
+    parsed: Parsed,
+    /// The server ended the stream after this burst.
+    ended: bool,
 }
 
 impl Stage {
@@ -130,23 +157,18 @@ impl Disk {
         self.finish(done)
     }
 
-    /// Send `job` to the disk thread; the future (which borrows nothing) yields its result
-    /// for [`Disk::finish`], so other work can proceed meanwhile.
+    /// Queue `job` on the disk thread now; the future (which borrows nothing) yields its
+    /// result for [`Disk::finish`], so other work can proceed meanwhile.
     fn start<R: Send + 'static>(
         &self,
         job: impl FnOnce(&mut Writer) -> Result<R> + Send + 'static,
-    ) -> impl std::future::Future<Output = Done<R>> + 'static {
+    ) -> impl std::future::Future<Output = Done<R>> + Send + 'static {
         let writer = self.writer.clone();
-        let worker = self.worker.clone();
-        async move {
-            worker
-                .run(move || {
-                    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-                    let res = job(&mut w);
-                    Ok((res, w.state().clone()))
-                })
-                .await
-        }
+        self.worker.submit(move || {
+            let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let res = job(&mut w);
+            Ok((res, w.state().clone()))
+        })
     }
 
     /// Take in the state after a job started with [`Disk::start`], and its result.
@@ -358,7 +380,7 @@ impl Machine {
         let names = self.cfg.index_names();
         self.disk
             .run(move |w| {
-                let last = w.index_chunk(after, page, &*inspect)?;
+                let last = w.index_chunk(after, page, &|b| inspect(b).map(|i| i.entries))?;
                 if last.is_none() {
                     tracing::info!(indexes = ?names, "indexes built");
                     w.set_built_indexes(&names)?;
@@ -389,7 +411,7 @@ impl Machine {
             Phase::Sweeping { .. } => Ok(Stage::Sweeping { then: None }),
             Phase::Synced { .. } => Ok(Stage::Watching {
                 conn: None,
-                deferred: Vec::new(),
+                deferred: Deferred::Nothing,
             }),
         }
     }
@@ -512,36 +534,45 @@ impl Lister<'_> {
 }
 
 impl Machine {
-    /// Commit one LIST page on the disk thread and, as soon as its continue token is parsed
-    /// there, fetch the next page meanwhile: page N+1 travels while page N is written (at
-    /// most two pages in memory).
+    /// Parse a LIST page on the blocking pool (CPU only, no disk).
+    async fn parse_page(ingest: Ingest, bytes: Vec<u8>, context: String) -> Result<Page> {
+        tokio::task::spawn_blocking(move || ingest.list_page(bytes, &context))
+            .await
+            .map_err(|e| Error::Protocol {
+                context: "LIST".into(),
+                detail: format!("parsing a list page failed: {e}"),
+            })?
+    }
+
+    /// Commit one LIST page on the disk thread while the next page is fetched and parsed
+    /// (its continue token is known once this one is parsed): page N+1 travels and is
+    /// parsed while page N is written (at most two pages in memory).
     async fn list_page(
         &mut self,
         continue_token: Option<String>,
-        prefetched: Option<Vec<u8>>,
+        prefetched: Option<Box<Page>>,
     ) -> Result<Stage> {
-        let bytes = match prefetched {
-            Some(b) => b,
+        let url = self.url().to_string();
+        let context = |continued: bool| format!("LIST {url} (continue: {continued})");
+        let page = match prefetched {
+            Some(p) => *p,
             None => match self.lister().fetch_page(continue_token.as_deref()).await? {
-                Some(b) => b,
+                Some(b) => {
+                    let context = context(continue_token.is_some());
+                    Self::parse_page(self.ingest.clone(), b, context).await?
+                }
                 None => return self.relist("continue token expired (410)").await,
             },
         };
-        let context = format!(
-            "LIST {} (continue: {})",
-            self.url(),
-            continue_token.is_some()
-        );
-        let (ingest, emit) = (self.ingest.clone(), self.emit);
-        let (token_tx, token_rx) = tokio::sync::oneshot::channel();
+        let next_token = page.continue_token.clone();
+        let emit = self.emit;
+        let last_page_context = context(continue_token.is_some());
         let commit = self.disk.start(move |w| {
-            let page = ingest.list_page(bytes, &context)?;
-            let _ = token_tx.send(page.continue_token.clone());
             let progress = match page.continue_token {
                 Some(t) => ListProgress::More(Some(t)),
                 None => {
                     ListProgress::Done(page.resource_version.ok_or_else(|| Error::Protocol {
-                        context,
+                        context: last_page_context,
                         detail: "last page has no metadata.resourceVersion".into(),
                     })?)
                 }
@@ -554,13 +585,12 @@ impl Machine {
             }
             Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
         });
-        let lister = self.lister();
+        let (lister, ingest, next_context) = (self.lister(), self.ingest.clone(), context(true));
         let prefetch = async {
-            match token_rx.await {
-                // A failed prefetch is dropped: the next step fetches (and reports) again.
-                Ok(Some(next)) => lister.fetch_page(Some(&next)).await.ok().flatten(),
-                _ => None,
-            }
+            let next = next_token?;
+            // A failed prefetch is dropped: the next step fetches (and reports) again.
+            let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
+            Self::parse_page(ingest, bytes, next_context).await.ok()
         };
         let (committed, next_page) = tokio::join!(commit, prefetch);
         let (changes, rejected) = self.disk.finish(committed)?;
@@ -569,12 +599,12 @@ impl Machine {
         Ok(match self.disk.state.phase.clone() {
             Phase::Listing { continue_token, .. } => Stage::Listing {
                 continue_token,
-                prefetched: next_page,
+                prefetched: next_page.map(Box::new),
             },
             Phase::Sweeping { .. } => Stage::Sweeping { then: None },
             _ => Stage::Watching {
                 conn: None,
-                deferred: Vec::new(),
+                deferred: Deferred::Nothing,
             },
         })
     }
@@ -604,7 +634,7 @@ impl Machine {
     async fn read_initial(&mut self, mut conn: WatchConn, received: u64) -> Result<Stage> {
         let timeout = self.cfg.initial_events_timeout;
         let burst = conn
-            .burst(self.cfg.page_size as usize, Some(timeout))
+            .burst(self.cfg.page_size as usize, Some(timeout), INITIAL_LINGER)
             .await?;
         if burst.idle {
             return self
@@ -650,7 +680,7 @@ impl Machine {
                 },
                 _ => Stage::Watching {
                     conn: Some(conn),
-                    deferred: p.rest,
+                    deferred: Deferred::Lines(p.rest),
                 },
             });
         }
@@ -699,16 +729,16 @@ impl Machine {
         Ok(match then {
             Some((conn, deferred)) => Stage::Watching {
                 conn: Some(conn),
-                deferred,
+                deferred: Deferred::Lines(deferred),
             },
             None => Stage::Watching {
                 conn: None,
-                deferred: Vec::new(),
+                deferred: Deferred::Nothing,
             },
         })
     }
 
-    async fn connect_watch(&mut self, deferred: Vec<Line>) -> Result<Stage> {
+    async fn connect_watch(&mut self, deferred: Deferred) -> Result<Stage> {
         let rv = match &self.disk.state.phase {
             Phase::Synced { resource_version } => resource_version.clone(),
             _ => return Ok(Stage::Resume),
@@ -749,49 +779,75 @@ impl Machine {
         }
     }
 
-    async fn read_watch(&mut self, mut conn: WatchConn, deferred: Vec<Line>) -> Result<Stage> {
-        let (lines, ended) = if deferred.is_empty() {
-            let burst = conn.burst(self.cfg.page_size as usize, None).await?;
-            (burst.lines, burst.ended)
-        } else {
-            (deferred, false)
-        };
-        let (ingest, emit) = (self.ingest.clone(), self.emit);
-        let checkpoint = self.disk.state.last_synced.clone();
-        let applied = self
-            .disk
-            .run(move |w| {
-                let mut parsed = ingest.lines(lines, false);
-                if parsed.lost.is_some() {
-                    return Ok(Applied {
-                        changes: Vec::new(),
-                        parsed,
-                    });
-                }
-                let ops = std::mem::take(&mut parsed.ops);
-                let changes = match parsed.last_rv.clone().or(checkpoint) {
-                    Some(rv) if !ops.is_empty() || parsed.last_rv.is_some() => {
-                        w.watch_burst(ops, rv, emit)?
-                    }
-                    _ => Vec::new(),
-                };
-                Ok(Applied { changes, parsed })
+    /// Parse a burst of live watch lines on the blocking pool (CPU only, no disk), so that
+    /// the disk thread only commits and a burst is parsed while the one before is written.
+    async fn parse_watch(ingest: Ingest, lines: Vec<Line>) -> Result<Parsed> {
+        tokio::task::spawn_blocking(move || ingest.lines(lines, false))
+            .await
+            .map_err(|e| Error::Protocol {
+                context: "WATCH".into(),
+                detail: format!("parsing a burst of watch events failed: {e}"),
             })
-            .await?;
-        self.push_changes(applied.changes);
-        let p = applied.parsed;
-        self.push_rejected(p.rejected);
-        if p.delivered > 0 {
-            // A healthy connection: later errors start their backoff from the minimum.
-            self.backoff.reset();
-            self.too_large = 0;
-        }
-        if let Some(why) = p.lost {
+    }
+
+    /// One step of a live watch: commit a burst on the disk thread and, if the next burst
+    /// arrives before that commit ends, parse it meanwhile and carry it to the next step
+    /// (at most two bursts in memory; their events are emitted in order).
+    async fn read_watch(&mut self, mut conn: WatchConn, deferred: Deferred) -> Result<Stage> {
+        let max = self.cfg.page_size as usize;
+        let (mut parsed, ended) = match deferred {
+            Deferred::Parsed(ahead) => (ahead.parsed, ahead.ended),
+            Deferred::Lines(lines) => (Self::parse_watch(self.ingest.clone(), lines).await?, false),
+            Deferred::Nothing => {
+                let burst = conn.burst(max, None, WATCH_LINGER).await?;
+                let parsed = Self::parse_watch(self.ingest.clone(), burst.lines).await?;
+                (parsed, burst.ended)
+            }
+        };
+        if let Some(why) = parsed.lost.take() {
+            // Nothing of this burst is committed: the checkpoint stays before the lost event.
             return self
                 .relist(&format!("a watch event could not be read ({why})"))
                 .await;
         }
-        if let Some(status) = p.error {
+        let ops = std::mem::take(&mut parsed.ops);
+        let (last_rv, checkpoint) = (parsed.last_rv.clone(), self.disk.state.last_synced.clone());
+        let emit = self.emit;
+        let commit = self.disk.start(move |w| {
+            let moved = last_rv.is_some();
+            match last_rv.or(checkpoint) {
+                Some(rv) if !ops.is_empty() || moved => w.watch_burst(ops, rv, emit),
+                _ => Ok(Vec::new()),
+            }
+        });
+        let mut commit = std::pin::pin!(commit);
+        let read_on = parsed.error.is_none() && !ended;
+        let ingest = self.ingest.clone();
+        let (done, next) = if read_on {
+            tokio::select! {
+                biased;
+                done = &mut commit => (done, None),
+                // Cancel-safe: if the commit ends first, lines read so far stay in `conn`.
+                burst = conn.burst(max, None, WATCH_LINGER) => match burst {
+                    Ok(b) => {
+                        let (done, next) = tokio::join!(&mut commit, Self::parse_watch(ingest, b.lines));
+                        (done, Some(next.map(|parsed| Ahead { parsed, ended: b.ended })))
+                    }
+                    Err(e) => (commit.await, Some(Err(e))),
+                },
+            }
+        } else {
+            (commit.await, None)
+        };
+        let changes = self.disk.finish(done)?;
+        self.push_changes(changes);
+        self.push_rejected(std::mem::take(&mut parsed.rejected));
+        if parsed.delivered > 0 {
+            // A healthy connection: later errors start their backoff from the minimum.
+            self.backoff.reset();
+            self.too_large = 0;
+        }
+        if let Some(status) = parsed.error {
             if status.code == 410 {
                 return self.relist("watch ERROR 410 Gone").await;
             }
@@ -805,12 +861,15 @@ impl Machine {
             self.set_live(false);
             return Ok(Stage::Watching {
                 conn: None,
-                deferred: Vec::new(),
+                deferred: Deferred::Nothing,
             });
         }
         Ok(Stage::Watching {
             conn: Some(conn),
-            deferred: Vec::new(),
+            deferred: match next.transpose()? {
+                Some(ahead) => Deferred::Parsed(Box::new(ahead)),
+                None => Deferred::Nothing,
+            },
         })
     }
 

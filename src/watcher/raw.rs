@@ -135,10 +135,32 @@ pub(crate) fn incoming(
     inspect: Option<&Inspector>,
 ) -> Result<Incoming, BadObject> {
     let json = raw.get();
-    let head: Head = serde_json::from_str(json).map_err(|e| {
-        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
-    })?;
-    let m = head.metadata;
+    // Validating decodes the object into the stream's type anyway: that one decode also
+    // gives the metadata, when the body is stored as received (no transform).
+    let decoded = match inspect {
+        Some(check) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+            check(json.as_bytes()).ok()
+        }
+        _ => None,
+    };
+    let (m, entries) = match decoded {
+        Some(d) => (
+            HeadMeta {
+                name: d.name,
+                namespace: d.namespace,
+                uid: d.uid,
+                resource_version: d.resource_version,
+                annotations: None,
+            },
+            Some(d.entries),
+        ),
+        None => {
+            let head: Head = serde_json::from_str(json).map_err(|e| {
+                BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+            })?;
+            (head.metadata, None)
+        }
+    };
     let name = match m.name {
         Some(n) if !n.is_empty() && !n.contains('\0') => n,
         _ => {
@@ -185,11 +207,14 @@ pub(crate) fn incoming(
         }
         None => json.as_bytes().to_vec(),
     };
-    let index = match inspect {
-        Some(check) => {
-            check(&body).map_err(|e| bad(format!("does not decode into the store's type: {e}")))?
+    let index = match (entries, inspect) {
+        (Some(entries), _) => entries,
+        (None, Some(check)) => {
+            check(&body)
+                .map_err(|e| bad(format!("does not decode into the store's type: {e}")))?
+                .entries
         }
-        None => Vec::new(),
+        (None, None) => Vec::new(),
     };
     Ok(Incoming {
         suffix: key,

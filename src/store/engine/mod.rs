@@ -48,6 +48,20 @@ impl WriteBatch {
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Point lookup.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Point lookups of `keys`: `found(i, value)` for each `keys[i]` that exists, in
+    /// order. Engines override it to read all of them in one read transaction.
+    fn get_each(
+        &self,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(v) = self.get(key)? {
+                found(i, &v)?;
+            }
+        }
+        Ok(())
+    }
     /// Apply all operations of `batch` atomically.
     fn apply(&self, batch: WriteBatch) -> Result<()>;
     /// Ordered scan of keys in `[start, end)`, lazily, without collecting.

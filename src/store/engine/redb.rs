@@ -241,6 +241,28 @@ impl Backend for RedbTable {
         catch_panic(&self.shared.dir, "reading", || self.get_inner(key))
     }
 
+    fn get_each(
+        &self,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        catch_panic(&self.shared.dir, "reading", || {
+            let s = &self.shared;
+            let txn = s.db.begin_read().map_err(|e| s.err(e))?;
+            let table = match txn.open_table(self.def()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+                Err(e) => return Err(s.err(e)),
+            };
+            for (i, key) in keys.iter().enumerate() {
+                if let Some(v) = table.get(*key).map_err(|e| s.err(e))? {
+                    found(i, v.value())?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn apply(&self, batch: WriteBatch) -> Result<()> {
         catch_panic(&self.shared.dir, "writing", || self.apply_inner(batch))
     }

@@ -43,6 +43,14 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// The object's key suffix.
+    fn suffix(&self) -> &[u8] {
+        match self {
+            Op::Put(o) => &o.suffix,
+            Op::Delete { suffix, .. } | Op::Reject { suffix } => suffix,
+        }
+    }
+
     /// The key and (for a server deletion) the last body of a removal.
     fn into_removal(self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
         match self {
