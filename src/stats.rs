@@ -39,6 +39,10 @@ pub struct Stats {
     pub hot_cache_hits: u64,
     /// `Reader::get` calls that read from disk while the hot cache was enabled.
     pub hot_cache_misses: u64,
+    /// Objects of a sharded store ([`Config::shard`](crate::Config::shard)) that the
+    /// server sent although they are outside the shard, dropped by the store: the server
+    /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
+    pub shard_client_filtered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +59,7 @@ pub(crate) struct Counters {
     pub(crate) bad_objects: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) identity_resets: AtomicU64,
+    pub(crate) shard_client_filtered: AtomicU64,
 }
 
 impl Counters {
@@ -78,6 +83,7 @@ impl Counters {
             identity_resets: self.identity_resets.load(Relaxed),
             hot_cache_hits: 0,
             hot_cache_misses: 0,
+            shard_client_filtered: self.shard_client_filtered.load(Relaxed),
         }
     }
 }

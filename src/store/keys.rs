@@ -16,6 +16,10 @@ pub(crate) const ENTRIES: u8 = b'x';
 pub(crate) const STATE_KEY: &[u8] = b"mstate";
 pub(crate) const INDEXES_KEY: &[u8] = b"mindexes";
 pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
+/// The shard a sharded stream keeps (absent: the whole collection).
+pub(crate) const SHARD_KEY: &[u8] = b"mshard";
+/// Present while objects outside a narrowed shard are being pruned: the last key pruned.
+pub(crate) const PRUNE_KEY: &[u8] = b"mprune";
 
 /// The suffix shared by an object's record and mark: `namespace \0 name`.
 pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
@@ -25,6 +29,12 @@ pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(name.as_bytes());
     k
+}
+
+/// The namespace of an object key suffix (`""` for a cluster-scoped object).
+pub(crate) fn suffix_namespace(suffix: &[u8]) -> &str {
+    let end = suffix.iter().position(|&b| b == 0).unwrap_or(0);
+    std::str::from_utf8(&suffix[..end]).unwrap_or("")
 }
 
 /// Prefix `tag` to a suffix.

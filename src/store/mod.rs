@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::watcher::Shard;
 pub(crate) use engine::Backend;
 pub use engine::Engine;
 use engine::{Storage, WriteBatch};
-pub(crate) use keys::object_suffix;
-use record::{Identity, State};
+pub(crate) use keys::{object_suffix, suffix_namespace};
+use record::{Identity, Phase, State};
 
 use crate::crypto::{Cipher, EncryptionKey};
 use crate::error::{Error, Result};
@@ -353,7 +354,12 @@ impl Db {
 
     /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
     /// different identity is wiped (and the reason logged): it must not be resumed.
-    pub(crate) fn open_stream(&self, name: &str, identity: &Identity) -> Result<OpenStream> {
+    pub(crate) fn open_stream(
+        &self,
+        name: &str,
+        identity: &Identity,
+        shard: Option<&Shard>,
+    ) -> Result<OpenStream> {
         if name.is_empty() {
             return Err(Error::Config("stream name must not be empty".into()));
         }
@@ -398,9 +404,48 @@ impl Db {
                 },
             });
         }
+        let stored_shard = match backend.get(keys::SHARD_KEY)? {
+            Some(b) => Some(record::decode::<Shard>(&b).map_err(|d| corrupt("shard", d))?),
+            None => None,
+        };
+        // A shard inside the stored one keeps the checkpoint: the objects outside it are
+        // pruned (by the watcher, crash-safely) instead of listing again.
+        let shard_change = match (&stored_shard, shard) {
+            (a, b) if a.as_ref() == b => ShardChange::Same,
+            (None, Some(_)) => ShardChange::Narrower,
+            (Some(old), Some(new)) if old.covers(new) => ShardChange::Narrower,
+            (old, new) => ShardChange::Other(format!(
+                "shard: {:?} -> {:?}",
+                old.as_ref().map(Shard::selector),
+                new.map(Shard::selector)
+            )),
+        };
+        let stored_state = match backend.get(keys::STATE_KEY)? {
+            Some(b) => Some(record::decode::<State>(&b).map_err(|d| corrupt("state", d))?),
+            None => None,
+        };
+        let shard_change = match (shard_change, &stored_state) {
+            // A continue token belongs to the query that started the list: narrow only a
+            // store that is complete.
+            (ShardChange::Narrower, Some(st)) if !matches!(st.phase, Phase::Synced { .. }) => {
+                ShardChange::Other("shard narrowed while a list was in progress".into())
+            }
+            (change, _) => change,
+        };
         let mut reset = None;
         let state = match stored_identity {
-            Some(stored) if stored.resumes_as(identity) => {
+            Some(stored)
+                if stored.resumes_as(identity)
+                    && !matches!(shard_change, ShardChange::Other(_)) =>
+            {
+                if let (ShardChange::Narrower, Some(new)) = (&shard_change, shard) {
+                    tracing::info!(stream = name, path = %path.display(), shard = %new.selector(),
+                        "shard narrowed: pruning the objects outside it, resuming without LIST");
+                    let mut b = WriteBatch::default();
+                    b.put(keys::SHARD_KEY.to_vec(), record::encode(new));
+                    b.put(keys::PRUNE_KEY.to_vec(), record::encode(&None::<Vec<u8>>));
+                    backend.apply(b)?;
+                }
                 if stored.format_version != identity.format_version {
                     // Its records stay readable; new ones are written in this format, which
                     // older versions must not resume.
@@ -411,14 +456,14 @@ impl Db {
                     b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
                     backend.apply(b)?;
                 }
-                match backend.get(keys::STATE_KEY)? {
-                    Some(b) => record::decode::<State>(&b).map_err(|d| corrupt("state", d))?,
-                    None => State::default(),
-                }
+                stored_state.unwrap_or_default()
             }
             other => {
                 if let Some(stored) = other {
-                    let why = stored.difference(identity);
+                    let why = match &shard_change {
+                        ShardChange::Other(why) if stored.resumes_as(identity) => why.clone(),
+                        _ => stored.difference(identity),
+                    };
                     tracing::warn!(stream = name, path = %path.display(), changed = %why,
                         "store identity changed: starting clean instead of resuming");
                     reset = Some(why);
@@ -428,6 +473,9 @@ impl Db {
                 let mut b = WriteBatch::default();
                 b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
                 b.put(keys::STATE_KEY.to_vec(), record::encode(&state));
+                if let Some(shard) = shard {
+                    b.put(keys::SHARD_KEY.to_vec(), record::encode(shard));
+                }
                 backend.apply(b)?;
                 state
             }
@@ -439,6 +487,15 @@ impl Db {
             lease,
         })
     }
+}
+
+/// How a stream's requested shard relates to its stored one.
+enum ShardChange {
+    Same,
+    /// Inside the stored one (or the stream was not sharded): prune, keep the checkpoint.
+    Narrower,
+    /// Wider or elsewhere: a new list (the reason).
+    Other(String),
 }
 
 /// A stream's keyspace as opened, with its stored state.
@@ -544,7 +601,7 @@ mod tests {
             let db = Db::open_with(dir.path(), DbConfig::default().engine(engine)).unwrap();
             {
                 // What format 2 wrote: its identity, state, and a zstd-compressed record.
-                let s = db.open_stream("pods", &identity(2)).unwrap();
+                let s = db.open_stream("pods", &identity(2), None).unwrap();
                 let rec = Record {
                     resource_version: "7".into(),
                     uid: "u".into(),
@@ -557,7 +614,9 @@ mod tests {
                 b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
                 s.backend.apply(b).unwrap();
             }
-            let s = db.open_stream("pods", &identity(FORMAT_VERSION)).unwrap();
+            let s = db
+                .open_stream("pods", &identity(FORMAT_VERSION), None)
+                .unwrap();
             assert_eq!(s.reset, None, "{engine}: format 2 is resumed");
             assert_eq!(s.state, synced, "{engine}: its checkpoint is kept");
             let stored = s.backend.get(&key).unwrap().expect("record kept");
@@ -575,7 +634,7 @@ mod tests {
             drop(s);
 
             // Format 1 is not readable: the stream starts clean (a relist).
-            let s = db.open_stream("old", &identity(1)).unwrap();
+            let s = db.open_stream("old", &identity(1), None).unwrap();
             let mut b = WriteBatch::default();
             b.put(
                 key.clone(),
@@ -592,7 +651,9 @@ mod tests {
             b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
             s.backend.apply(b).unwrap();
             drop(s);
-            let s = db.open_stream("old", &identity(FORMAT_VERSION)).unwrap();
+            let s = db
+                .open_stream("old", &identity(FORMAT_VERSION), None)
+                .unwrap();
             assert!(
                 s.reset
                     .as_deref()

@@ -167,7 +167,6 @@ impl Identity {
 #[derive(Debug, Deserialize)]
 pub(crate) struct RecordHead {
     pub(crate) resource_version: String,
-    #[allow(dead_code)]
     pub(crate) uid: String,
     pub(crate) epoch: u64,
 }

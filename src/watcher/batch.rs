@@ -22,6 +22,8 @@ pub(crate) struct Ingest {
     pub(crate) validate: Option<Inspector>,
     pub(crate) stats: Arc<Counters>,
     pub(crate) url: Arc<str>,
+    /// Whether "the server ignores shardSelector" was logged (once per stream).
+    pub(crate) shard_warned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An identified object the store refused; reported to `stream()` users.
@@ -66,6 +68,31 @@ pub(crate) struct Parsed {
 }
 
 impl Ingest {
+    /// Whether an object belongs to the stream's shard (always, unsharded). One outside it
+    /// means the server ignores `shardSelector`: counted, and warned about once.
+    fn in_shard(&self, o: &Incoming) -> bool {
+        let Some(shard) = self.cfg.get_shard() else {
+            return true;
+        };
+        let ns = crate::store::suffix_namespace(&o.suffix);
+        if shard.contains(Some(&o.uid), Some(ns)) {
+            return true;
+        }
+        Counters::add(&self.stats.shard_client_filtered, 1);
+        self.server_ignores_shards();
+        false
+    }
+
+    fn server_ignores_shards(&self) {
+        if !self
+            .shard_warned
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(url = %self.url,
+                "server ignores shardSelector; filtering on the client, bandwidth is not reduced");
+        }
+    }
+
     fn bad(&self, bad: &BadObject) {
         Counters::add(&self.stats.bad_objects, 1);
         tracing::warn!(object = %bad.what, resource_version = bad.resource_version.as_deref().unwrap_or(""),
@@ -102,6 +129,16 @@ impl Ingest {
             context: context.to_string(),
             detail: format!("list body does not decode: {e}"),
         })?;
+        if let Some(shard) = self.cfg.get_shard() {
+            let echoed = page
+                .metadata
+                .shard_info
+                .as_ref()
+                .and_then(|i| i.selector.as_deref());
+            if echoed != Some(shard.selector().as_str()) {
+                self.server_ignores_shards();
+            }
+        }
         let items = page.items.unwrap_or_default();
         let mut out = Page {
             objects: Vec::with_capacity(items.len()),
@@ -119,7 +156,8 @@ impl Ingest {
                 continue;
             }
             match self.object(raw) {
-                Ok(o) => out.objects.push(o),
+                Ok(o) if self.in_shard(&o) => out.objects.push(o),
+                Ok(_) => {}
                 // Not written: in a relist its old version is swept at the end of the list.
                 Err(r) => out.rejected.extend(r.map(|(_, r)| r)),
             }
@@ -197,7 +235,9 @@ impl Ingest {
                         Ok(o) => {
                             p.last_rv = Some(o.resource_version.clone());
                             events += 1;
-                            p.ops.push(Op::Put(o));
+                            if self.in_shard(&o) {
+                                p.ops.push(Op::Put(o));
+                            }
                         }
                         Err(Some((key, rejected))) => {
                             if !rejected.resource_version.is_empty() {

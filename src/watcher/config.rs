@@ -6,6 +6,8 @@ use std::sync::Arc;
 use kube::Resource;
 use std::time::Duration;
 
+use super::shard::{Shard, ShardKey};
+
 /// A transform applied to each object's JSON before it is written (e.g. to drop fields).
 pub type Transform = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
 
@@ -45,6 +47,8 @@ pub struct Config {
     pub(crate) keys_only: bool,
     pub(crate) transform: Option<(String, Transform)>,
     pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
+    /// The shard kept, or why the requested one is invalid (reported by `check`).
+    pub(crate) shard: Option<std::result::Result<Shard, String>>,
 }
 
 impl Default for Config {
@@ -68,6 +72,7 @@ impl Default for Config {
             keys_only: false,
             transform: None,
             indexes: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -82,6 +87,7 @@ impl std::fmt::Debug for Config {
             .field("timeout", &self.timeout)
             .field("validate", &self.validate)
             .field("transform", &self.transform.as_ref().map(|t| &t.0))
+            .field("shard", &self.shard)
             .finish_non_exhaustive()
     }
 }
@@ -148,7 +154,52 @@ impl Config {
                 return bad(field, "selector contains a newline or NUL");
             }
         }
+        match &self.shard {
+            Some(Err(why)) => return bad("shards", why),
+            Some(Ok(shard)) => shard.check()?,
+            None => {}
+        }
         Ok(())
+    }
+
+    /// Keep only one shard of the collection (see [`Shard`]): the `shardSelector` list
+    /// option is sent on every LIST and WATCH (kube-apiserver 1.36+ with the
+    /// `ShardedListAndWatch` feature gate then sends only the shard), and the store drops
+    /// any object outside it, so a server without the feature costs bandwidth, not
+    /// correctness ([`Stats::shard_client_filtered`](crate::Stats::shard_client_filtered)
+    /// counts them, and one warning is logged). Part of the store identity; reopening a
+    /// store with a shard inside its stored one prunes the objects outside it instead of
+    /// listing again.
+    ///
+    /// Which key: `ShardKey::Namespace` keeps owners and their children (same namespace)
+    /// in one replica; `ShardKey::Uid` spreads a single kind evenly.
+    ///
+    /// ```
+    /// use kube_persist::{Config, Shard, ShardKey};
+    /// let cfg = Config::default().shard(Shard::new(ShardKey::Uid).range(0, 1 << 63));
+    /// assert!(cfg.get_shard().is_some());
+    /// ```
+    pub fn shard(mut self, shard: Shard) -> Self {
+        self.shard = Some(Ok(shard));
+        self
+    }
+
+    /// Keep shard `index` of `count` even slices of the uid hash space: replica `index` of a
+    /// controller run as `count` replicas. `index >= count` is reported when the store is
+    /// opened ([`Error::Config`](crate::Error::Config)).
+    ///
+    /// ```
+    /// let cfg = kube_persist::Config::default().shards(1, 3);
+    /// assert_eq!(cfg.get_shard().unwrap().ranges().len(), 1);
+    /// ```
+    pub fn shards(mut self, index: u32, count: u32) -> Self {
+        self.shard = Some(Shard::even(ShardKey::Uid, index, count).map_err(|e| e.to_string()));
+        self
+    }
+
+    /// The shard kept, if any (and valid).
+    pub fn get_shard(&self) -> Option<&Shard> {
+        self.shard.as_ref().and_then(|s| s.as_ref().ok())
     }
     /// Only objects matching this label selector.
     pub fn labels(mut self, selector: &str) -> Self {

@@ -105,6 +105,8 @@ pub(crate) enum ConnectFailure {
     Invalid(Error),
     /// Anything else (network, 5xx, auth): retry with backoff.
     Other(Error),
+    /// A configuration the server will never accept (an invalid shard selector): stop.
+    Fatal(Error),
 }
 
 /// What to watch.
@@ -137,7 +139,8 @@ impl WatchConn {
         } else {
             target.request.watch(&wp, resource_version)
         }
-        .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))?;
+        .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))
+        .and_then(|r| with_shard(r, cfg).map_err(ConnectFailure::Fatal))?;
         // Events must reach the store as they arrive; a compressed stream would be held
         // back by the decompressor (kube-apiserver does not compress watches anyway).
         req.headers_mut().insert(
@@ -153,6 +156,9 @@ impl WatchConn {
                 })
             }
             Err(source) => {
+                if let Some(e) = invalid_shard(&source) {
+                    return Err(ConnectFailure::Fatal(e));
+                }
                 let status = match &source {
                     kube::Error::Api(s) => Some((s.code, is_too_large(s))),
                     _ => None,
@@ -232,6 +238,34 @@ fn broke(e: std::io::Error) -> Error {
     Error::Protocol {
         context: "WATCH".into(),
         detail: format!("stream broke: {e}"),
+    }
+}
+
+/// Add the `shardSelector` list option of a sharded stream to a LIST or WATCH request.
+pub(crate) fn with_shard(
+    mut req: http::Request<Vec<u8>>,
+    cfg: &Config,
+) -> std::result::Result<http::Request<Vec<u8>>, Error> {
+    let Some(shard) = cfg.get_shard() else {
+        return Ok(req);
+    };
+    let uri = req.uri().to_string();
+    let sep = if uri.contains('?') { '&' } else { '?' };
+    let selector: String = form_urlencoded::byte_serialize(shard.selector().as_bytes()).collect();
+    *req.uri_mut() = format!("{uri}{sep}shardSelector={selector}")
+        .parse()
+        .map_err(|e| Error::Config(format!("shardSelector does not fit in a URL: {e}")))?;
+    Ok(req)
+}
+
+/// kube-apiserver's answer to a `shardSelector` it cannot parse: HTTP 500 with a message
+/// starting `invalid shard selector:`. A configuration error, not worth retrying.
+pub(crate) fn invalid_shard(e: &kube::Error) -> Option<Error> {
+    match e {
+        kube::Error::Api(s) if s.message.starts_with("invalid shard selector") => Some(
+            Error::Config(format!("the API server refused the shard: {}", s.message)),
+        ),
+        _ => None,
     }
 }
 

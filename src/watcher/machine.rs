@@ -25,7 +25,7 @@ use tracing::Instrument;
 use super::backoff::{Backoff, jitter};
 use super::batch::{Ingest, Page, Parsed, Rejected};
 use super::config::Config;
-use super::conn::{ConnectFailure, Line, Target, WatchConn};
+use super::conn::{ConnectFailure, Line, Target, WatchConn, invalid_shard, with_shard};
 use super::index::Inspector;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
@@ -62,6 +62,9 @@ pub(crate) enum Stage {
     Start,
     /// Building newly configured indexes from disk; `after` is the last key indexed.
     BuildingIndex { after: Option<Vec<u8>> },
+    /// Removing the objects outside a narrowed shard (the cursor is on disk), then
+    /// building indexes if `then_build`.
+    Pruning { then_build: bool },
     /// Derive the next stage from the persisted phase (after start, and after any error).
     Resume,
     /// A paginated LIST; the next page continues from `continue_token`, and may already
@@ -118,6 +121,9 @@ impl Stage {
             Stage::BuildingIndex { after } => Stage::BuildingIndex {
                 after: after.clone(),
             },
+            Stage::Pruning { then_build } => Stage::Pruning {
+                then_build: *then_build,
+            },
             _ => Stage::Resume,
         }
     }
@@ -126,6 +132,7 @@ impl Stage {
         match self {
             Stage::Start => "start",
             Stage::BuildingIndex { .. } => "building-index",
+            Stage::Pruning { .. } => "pruning",
             Stage::Resume => "resume",
             Stage::Listing { .. } => "listing",
             Stage::StreamingInitial { .. } => "streaming-initial",
@@ -205,6 +212,8 @@ pub(crate) struct Machine {
     streaming: bool,
     /// `ResourceVersionTooLarge` answers in a row.
     too_large: u32,
+    /// A configuration error the server will not accept ended the watcher.
+    pub(crate) fatal: bool,
 }
 
 impl Machine {
@@ -230,6 +239,7 @@ impl Machine {
                 validate,
                 stats: stats.clone(),
                 url: url.as_str().into(),
+                shard_warned: Arc::default(),
             },
             request: Request::new(url),
             metadata_only,
@@ -248,6 +258,7 @@ impl Machine {
             pending: VecDeque::new(),
             cold: true,
             too_large: 0,
+            fatal: false,
         }
     }
 
@@ -279,6 +290,13 @@ impl Machine {
             Ok(next) => self.stage = next,
             Err(e) => {
                 Counters::add(&self.stats.errors, 1);
+                if let Error::Config(why) = &e {
+                    // Retrying cannot fix a configuration the server refuses.
+                    tracing::error!(url = %self.url(), error = %why, "configuration error: the watcher stops");
+                    self.fatal = true;
+                    self.set_live(false);
+                    return Err(e);
+                }
                 let delay = self.backoff.next_delay();
                 tracing::warn!(url = %self.url(), error = %e, retry_in_ms = delay.as_millis() as u64,
                     "list/watch error, backing off");
@@ -305,6 +323,7 @@ impl Machine {
         match stage {
             Stage::Start => self.start().await,
             Stage::BuildingIndex { after } => self.build_index_chunk(after).await,
+            Stage::Pruning { then_build } => self.prune_chunk(then_build).await,
             Stage::Resume => self.resume().await,
             Stage::Backoff { until, next } => {
                 tracing::debug!(
@@ -338,9 +357,14 @@ impl Machine {
     /// Prepare the indexes and announce a resume; the rest follows from the phase.
     async fn start(&mut self) -> Result<Stage> {
         let configured = self.cfg.index_names();
-        let build = self
+        let (build, prune) = self
             .disk
-            .run(move |w| w.prepare_indexes(&configured))
+            .run(move |w| {
+                Ok((
+                    w.prepare_indexes(&configured)?,
+                    w.prune_pending()?.is_some(),
+                ))
+            })
             .await?;
         let state = self.disk.state.clone();
         self.cold = state.last_synced.is_none();
@@ -365,10 +389,29 @@ impl Machine {
             }
             Phase::Empty | Phase::Listing { .. } => {}
         }
-        Ok(if build {
+        Ok(if prune {
+            Stage::Pruning { then_build: build }
+        } else if build {
             Stage::BuildingIndex { after: None }
         } else {
             Stage::Resume
+        })
+    }
+
+    /// One chunk of the prune of a narrowed shard (one atomic batch with its cursor).
+    async fn prune_chunk(&mut self, then_build: bool) -> Result<Stage> {
+        let Some(shard) = self.cfg.get_shard().cloned() else {
+            return Ok(Stage::Resume);
+        };
+        let page = self.cfg.page_size as usize;
+        let done = self.disk.run(move |w| w.prune_step(&shard, page)).await?;
+        Ok(match (done, then_build) {
+            (false, _) => Stage::Pruning { then_build },
+            (true, true) => Stage::BuildingIndex { after: None },
+            (true, false) => {
+                tracing::info!(url = %self.url(), objects = self.disk.state.count, "prune complete");
+                Stage::Resume
+            }
         })
     }
 
@@ -510,10 +553,14 @@ impl Lister<'_> {
             self.request.list(&lp)
         }
         .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        let req = with_shard(req, self.cfg)?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
             Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
             Err(source) => {
+                if let Some(e) = invalid_shard(&source) {
+                    return Err(e);
+                }
                 return Err(Error::Kube {
                     context: context(),
                     source,
@@ -627,7 +674,9 @@ impl Machine {
             Err(ConnectFailure::Invalid(e)) => {
                 self.fall_back(&format!("the server refused it: {e}")).await
             }
-            Err(ConnectFailure::TooLarge(e) | ConnectFailure::Other(e)) => Err(e),
+            Err(
+                ConnectFailure::TooLarge(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
+            ) => Err(e),
         }
     }
 
@@ -753,7 +802,9 @@ impl Machine {
             }
             Err(ConnectFailure::Gone) => self.relist("watch resourceVersion expired (410)").await,
             Err(ConnectFailure::TooLarge(e)) => self.too_large(e).await,
-            Err(ConnectFailure::Invalid(e) | ConnectFailure::Other(e)) => Err(e),
+            Err(
+                ConnectFailure::Invalid(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
+            ) => Err(e),
         }
     }
 

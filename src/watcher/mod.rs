@@ -7,6 +7,7 @@ mod conn;
 mod index;
 mod machine;
 mod raw;
+mod shard;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use serde::de::DeserializeOwned;
 
 pub use config::{Config, Transform};
 use machine::{Machine, RawEvent};
+pub use shard::{Shard, ShardKey, fnv1a64};
 
 use crate::error::Result;
 use crate::stats::Counters;
@@ -80,7 +82,9 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
-    /// the stream goes on after each, retrying with jittered exponential backoff.
+    /// the stream goes on after each, retrying with jittered exponential backoff, except
+    /// after an [`Error::Config`](crate::Error::Config) the API server gave (an invalid
+    /// shard selector): retrying cannot fix it, so the stream ends after yielding it.
     ///
     /// An object the store refuses (it does not decode into `K`, exceeds
     /// [`Config::max_object_bytes`], or the transform fails) is yielded as
@@ -99,6 +103,9 @@ where
                     }
                     continue;
                 }
+                if w.machine.fatal {
+                    return None;
+                }
                 if let Err(e) = w.machine.step().await {
                     return Some((Err(e), w));
                 }
@@ -106,11 +113,12 @@ where
         })
     }
 
-    /// Keep the store in sync forever, without producing events. Errors are logged and
-    /// retried with backoff. Spawn it, and read through the [`Reader`].
+    /// Keep the store in sync without producing events. Errors are logged and retried with
+    /// backoff; only a configuration the API server refuses (an invalid shard selector)
+    /// ends it, logged as an error. Spawn it, and read through the [`Reader`].
     pub async fn run(mut self) {
         self.machine.set_emit(false);
-        loop {
+        while !self.machine.fatal {
             // Errors are logged (with the backoff delay) inside `step`.
             let _ = self.machine.step().await;
         }
@@ -274,7 +282,7 @@ impl Db {
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
-        let opened = self.open_stream(name, &identity)?;
+        let opened = self.open_stream(name, &identity, config.get_shard())?;
         let stats = Arc::new(Counters::default());
         if opened.reset.is_some() {
             Counters::add(&stats.identity_resets, 1);

@@ -26,6 +26,16 @@ pub(crate) struct ListMeta {
     pub(crate) resource_version: Option<String>,
     #[serde(rename = "continue", default)]
     pub(crate) continue_token: Option<String>,
+    /// Set by a server that filtered the list by `shardSelector` (the selector, echoed).
+    #[serde(rename = "shardInfo", default)]
+    pub(crate) shard_info: Option<ShardInfo>,
+}
+
+/// `ListMeta.shardInfo`.
+#[derive(Deserialize, Default)]
+pub(crate) struct ShardInfo {
+    #[serde(default)]
+    pub(crate) selector: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -24,12 +24,14 @@ pub(crate) struct FaultState {
 }
 
 /// A pending `fail_next` / `timeout_next` injection.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PendingFailure {
     code: u16,
     remaining: usize,
     /// A generic request timeout (504 without the ResourceVersionTooLarge cause).
     timeout: bool,
+    /// The `Status` message, instead of the generic one.
+    message: Option<String>,
 }
 
 /// Faults consumed by one WATCH request.
@@ -50,7 +52,8 @@ impl FaultState {
     /// Consumes one pending failure for `verb`, if any.
     pub(crate) fn take_failure(&mut self, verb: Verb) -> Option<ApiError> {
         let entry = self.fail_next.get_mut(&verb)?;
-        let PendingFailure { code, timeout, .. } = *entry;
+        let (code, timeout) = (entry.code, entry.timeout);
+        let custom = entry.message.clone();
         entry.remaining -= 1;
         if entry.remaining == 0 {
             self.fail_next.remove(&verb);
@@ -58,7 +61,9 @@ impl FaultState {
         if timeout {
             return Some(ApiError::request_timeout());
         }
-        let message = if code == 504 {
+        let message = if let Some(m) = custom {
+            m
+        } else if code == 504 {
             "Too large resource version".to_string()
         } else {
             format!("injected failure ({code}) for {verb:?}")
@@ -139,6 +144,16 @@ impl Faults {
         self.set_failure(verb, 504, count, true);
     }
 
+    /// The next `count` requests of `verb` fail with `status` and this `Status` message,
+    /// e.g. 500 `invalid shard selector: ...` as kube-apiserver answers a selector it
+    /// cannot parse. Replaces any pending failure for `verb`; `count == 0` clears it.
+    pub fn fail_next_with_message(&self, verb: Verb, status: u16, message: &str, count: usize) {
+        self.set_failure(verb, status, count, false);
+        if let Some(f) = self.shared.faults().fail_next.get_mut(&verb) {
+            f.message = Some(message.to_string());
+        }
+    }
+
     fn set_failure(&self, verb: Verb, code: u16, count: usize, timeout: bool) {
         let mut f = self.shared.faults();
         if count == 0 {
@@ -150,6 +165,7 @@ impl Faults {
                     code,
                     remaining: count,
                     timeout,
+                    message: None,
                 },
             );
         }

@@ -17,7 +17,7 @@ use crate::StreamingLists;
 use crate::object::{self, StoredObject};
 use crate::resource::{ResourceType, Verb};
 use crate::rv::{self, RvParam};
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors::{FieldSelector, LabelSelector, ShardSelector};
 use crate::shared::Shared;
 use crate::state::{Filter, Page};
 use crate::status::{ApiError, FieldError, invalid_list_options, json_response};
@@ -267,6 +267,12 @@ async fn api(
                 namespace: ns.clone(),
                 labels: LabelSelector::parse(params.get("labelSelector").map_or("", |s| s))?,
                 fields: FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))?,
+                // Without the feature gate the parameter is ignored entirely, even when
+                // malformed (a full list, no shardInfo).
+                shard: match params.get("shardSelector") {
+                    Some(s) if shared.opts.sharded_list_and_watch => Some(ShardSelector::parse(s)?),
+                    _ => None,
+                },
             };
             match verb {
                 Verb::Watch => watch::start(shared, ty, filter, params, meta_only).await,
@@ -577,6 +583,12 @@ async fn list(
                 Value::from(page.total.saturating_sub(served_now)),
             );
         }
+    }
+    if let Some(shard) = &filter.shard {
+        meta.insert(
+            "shardInfo".into(),
+            serde_json::json!({ "selector": shard.text }),
+        );
     }
     let (api_version, kind) = if meta_only {
         (

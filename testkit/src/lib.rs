@@ -21,7 +21,8 @@
 //! # HTTP surface
 //!
 //! - `/api/v1/...` and `/apis/{group}/{version}/...`: LIST (`limit`, `continue`,
-//!   `resourceVersion`, `resourceVersionMatch`, `labelSelector`, `fieldSelector`), WATCH
+//!   `resourceVersion`, `resourceVersionMatch`, `labelSelector`, `fieldSelector`,
+//!   `shardSelector` unless [`ServerOptions::sharded_list_and_watch`] is off), WATCH
 //!   (`watch=true`, `allowWatchBookmarks`, `sendInitialEvents`, `timeoutSeconds`), GET, POST,
 //!   PUT, DELETE; `Accept: ...;as=PartialObjectMetadata(List)` for metadata-only answers.
 //!   Errors are Kubernetes `Status` bodies.
@@ -134,6 +135,12 @@ pub struct ServerOptions {
     /// How WATCH requests with `sendInitialEvents` (streaming lists) are handled; default
     /// [`StreamingLists::Supported`].
     pub streaming_lists: StreamingLists,
+    /// Like kube-apiserver 1.36 with the `ShardedListAndWatch` feature gate (KEP-5866):
+    /// LIST and WATCH honour `shardSelector` (only objects whose uid or namespace FNV-1a
+    /// hash is in range; lists echo it in `metadata.shardInfo.selector`; a malformed one
+    /// is HTTP 500 `invalid shard selector: ...`). Default true; false behaves like a
+    /// server without the feature, which ignores the parameter entirely.
+    pub sharded_list_and_watch: bool,
 }
 
 /// How a server handles streaming lists (WATCH with `sendInitialEvents=true`).
@@ -174,6 +181,7 @@ impl Default for ServerOptions {
             gzip: false,
             gzip_min_bytes: 0,
             streaming_lists: StreamingLists::Supported,
+            sharded_list_and_watch: true,
         }
     }
 }

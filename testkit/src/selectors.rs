@@ -294,3 +294,153 @@ mod tests {
         assert!(FieldSelector::parse("metadata.name").is_err());
     }
 }
+
+/// One `shardRange(field, 'start', 'end')` term of a `shardSelector`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ShardRange {
+    /// Hash the namespace (else the uid).
+    namespace: bool,
+    start: u64,
+    /// Exclusive; may be 2^64.
+    end: u128,
+}
+
+/// A parsed `shardSelector` (KEP-5866, kube-apiserver 1.36 with `ShardedListAndWatch`):
+/// `shardRange(object.metadata.uid|namespace, '0x<16 hex>', '0x<16 or 17 hex>')` terms
+/// joined with `||`; an object matches when the 64-bit FNV-1a hash of the field is in any
+/// `[start, end)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShardSelector {
+    /// The selector as sent (echoed in `metadata.shardInfo.selector`).
+    pub text: String,
+    ranges: Vec<ShardRange>,
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A `'0x…'` bound: `0x` and 16 hex digits (17 for the end of the space, 2^64).
+fn shard_bound(s: &str, end: bool) -> Result<u128, String> {
+    let inner = s
+        .trim()
+        .strip_prefix('\'')
+        .and_then(|s| s.strip_suffix('\''))
+        .ok_or_else(|| format!("bound {s:?} is not a single-quoted string"))?;
+    let hex = inner
+        .strip_prefix("0x")
+        .ok_or_else(|| format!("bound {inner:?} does not start with 0x"))?;
+    let ok_len = hex.len() == 16 || (end && hex == "10000000000000000");
+    if !ok_len || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "bound {inner:?} must be 0x followed by 16 hex digits"
+        ));
+    }
+    u128::from_str_radix(hex, 16).map_err(|e| format!("bound {inner:?}: {e}"))
+}
+
+impl ShardSelector {
+    /// Parse a `shardSelector`; the error text follows kube-apiserver's
+    /// `invalid shard selector: ...` (answered with HTTP 500).
+    pub(crate) fn parse(s: &str) -> Result<Self, ApiError> {
+        let invalid = |why: String| {
+            ApiError::new(
+                500,
+                "InternalError",
+                format!("invalid shard selector: {why}"),
+            )
+        };
+        let mut ranges = Vec::new();
+        for term in s.split("||") {
+            let term = term.trim();
+            let args = term
+                .strip_prefix("shardRange(")
+                .and_then(|t| t.strip_suffix(')'))
+                .ok_or_else(|| {
+                    invalid(format!("{term:?} is not shardRange(field, 'start', 'end')"))
+                })?;
+            let parts: Vec<&str> = args.split(',').collect();
+            let [field, start, end] = parts.as_slice() else {
+                return Err(invalid(format!("shardRange takes 3 arguments: {term:?}")));
+            };
+            let namespace = match field.trim() {
+                "object.metadata.uid" => false,
+                "object.metadata.namespace" => true,
+                other => {
+                    return Err(invalid(format!(
+                        "unsupported field {other:?} (object.metadata.uid or object.metadata.namespace)"
+                    )));
+                }
+            };
+            let start = shard_bound(start, false).map_err(invalid)?;
+            let end = shard_bound(end, true).map_err(invalid)?;
+            if start >= end {
+                return Err(invalid(format!("empty range {term:?}")));
+            }
+            ranges.push(ShardRange {
+                namespace,
+                start: start as u64,
+                end,
+            });
+        }
+        Ok(ShardSelector {
+            text: s.to_string(),
+            ranges,
+        })
+    }
+
+    /// Whether an object with this uid and namespace is in the shard.
+    pub(crate) fn matches(&self, uid: &str, namespace: &str) -> bool {
+        self.ranges.iter().any(|r| {
+            let h = u128::from(fnv1a64(
+                if r.namespace { namespace } else { uid }.as_bytes(),
+            ));
+            u128::from(r.start) <= h && h < r.end
+        })
+    }
+}
+
+#[cfg(test)]
+mod shard_tests {
+    use super::*;
+
+    #[test]
+    fn parses_ranges_and_refuses_what_kube_apiserver_refuses() {
+        let s = ShardSelector::parse(
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000') || \
+             shardRange(object.metadata.namespace, '0x8000000000000000', '0x10000000000000000')",
+        )
+        .unwrap();
+        assert_eq!(s.ranges.len(), 2);
+        // fnv1a64("a") = 0xaf63dc4c8601ec8c: above half, so matched by namespace "a" only.
+        assert!(s.matches("a", "a"));
+        assert!(
+            !ShardSelector::parse(
+                "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000')"
+            )
+            .unwrap()
+            .matches("a", "x")
+        );
+        for bad in [
+            "shardRange(object.metadata.name, '0x0000000000000000', '0x8000000000000000')",
+            "shardRange(object.metadata.uid, '0x00', '0x8000000000000000')",
+            "shardRange(object.metadata.uid, 0x0000000000000000, '0x8000000000000000')",
+            "shardRange(object.metadata.uid, '0x8000000000000000', '0x0000000000000000')",
+            "shardRange(object.metadata.uid, '0x0000000000000000'",
+            "",
+        ] {
+            let e = ShardSelector::parse(bad).unwrap_err();
+            assert_eq!(e.code, 500, "{bad}");
+            assert!(
+                e.message.starts_with("invalid shard selector: "),
+                "{}",
+                e.message
+            );
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::object::{self, Key, Prepared, Stamp, StoredObject};
 use crate::resource::ResourceType;
 use crate::rv;
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors::{FieldSelector, LabelSelector, ShardSelector};
 use crate::status::ApiError;
 
 /// Kind of a change recorded in the history.
@@ -37,6 +37,8 @@ pub(crate) struct Filter {
     pub namespace: Option<String>,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
+    /// `shardSelector`, when the server has the `ShardedListAndWatch` feature.
+    pub shard: Option<ShardSelector>,
 }
 
 impl Filter {
@@ -44,11 +46,15 @@ impl Filter {
         self.namespace.as_deref().is_none_or(|ns| ns == o.namespace)
             && self.labels.matches(&o.labels)
             && self.fields.matches(&o.namespace, &o.name)
+            && self
+                .shard
+                .as_ref()
+                .is_none_or(|s| s.matches(&o.uid, &o.namespace))
     }
 
     /// Whether the filter is only a namespace restriction (or nothing).
     pub(crate) fn is_trivial(&self) -> bool {
-        self.labels.is_empty() && self.fields.is_empty()
+        self.labels.is_empty() && self.fields.is_empty() && self.shard.is_none()
     }
 }
 

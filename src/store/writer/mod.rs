@@ -3,6 +3,7 @@
 
 mod batch;
 mod index;
+mod prune;
 mod sweep;
 
 use std::path::PathBuf;

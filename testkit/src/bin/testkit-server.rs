@@ -4,7 +4,9 @@
 //! testkit-server --addr 127.0.0.1:0 --pods N [--namespaces M] [--history EVENTS] [--token T]
 //!                [--bookmark-interval-ms MS] [--too-large-wait-ms MS] [--opaque-rv]
 //!                [--short-pages] [--gzip] [--streaming-lists supported|rejected|forbidden|ignored]
+//!                [--no-sharding]
 //! ```
+//! (`--no-sharding`: a server without `ShardedListAndWatch`, which ignores `shardSelector`.)
 //! (`--bookmark-ms` is an alias of `--bookmark-interval-ms`.)
 //! Seeds N pods, prints exactly one line `listening on http://HOST:PORT` to stdout, logs to
 //! stderr (`RUST_LOG`), and serves until killed.
@@ -18,7 +20,7 @@ use kube_persist_testkit::{ServerOptions, StreamingLists, TestServer};
 const USAGE: &str = "usage: testkit-server [--addr HOST:PORT] [--pods N] [--namespaces M] \
                      [--history EVENTS] [--token T] [--bookmark-interval-ms MS] \
                      [--too-large-wait-ms MS] [--opaque-rv] [--short-pages] [--gzip] \
-                     [--streaming-lists supported|rejected|forbidden|ignored]";
+                     [--streaming-lists supported|rejected|forbidden|ignored] [--no-sharding]";
 
 struct Args {
     opts: ServerOptions,
@@ -46,6 +48,10 @@ fn parse_args() -> Result<Args, String> {
             }
             "--gzip" => {
                 args.opts.gzip = true;
+                continue;
+            }
+            "--no-sharding" => {
+                args.opts.sharded_list_and_watch = false;
                 continue;
             }
             _ => {}

@@ -1,0 +1,77 @@
+//! Narrowing a sharded store: when a store is reopened with a shard inside its stored one,
+//! the objects outside the new shard are removed chunk by chunk, each chunk one atomic
+//! batch with the prune cursor, so a crash resumes the prune where it stopped. The watch
+//! resumes from the same checkpoint: no LIST.
+
+use std::collections::HashMap;
+
+use super::Writer;
+use crate::error::{Error, Result};
+use crate::stats::Counters;
+use crate::store::engine::WriteBatch;
+use crate::store::keys::{self, OBJECT, PRUNE_KEY, SEEN};
+use crate::store::record;
+use crate::watcher::Shard;
+
+impl Writer {
+    /// Whether a prune is pending, and after which key it resumes.
+    pub(crate) fn prune_pending(&self) -> Result<Option<Option<Vec<u8>>>> {
+        match self.backend.get(PRUNE_KEY)? {
+            None => Ok(None),
+            Some(v) => record::decode::<Option<Vec<u8>>>(&v)
+                .map(Some)
+                .map_err(|detail| Error::Corrupt {
+                    path: self.path.clone(),
+                    detail: format!("prune cursor: {detail}"),
+                }),
+        }
+    }
+
+    /// Remove up to `limit` scanned objects outside `shard` (no events: they still exist
+    /// on the server, in another shard). Returns whether the prune is complete.
+    pub(crate) fn prune_step(&mut self, shard: &Shard, limit: usize) -> Result<bool> {
+        let Some(after) = self.prune_pending()? else {
+            return Ok(true);
+        };
+        let (start, end) = keys::range(OBJECT, None);
+        let from = match after {
+            Some(mut c) => {
+                c.push(0); // first key after the cursor
+                c
+            }
+            None => start,
+        };
+        let mut batch = WriteBatch::default();
+        let (mut scanned, mut pruned) = (0usize, 0u64);
+        let mut last = None;
+        for entry in self.backend.range(&from, &end).take(limit) {
+            let (key, value) = entry?;
+            scanned += 1;
+            let suffix = &key[1..];
+            let head = record::decode_head(&value).map_err(|detail| Error::Corrupt {
+                path: self.path.clone(),
+                detail: format!("record {}: {detail}", keys::display(suffix)),
+            })?;
+            if !shard.contains(Some(&head.uid), Some(keys::suffix_namespace(suffix))) {
+                batch.delete(keys::tagged(SEEN, suffix));
+                let old = self.entries(suffix, &HashMap::new())?;
+                self.reindex(&mut batch, suffix, &old, &[]);
+                batch.delete(key.clone());
+                pruned += 1;
+            }
+            last = Some(key);
+        }
+        let done = scanned < limit;
+        if done {
+            batch.delete(PRUNE_KEY.to_vec());
+        } else {
+            batch.put(PRUNE_KEY.to_vec(), record::encode(&last));
+        }
+        let mut next = self.state.clone();
+        next.count = next.count.saturating_sub(pruned);
+        Counters::add(&self.stats.objects_deleted, pruned);
+        self.write(batch, next)?;
+        tracing::debug!(pruned, done, "pruned objects outside the shard");
+        Ok(done)
+    }
+}
