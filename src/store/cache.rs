@@ -196,12 +196,7 @@ impl HotCache {
 
 /// The doorkeeper bit of a key (FNV-1a: keys are short, and this runs under the lock).
 fn door_bit(key: &[u8]) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h as usize) & (DOOR_BITS - 1)
+    (crate::watcher::fnv1a64(key) as usize) & (DOOR_BITS - 1)
 }
 
 impl std::fmt::Debug for HotCache {

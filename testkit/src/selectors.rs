@@ -316,6 +316,8 @@ pub(crate) struct ShardSelector {
     ranges: Vec<ShardRange>,
 }
 
+/// 64-bit FNV-1a, written here independently of kube-persist's: the server side of the
+/// hash is the oracle the store's own filtering is tested against.
 fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
