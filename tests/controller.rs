@@ -13,7 +13,6 @@ mod common;
 mod operator;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -977,15 +976,8 @@ impl Child {
                 ("KP_CONTROLLER_URL", url.as_ref()),
             ],
         );
-        let out = child.stdout.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if line == "child-ready" || line.starts_with("state ") {
-                    sink.lock().unwrap().push(line);
-                }
-            }
+        let lines = common::collect_stdout(&mut child, |l| {
+            l == "child-ready" || l.starts_with("state ")
         });
         Child { child, lines }
     }

@@ -20,7 +20,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -118,15 +117,8 @@ fn spawn_child(
             ("KP_CRASH_URL", url.as_ref()),
         ],
     );
-    let out = child.stdout.take().unwrap();
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if line.starts_with("state ") || line.starts_with("durable state ") {
-                sink.lock().unwrap().push(line);
-            }
-        }
+    let lines = common::collect_stdout(&mut child, |l| {
+        l.starts_with("state ") || l.starts_with("durable state ")
     });
     Running { child, lines }
 }

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +44,20 @@ fn expected(h: &ServerHandle, shard: &Shard) -> BTreeMap<String, String> {
             )
         })
         .collect()
+}
+
+/// Open the Pod store at `dir` with `config` and drive its watcher.
+fn open_pods(
+    engine: Engine,
+    dir: impl AsRef<std::path::Path>,
+    server: &TestServer,
+    config: Config,
+) -> (Db, Reader<Pod>, Driven) {
+    let db = try_open_db(engine, dir).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), config)
+        .unwrap();
+    (db, reader, drive(watcher))
 }
 
 /// Wait until the store holds exactly the server's objects of `shard`.
@@ -136,15 +149,12 @@ async fn without_the_server_feature_the_client_filters(engine: Engine) {
     hashes.sort_unstable();
     let shard = Shard::new(ShardKey::Namespace).range(0, u128::from(hashes[8]));
     for streaming in [false, true] {
-        let db = try_open_db(engine, dir.path().join(format!("s-{streaming}"))).unwrap();
-        let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                cfg(shard.clone(), streaming),
-            )
-            .unwrap();
-        let w = drive(watcher);
+        let (_db, reader, w) = open_pods(
+            engine,
+            dir.path().join(format!("s-{streaming}")),
+            &server,
+            cfg(shard.clone(), streaming),
+        );
         reader.wait_until_ready().await.unwrap();
         converge_shard(&reader, &h, &shard).await;
         let dropped = 2000 - reader.len();
@@ -171,30 +181,15 @@ async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
     let half = Shard::even(ShardKey::Uid, 0, 2).unwrap();
     let quarter = Shard::even(ShardKey::Uid, 1, 4).unwrap();
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                cfg(half.clone(), false),
-            )
-            .unwrap();
-        let w = drive(watcher);
+        let (_db, reader, w) = open_pods(engine, dir.path(), &server, cfg(half.clone(), false));
         converge_shard(&reader, &h, &half).await;
         w.stop().await;
     }
     h.churn(200, 20, 20, 3);
     h.reset_counts();
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                cfg(quarter.clone(), false),
-            )
-            .unwrap();
-        let mut w = drive(watcher);
+        let (_db, reader, mut w) =
+            open_pods(engine, dir.path(), &server, cfg(quarter.clone(), false));
         assert!(matches!(
             w.until(|e| matches!(e, Ev::Resumed(_))).await[..],
             [Ev::Resumed(_)]
@@ -212,15 +207,7 @@ async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
     }
     // The other half is elsewhere: a new list.
     let other = Shard::even(ShardKey::Uid, 1, 2).unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg(other.clone(), false),
-        )
-        .unwrap();
-    let w = drive(watcher);
+    let (_db, reader, w) = open_pods(engine, dir.path(), &server, cfg(other.clone(), false));
     converge_shard(&reader, &h, &other).await;
     assert_eq!(reader.stats().identity_resets, 1);
     assert!(h.counts().list > 0, "moving the shard lists again");
@@ -332,14 +319,7 @@ impl PruneChild {
                 ("KP_PRUNE_SHARD", which.as_ref()),
             ],
         );
-        let out = child.stdout.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
+        let lines = collect_stdout(&mut child, |_| true);
         PruneChild { child, lines }
     }
 
@@ -414,15 +394,12 @@ async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
     last.wait_for(&format!("state count={want} live=true"))
         .await;
     last.kill();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            Config::default().page_size(50).shard(quarter.clone()),
-        )
-        .unwrap();
-    let w = drive(watcher);
+    let (_db, reader, w) = open_pods(
+        engine,
+        dir.path(),
+        &server,
+        Config::default().page_size(50).shard(quarter.clone()),
+    );
     converge_shard(&reader, &h, &quarter).await;
     assert_eq!(
         h.counts().list,

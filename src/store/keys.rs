@@ -37,6 +37,18 @@ pub(crate) fn suffix_namespace(suffix: &[u8]) -> &str {
     std::str::from_utf8(&suffix[..end]).unwrap_or("")
 }
 
+/// Where a chunked scan resumes: the first key after `cursor` (the last key done), or
+/// `start` when there is none yet.
+pub(crate) fn resume_after(cursor: Option<Vec<u8>>, start: Vec<u8>) -> Vec<u8> {
+    match cursor {
+        Some(mut c) => {
+            c.push(0);
+            c
+        }
+        None => start,
+    }
+}
+
 /// Prefix `tag` to a suffix.
 pub(crate) fn tagged(tag: u8, suffix: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(suffix.len() + 1);

@@ -366,6 +366,26 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Collect the lines of a child process's stdout that `keep` accepts, on a thread, into
+/// a shared list the test reads while the child runs.
+pub fn collect_stdout(
+    child: &mut std::process::Child,
+    keep: fn(&str) -> bool,
+) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("the child's stdout is piped");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if keep(&line) {
+                sink.lock().unwrap().push(line);
+            }
+        }
+    });
+    lines
+}
+
 /// Collect events until `Apply(key)` arrives: the positive signal that everything the stream
 /// delivered before the change that produced it has been received.
 pub async fn until_apply(w: &mut Driven, key: &str) -> Vec<Ev> {

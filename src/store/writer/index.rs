@@ -128,13 +128,7 @@ impl Writer {
         inspect: &dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error>,
     ) -> Result<Option<Vec<u8>>> {
         let (start, end) = keys::range(OBJECT, None);
-        let from = match after {
-            Some(mut c) => {
-                c.push(0);
-                c
-            }
-            None => start,
-        };
+        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let mut last = None;
         let mut n = 0;

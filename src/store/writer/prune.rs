@@ -34,13 +34,7 @@ impl Writer {
             return Ok(true);
         };
         let (start, end) = keys::range(OBJECT, None);
-        let from = match after {
-            Some(mut c) => {
-                c.push(0); // first key after the cursor
-                c
-            }
-            None => start,
-        };
+        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let (mut scanned, mut pruned) = (0usize, 0u64);
         let mut last = None;

@@ -23,13 +23,7 @@ impl Writer {
         };
         let epoch = self.state.epoch;
         let (start, end) = keys::range(OBJECT, None);
-        let from = match after {
-            Some(mut c) => {
-                c.push(0); // first key after the cursor
-                c
-            }
-            None => start,
-        };
+        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let mut changes = Vec::new();
         let mut deleted = 0u64;
