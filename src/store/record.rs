@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::crypto::Cipher;
+use crate::store::Compression;
 
 /// Version of the on-disk format. Part of the store identity: a store written with a
 /// format version this one cannot read is not resumed but rebuilt.
@@ -25,7 +26,7 @@ const MAX_BODY_BYTES: usize = 256 << 20;
 pub(crate) enum Codec {
     /// The JSON as received.
     Plain = 0,
-    /// zstd frame (format 2 stores; read, no longer written).
+    /// zstd frame, level 1 (what format 2 wrote; written with `Compression::Zstd`).
     Zstd = 1,
     /// LZ4 block with its size in front: ~2x smaller Pod JSON, 2-3x faster than zstd level
     /// 1 to compress and 3-4x faster to decompress (see BENCHMARKS.md).
@@ -202,7 +203,25 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Decompress one zstd frame (format 2 records) with this thread's context.
+thread_local! {
+    /// One zstd compression context per thread (the disk thread), reused for every record:
+    /// creating one per object cost more than compressing it (measured with perf).
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Compress one body into a zstd frame (level 1) that records its size.
+fn zstd_body(plain: &[u8]) -> Option<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = zstd::bulk::Compressor::new(1).ok();
+        }
+        c.as_mut()?.compress(plain).ok()
+    })
+}
+
+/// Decompress one zstd frame with this thread's context.
 fn unzstd(data: &[u8]) -> Result<Vec<u8>, String> {
     let size = zstd::zstd_safe::get_frame_content_size(data)
         .map_err(|e| format!("compressed body has no valid frame header: {e:?}"))?
@@ -318,24 +337,23 @@ impl Record {
         epoch: u64,
         plain: &[u8],
         cipher: Option<&Cipher>,
-        compress: bool,
+        compress: Compression,
     ) -> Record {
         // Compress first (ciphertext does not compress); keep the result only if smaller.
-        let packed = compress
-            .then(|| lz4_flex::block::compress_prepend_size(plain))
-            .filter(|c| c.len() < plain.len());
+        let packed = match compress {
+            Compression::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress_prepend_size(plain))),
+            Compression::Zstd => zstd_body(plain).map(|z| (Codec::Zstd, z)),
+            _ => None,
+        }
+        .filter(|(_, c)| c.len() < plain.len());
         let mut rec = Record {
             resource_version,
             uid,
             epoch,
-            codec: if packed.is_some() {
-                Codec::Lz4
-            } else {
-                Codec::Plain
-            } as u8,
+            codec: packed.as_ref().map_or(Codec::Plain, |(c, _)| *c) as u8,
             body: Vec::new(),
         };
-        let data = packed.as_deref().unwrap_or(plain);
+        let data = packed.as_ref().map_or(plain, |(_, c)| c.as_slice());
         rec.body = match cipher {
             Some(c) => c.seal(data, &rec.aad(key)),
             None => data.to_vec(),
@@ -402,15 +420,17 @@ mod tests {
         let key = b"o\0a";
         let cipher = crate::EncryptionKey::from_bytes([3; 32]).cipher();
         for (compress, c) in [
-            (false, None),
-            (true, None),
-            (false, Some(&cipher)),
-            (true, Some(&cipher)),
+            (Compression::Off, None),
+            (Compression::Lz4, None),
+            (Compression::Zstd, None),
+            (Compression::Off, Some(&cipher)),
+            (Compression::Lz4, Some(&cipher)),
+            (Compression::Zstd, Some(&cipher)),
         ] {
             let rec = Record::sealed(key, "7".into(), "u".into(), 1, json, c, compress);
             let bytes = encode(&rec);
             let view = decode_ref(&bytes).unwrap();
-            assert_eq!(&*view.open(key, c).unwrap(), json, "compress {compress}");
+            assert_eq!(&*view.open(key, c).unwrap(), json, "compress {compress:?}");
             assert_eq!(rec.open(key, c).unwrap(), json);
         }
     }

@@ -19,6 +19,7 @@ use super::record::{self, Phase, Record, State};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
+use crate::store::Compression;
 
 /// An object as received from the server, reduced to what the store needs.
 #[derive(Debug)]
@@ -88,8 +89,8 @@ pub(crate) struct Writer {
     cipher: Option<Arc<Cipher>>,
     /// Whether index entries are maintained (some index is configured).
     indexed: bool,
-    /// Whether bodies are zstd-compressed.
-    compress: bool,
+    /// How bodies are compressed.
+    compress: Compression,
     /// Keys-only mode: no bodies stored; (apiVersion, kind) to describe swept objects.
     keys_only: Option<(String, String)>,
 }
@@ -113,7 +114,7 @@ impl Writer {
             cache,
             cipher,
             indexed: false,
-            compress: true,
+            compress: Compression::Lz4,
             keys_only: None,
         }
     }
@@ -124,7 +125,7 @@ impl Writer {
     }
 
     /// Compress bodies written from now on (or not).
-    pub(crate) fn set_compress(&mut self, compress: bool) {
+    pub(crate) fn set_compress(&mut self, compress: Compression) {
         self.compress = compress;
     }
 
