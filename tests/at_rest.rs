@@ -374,6 +374,27 @@ async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
     let (code, _, err) = cli(&["get", d, "nope", "x"], true);
     assert_eq!(code, Some(2));
     assert!(err.contains("no stream"), "{err}");
+
+    // A reader that goes away (`| head`): the pipe is closed before the tool writes, so
+    // every write fails with EPIPE. The tool exits 0 quietly, without a panic.
+    for args in [
+        &["inspect", d][..],
+        &["get", d, "pods", "ns-1/pod-1"],
+        &["dump", d, "pods"],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-persist"))
+            .args(args)
+            .env("KUBE_PERSIST_KEY", &hex)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} wrote to stderr: {err}");
+    }
 }
 
 /// Every codec round-trips, with and without encryption, and the codec can change between

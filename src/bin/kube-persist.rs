@@ -43,9 +43,13 @@ fn main() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["inspect", dir] => open(dir).and_then(|db| inspect(&db)),
-        ["get", dir, stream, object] => open(dir).and_then(|db| get(&db, stream, object)),
-        ["dump", dir, stream] => open(dir).and_then(|db| dump(&db, stream)),
+        ["inspect", dir] => open(dir).map_err(Failure::from).and_then(|db| inspect(&db)),
+        ["get", dir, stream, object] => open(dir)
+            .map_err(Failure::from)
+            .and_then(|db| get(&db, stream, object)),
+        ["dump", dir, stream] => open(dir)
+            .map_err(Failure::from)
+            .and_then(|db| dump(&db, stream)),
         ["-h" | "--help"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -53,8 +57,30 @@ fn main() -> ExitCode {
         _ => return fail(USAGE),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&e),
+        Ok(()) | Err(Failure::Closed) => ExitCode::SUCCESS,
+        Err(Failure::Error(e)) => fail(&e),
+    }
+}
+
+/// Why a command stopped: an error to report, or the reader of stdout went away (`| head`),
+/// which is not an error: exit quietly, like other Unix tools.
+enum Failure {
+    Closed,
+    Error(String),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Error(e)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Failure::Closed,
+            _ => Failure::Error(format!("writing to stdout: {e}")),
+        }
     }
 }
 
@@ -79,18 +105,21 @@ fn take_key(args: &mut Vec<String>) -> Result<Option<EncryptionKey>, String> {
     }
 }
 
-fn inspect(db: &Db) -> Result<(), String> {
+fn inspect(db: &Db) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
     let streams = db.streams().map_err(|e| e.to_string())?;
     let size = db.size_on_disk().map_err(|e| e.to_string())?;
-    println!(
+    writeln!(
+        out,
         "store {} ({:.1} MiB on disk, {} streams)",
         db.path().display(),
         size as f64 / (1 << 20) as f64,
         streams.len()
-    );
+    )?;
     for s in streams {
-        println!("stream {}", s.name);
-        println!(
+        writeln!(out, "stream {}", s.name)?;
+        writeln!(
+            out,
             "  kind:       {} {}{}",
             s.api_version,
             s.kind,
@@ -99,32 +128,38 @@ fn inspect(db: &Db) -> Result<(), String> {
             } else {
                 ""
             }
-        );
-        println!("  url:        {}", s.url);
+        )?;
+        writeln!(out, "  url:        {}", s.url)?;
         if let Some(l) = &s.label_selector {
-            println!("  labels:     {l}");
+            writeln!(out, "  labels:     {l}")?;
         }
         if let Some(f) = &s.field_selector {
-            println!("  fields:     {f}");
+            writeln!(out, "  fields:     {f}")?;
         }
         if let Some(t) = &s.transform {
-            println!("  transform:  {t}");
+            writeln!(out, "  transform:  {t}")?;
         }
-        println!(
+        writeln!(
+            out,
             "  encrypted:  {}",
             s.key_fingerprint
                 .as_deref()
                 .map(|f| format!("yes (key {f})"))
                 .unwrap_or_else(|| "no".into())
-        );
-        println!("  phase:      {:?}", s.phase);
-        println!("  checkpoint: {}", s.checkpoint.as_deref().unwrap_or("-"));
-        println!("  objects:    {}", s.objects);
+        )?;
+        writeln!(out, "  phase:      {:?}", s.phase)?;
+        writeln!(
+            out,
+            "  checkpoint: {}",
+            s.checkpoint.as_deref().unwrap_or("-")
+        )?;
+        writeln!(out, "  objects:    {}", s.objects)?;
     }
     Ok(())
 }
 
-fn get(db: &Db, stream: &str, object: &str) -> Result<(), String> {
+fn get(db: &Db, stream: &str, object: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
     let (ns, name) = match object.split_once('/') {
         Some((ns, name)) => (Some(ns), name),
         None => (None, object),
@@ -133,21 +168,24 @@ fn get(db: &Db, stream: &str, object: &str) -> Result<(), String> {
         Some(json) => {
             let v: serde_json::Value = serde_json::from_slice(&json)
                 .map_err(|e| format!("stored JSON of {object}: {e}"))?;
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            )?;
             Ok(())
         }
-        None => Err(format!("{object} is not in stream {stream:?}")),
+        None => Err(format!("{object} is not in stream {stream:?}").into()),
     }
 }
 
-fn dump(db: &Db, stream: &str) -> Result<(), String> {
+fn dump(db: &Db, stream: &str) -> Result<(), Failure> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for entry in db.raw_objects(stream).map_err(|e| e.to_string())? {
         let (_, json) = entry.map_err(|e| e.to_string())?;
-        out.write_all(&json)
-            .and_then(|_| out.write_all(b"\n"))
-            .map_err(|e| e.to_string())?;
+        out.write_all(&json)?;
+        out.write_all(b"\n")?;
     }
-    out.flush().map_err(|e| e.to_string())
+    Ok(out.flush()?)
 }
