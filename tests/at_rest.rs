@@ -286,7 +286,21 @@ fn flip_last_byte(engine: Engine, dir: &Path, table: &str, key: &[u8]) {
     };
     match engine {
         Engine::Sled => {
-            let raw = ::sled::open(dir).unwrap();
+            // sled releases its file lock a moment after the store's last handle is dropped
+            // (deferred destructors): wait for it, as `Db::open` does.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let raw = loop {
+                match ::sled::open(dir) {
+                    Ok(raw) => break raw,
+                    Err(e)
+                        if e.to_string().contains("could not acquire lock")
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("opening the sled store: {e}"),
+                }
+            };
             let tree = raw.open_tree(table).unwrap();
             let mut v = tree.get(key).unwrap().expect("record present").to_vec();
             flip(&mut v);
