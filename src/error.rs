@@ -148,6 +148,15 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
+    /// [`Db::verify`](crate::Db::verify) cannot compare this stream with the server (no
+    /// such stream, not synced, or a collection URL it cannot list).
+    #[error("cannot verify stream {stream:?}: {detail}")]
+    NotVerifiable {
+        /// The stream.
+        stream: String,
+        /// Why.
+        detail: String,
+    },
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),

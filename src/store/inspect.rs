@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use super::engine::Backend;
-use super::keys::{self, IDENTITY_KEY, OBJECT, STATE_KEY};
+use super::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
 use super::record::{self, Identity, Record, State};
 use super::{Db, SyncPhase};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
+use crate::watcher::Shard;
 
 /// What a stored stream caches and where it is in its list/watch cycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,12 @@ pub struct StreamInfo {
     pub checkpoint: Option<String>,
     /// Number of stored objects.
     pub objects: u64,
+    /// The on-disk format version the stream was written with.
+    pub format_version: u32,
+    /// Whether only keys, uids and resourceVersions are stored (no bodies).
+    pub keys_only: bool,
+    /// The shard the stream keeps ([`Config::shard`](crate::Config::shard)), if sharded.
+    pub shard: Option<Shard>,
 }
 
 /// A stream's keyspace and the cipher for its bodies.
@@ -68,6 +75,7 @@ impl Db {
             let state = self
                 .read_meta::<State>(&*backend, name, STATE_KEY)?
                 .unwrap_or_default();
+            let shard = self.read_meta::<Shard>(&*backend, name, SHARD_KEY)?;
             out.push(StreamInfo {
                 name: name.to_string(),
                 api_version: identity.api_version,
@@ -81,9 +89,29 @@ impl Db {
                 phase: (&state.phase).into(),
                 checkpoint: state.last_synced,
                 objects: state.count,
+                format_version: identity.format_version,
+                keys_only: identity.keys_only,
+                shard,
             });
         }
         Ok(out)
+    }
+
+    /// The bytes `stream` occupies in the store: for redb, its table's stored, metadata and
+    /// fragmented bytes; for sled, which keeps no per-stream figure, its keys and values
+    /// (counted by reading them all, before sled's own overhead).
+    /// [`Db::size_on_disk`] is the whole directory's size.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// // Only streams the store holds can be measured.
+    /// assert!(db.stream_disk_bytes("pods").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
+        self.tree(stream)?.disk_bytes()
     }
 
     /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
@@ -113,7 +141,7 @@ impl Db {
         })))
     }
 
-    fn tree(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) fn tree(&self, stream: &str) -> Result<Arc<dyn Backend>> {
         let path = &self.inner.path;
         if !self.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
             return Err(Error::Config(format!(

@@ -8,6 +8,7 @@ mod keys;
 mod perms;
 pub(crate) mod reader;
 pub(crate) mod record;
+pub(crate) mod verify;
 pub(crate) mod worker;
 pub(crate) mod writer;
 

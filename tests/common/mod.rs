@@ -392,3 +392,70 @@ pub async fn until_apply(w: &mut Driven, key: &str) -> Vec<Ev> {
     let want = Ev::Apply(key.to_string());
     w.until(|e| *e == want).await
 }
+
+/// Replace (or, with `None`, delete) the value at `key` in keyspace `table` of a closed
+/// store, with the engine's own API: `edit` gets the current value, if any. For tests that
+/// damage or change a store behind kube-persist's back.
+pub fn raw_edit(
+    engine: Engine,
+    dir: &std::path::Path,
+    table: &str,
+    key: &[u8],
+    edit: impl FnOnce(Option<Vec<u8>>) -> Option<Vec<u8>>,
+) {
+    match engine {
+        Engine::Sled => {
+            // sled releases its file lock a moment after the store's last handle is dropped
+            // (deferred destructors): wait for it, as `Db::open` does.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let raw = loop {
+                match ::sled::open(dir) {
+                    Ok(raw) => break raw,
+                    Err(e)
+                        if e.to_string().contains("could not acquire lock")
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("opening the sled store: {e}"),
+                }
+            };
+            let tree = raw.open_tree(table).unwrap();
+            match edit(tree.get(key).unwrap().map(|v| v.to_vec())) {
+                Some(v) => drop(tree.insert(key, v).unwrap()),
+                None => drop(tree.remove(key).unwrap()),
+            }
+            raw.flush().unwrap();
+        }
+        Engine::Redb => {
+            use ::redb::ReadableTable;
+            let def = ::redb::TableDefinition::<&[u8], &[u8]>::new(table);
+            let raw = ::redb::Database::open(dir.join("data.redb")).unwrap();
+            let txn = raw.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(def).unwrap();
+                let old = t.get(key).unwrap().map(|v| v.value().to_vec());
+                match edit(old) {
+                    Some(v) => drop(t.insert(key, v.as_slice()).unwrap()),
+                    None => drop(t.remove(key).unwrap()),
+                }
+            }
+            txn.commit().unwrap();
+        }
+        other => panic!("no raw access to the {other} engine in this test"),
+    }
+}
+
+/// Sync stream `pods` of `db` once from `server` (until the initial list is on disk).
+pub async fn sync_pods(server: &kube_persist_testkit::TestServer, db: &Db) {
+    let (_reader, watcher) = db
+        .store(
+            "pods",
+            kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client()),
+            kube_persist::Config::default(),
+        )
+        .unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    w.stop().await;
+}

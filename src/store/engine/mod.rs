@@ -70,6 +70,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn flush(&self) -> Result<()>;
     /// Remove every key of this keyspace.
     fn clear(&self) -> Result<()>;
+    /// Bytes this keyspace occupies: for redb the table's stored, metadata and fragmented
+    /// bytes; for sled (which keeps no per-tree figure) its keys and values, counted by a
+    /// scan, before sled's own overhead.
+    fn disk_bytes(&self) -> Result<u64>;
 }
 
 /// A store directory's storage: one keyspace per stream.

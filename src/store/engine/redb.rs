@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
-use redb::{ReadableDatabase, TableDefinition, TableHandle};
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
 use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::error::{Error, Result};
@@ -286,6 +286,20 @@ impl Backend for RedbTable {
         let s = &self.shared;
         catch_panic(&s.dir, "clearing a stream", || {
             s.write(|txn| txn.delete_table(self.def()).map(drop).map_err(|e| s.err(e)))
+        })
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        let s = &self.shared;
+        catch_panic(&s.dir, "reading table statistics", || {
+            let txn = s.db.begin_read().map_err(|e| s.err(e))?;
+            let table = match txn.open_table(self.def()) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+                Err(e) => return Err(s.err(e)),
+            };
+            let stats = table.stats().map_err(|e| s.err(e))?;
+            Ok(stats.stored_bytes() + stats.metadata_bytes() + stats.fragmented_bytes())
         })
     }
 }

@@ -157,6 +157,15 @@ impl Backend for SledTree {
             self.tree.clear().map_err(|e| self.err(e))
         })
     }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        catch_panic(&self.path, "scanning a stream", || {
+            self.tree.iter().try_fold(0u64, |sum, entry| {
+                let (k, v) = entry.map_err(|e| self.err(e))?;
+                Ok(sum + (k.len() + v.len()) as u64)
+            })
+        })
+    }
 }
 
 /// Open and close the sled database at `path`: [`Error::Locked`] if it is open elsewhere.

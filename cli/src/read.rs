@@ -1,0 +1,171 @@
+//! The read-only commands: inspect, stats, get, dump.
+
+use std::io::Write;
+
+use kube_persist::{Db, StreamInfo};
+use serde_json::json;
+
+use crate::Outcome;
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn encryption(s: &StreamInfo) -> String {
+    s.key_fingerprint
+        .as_deref()
+        .map(|f| format!("yes (key {f})"))
+        .unwrap_or_else(|| "no".into())
+}
+
+/// What a stream stores of each object.
+fn contents(s: &StreamInfo) -> &'static str {
+    match (s.keys_only, s.metadata_only) {
+        (true, _) => "keys only",
+        (false, true) => "metadata only",
+        (false, false) => "whole objects",
+    }
+}
+
+pub(crate) fn inspect(db: &Db) -> Outcome {
+    let mut out = std::io::stdout().lock();
+    let streams = db.streams()?;
+    writeln!(
+        out,
+        "store {} ({:.1} MiB on disk, {} streams)",
+        db.path().display(),
+        mib(db.size_on_disk()?),
+        streams.len()
+    )?;
+    for s in streams {
+        writeln!(out, "stream {}", s.name)?;
+        let only = if s.metadata_only {
+            " (metadata only)"
+        } else {
+            ""
+        };
+        writeln!(out, "  kind:       {} {}{only}", s.api_version, s.kind)?;
+        writeln!(out, "  url:        {}", s.url)?;
+        if let Some(l) = &s.label_selector {
+            writeln!(out, "  labels:     {l}")?;
+        }
+        if let Some(f) = &s.field_selector {
+            writeln!(out, "  fields:     {f}")?;
+        }
+        if let Some(t) = &s.transform {
+            writeln!(out, "  transform:  {t}")?;
+        }
+        writeln!(out, "  encrypted:  {}", encryption(&s))?;
+        writeln!(out, "  phase:      {:?}", s.phase)?;
+        let cp = s.checkpoint.as_deref().unwrap_or("-");
+        writeln!(out, "  checkpoint: {cp}")?;
+        writeln!(out, "  objects:    {}", s.objects)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
+    let streams = db.streams()?;
+    let total = db.size_on_disk()?;
+    let engine = db.engine().name();
+    let mut rows = Vec::with_capacity(streams.len());
+    for s in &streams {
+        rows.push((s, db.stream_disk_bytes(&s.name)?));
+    }
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let streams: Vec<_> = rows
+            .iter()
+            .map(|(s, bytes)| {
+                json!({
+                    "name": s.name,
+                    "objects": s.objects,
+                    "checkpoint": s.checkpoint,
+                    "phase": format!("{:?}", s.phase),
+                    "disk_bytes": bytes,
+                    "engine": engine,
+                    "format_version": s.format_version,
+                    "identity": {
+                        "api_version": s.api_version,
+                        "kind": s.kind,
+                        "url": s.url,
+                        "label_selector": s.label_selector,
+                        "field_selector": s.field_selector,
+                        "shard_selector": s.shard.as_ref().map(|s| s.selector()),
+                        "metadata_only": s.metadata_only,
+                        "keys_only": s.keys_only,
+                        "transform": s.transform,
+                        "encryption_key_fingerprint": s.key_fingerprint,
+                    },
+                })
+            })
+            .collect();
+        let doc = json!({
+            "path": db.path().display().to_string(),
+            "engine": engine,
+            "disk_bytes": total,
+            "streams": streams,
+        });
+        writeln!(out, "{doc:#}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "store {} (engine {engine}, {:.1} MiB on disk, {} streams)",
+        db.path().display(),
+        mib(total),
+        rows.len()
+    )?;
+    for (s, bytes) in rows {
+        writeln!(out, "stream {}", s.name)?;
+        writeln!(out, "  objects:     {}", s.objects)?;
+        let cp = s.checkpoint.as_deref().unwrap_or("-");
+        writeln!(out, "  checkpoint:  {cp}")?;
+        writeln!(out, "  phase:       {:?}", s.phase)?;
+        writeln!(out, "  disk:        {bytes} bytes ({:.1} MiB)", mib(bytes))?;
+        writeln!(out, "  engine:      {engine}")?;
+        writeln!(out, "  format:      {}", s.format_version)?;
+        writeln!(out, "  kind:        {} {}", s.api_version, s.kind)?;
+        writeln!(out, "  url:         {}", s.url)?;
+        writeln!(out, "  stores:      {}", contents(s))?;
+        let none = || "-".to_string();
+        let labels = s.label_selector.clone().unwrap_or_else(none);
+        writeln!(out, "  labels:      {labels}")?;
+        let fields = s.field_selector.clone().unwrap_or_else(none);
+        writeln!(out, "  fields:      {fields}")?;
+        let shard = s.shard.as_ref().map(|s| s.selector()).unwrap_or_else(none);
+        writeln!(out, "  shard:       {shard}")?;
+        let transform = s.transform.clone().unwrap_or_else(none);
+        writeln!(out, "  transform:   {transform}")?;
+        writeln!(out, "  encrypted:   {}", encryption(s))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn get(db: &Db, stream: &str, object: &str) -> Outcome {
+    let mut out = std::io::stdout().lock();
+    let (ns, name) = match object.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, object),
+    };
+    match db.raw_get(stream, ns, name)? {
+        Some(json) => {
+            let v: serde_json::Value = serde_json::from_slice(&json)
+                .map_err(|e| format!("stored JSON of {object}: {e}"))?;
+            writeln!(out, "{v:#}")?;
+            Ok(())
+        }
+        None => Err(format!("{object} is not in stream {stream:?}").into()),
+    }
+}
+
+pub(crate) fn dump(db: &Db, stream: &str) -> Outcome {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for entry in db.raw_objects(stream)? {
+        let (_, json) = entry?;
+        out.write_all(&json)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(out.flush()?)
+}

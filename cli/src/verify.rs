@@ -1,0 +1,114 @@
+//! `kube-persist verify`: compare a stream with the cluster the kubeconfig points at.
+
+use std::io::Write;
+
+use kube::config::KubeConfigOptions;
+use kube_persist::{Db, Verdict, Verification};
+
+use crate::{Failure, Outcome};
+
+pub(crate) fn verify(db: Db, stream: &str, context: Option<String>, max: usize) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the async runtime: {e}"))?;
+    let report = runtime.block_on(async {
+        let config = match context {
+            Some(context) => {
+                let options = KubeConfigOptions {
+                    context: Some(context),
+                    ..KubeConfigOptions::default()
+                };
+                kube::Config::from_kubeconfig(&options)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            None => kube::Config::infer().await.map_err(|e| e.to_string()),
+        }
+        .map_err(|e| format!("loading the kubeconfig: {e}"))?;
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("creating a client: {e}"))?;
+        db.verify(stream, client, max).await.map_err(Failure::from)
+    })?;
+    print(&report)
+}
+
+fn print(r: &Verification) -> Outcome {
+    let mut out = std::io::stdout().lock();
+    let more = r.difference_count - r.differences.len() as u64;
+    let list = |out: &mut std::io::StdoutLock<'_>| -> std::io::Result<()> {
+        for d in &r.differences {
+            writeln!(out, "  {d}")?;
+        }
+        if more > 0 {
+            writeln!(out, "  ... and {more} more")?;
+        }
+        Ok(())
+    };
+    match &r.verdict {
+        Verdict::Equal => {
+            writeln!(
+                out,
+                "verify ok: {} objects equal at resourceVersion {}",
+                r.stored_objects, r.checkpoint
+            )?;
+            Ok(())
+        }
+        Verdict::Behind {
+            server_resource_version,
+        } => {
+            writeln!(
+                out,
+                "stream {}: the server changed {} objects after the store's checkpoint {} \
+                 (it is now at resourceVersion {server_resource_version}):",
+                r.stream, r.difference_count, r.checkpoint
+            )?;
+            list(&mut out)?;
+            writeln!(
+                out,
+                "verify ok: {} objects equal at resourceVersion {}; the store is behind the \
+                 server only by {} changes newer than it",
+                r.server_objects, r.checkpoint, r.difference_count
+            )?;
+            Ok(())
+        }
+        Verdict::Differs => {
+            writeln!(
+                out,
+                "stream {}: {} differences from the server's collection at the store's \
+                 checkpoint {} ({} objects stored, {} on the server):",
+                r.stream, r.difference_count, r.checkpoint, r.stored_objects, r.server_objects
+            )?;
+            list(&mut out)?;
+            writeln!(
+                out,
+                "verify failed: the store differs from the server at resourceVersion {}",
+                r.checkpoint
+            )?;
+            Err(Failure::No)
+        }
+        Verdict::Undecided {
+            server_resource_version,
+        } => {
+            writeln!(
+                out,
+                "stream {}: {} differences from the server's current collection \
+                 (resourceVersion {server_resource_version}):",
+                r.stream, r.difference_count
+            )?;
+            list(&mut out)?;
+            writeln!(
+                out,
+                "verify failed: the server no longer serves the store's checkpoint {} \
+                 (compacted), so whether these changes are newer than it cannot be told",
+                r.checkpoint
+            )?;
+            Err(Failure::No)
+        }
+        _ => {
+            writeln!(out, "verify failed: {:?}", r.verdict)?;
+            Err(Failure::No)
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The `kube-persist` tool as operators run it: a child process over a store on disk, and
+//! for `verify` a testkit API server reached through a kubeconfig.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::*;
+use kube_persist::{Db, DbConfig, EncryptionKey};
+use kube_persist_testkit::{ResourceType, TestServer};
+
+fn key(b: u8) -> EncryptionKey {
+    EncryptionKey::from_bytes([b; 32])
+}
+
+/// Exit status, stdout and stderr of the tool.
+struct Run {
+    code: Option<i32>,
+    out: String,
+    err: String,
+}
+
+impl Run {
+    fn last_line(&self) -> &str {
+        self.out.lines().last().unwrap_or("")
+    }
+}
+
+fn tool(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-persist"));
+    cmd.args(args)
+        .env_remove("KUBE_PERSIST_KEY")
+        .env_remove("KUBECONFIG")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        use std::io::Write;
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code(),
+        out: String::from_utf8_lossy(&out.stdout).into_owned(),
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A kubeconfig whose context `testkit` points at `server` (plain HTTP, no credentials).
+fn kubeconfig(dir: &Path, server: &TestServer) -> String {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {}\n\
+             contexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: nobody\n\
+             users:\n- name: nobody\n  user: {{}}\ncurrent-context: other\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Sync `pods` into a new store at `dir` and return its checkpoint.
+async fn synced_store(engine: Engine, server: &TestServer, dir: &Path) -> String {
+    let db = Db::open_with(dir, DbConfig::default().engine(engine)).unwrap();
+    sync_pods(server, &db).await;
+    db.flush().unwrap();
+    let info = db.streams().unwrap().remove(0);
+    assert_eq!(
+        info.objects as usize,
+        server
+            .handle()
+            .resource_versions(&ResourceType::pods())
+            .len()
+    );
+    info.checkpoint.expect("a synced store has a checkpoint")
+}
+
+/// `verify` against the server: equal, stale (behind by newer changes), stale past a
+/// compaction (undecidable), and changed on disk (wrong).
+async fn verify_equal_stale_compacted_and_damaged_stores(engine: Engine) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(300, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = kubeconfig(tmp.path(), &server);
+    let env = [("KUBECONFIG", config.as_str())];
+    let dir = tmp.path().join("a");
+    let d = dir.to_str().unwrap();
+    let cp = synced_store(engine, &server, &dir).await;
+
+    // Equal. The kubeconfig's current context is elsewhere: --context chooses.
+    let run = tool(&["verify", d, "pods", "--context", "testkit"], &env, None);
+    assert_eq!(run.code, Some(0), "{}{}", run.out, run.err);
+    assert_eq!(
+        run.last_line(),
+        format!("verify ok: 300 objects equal at resourceVersion {cp}")
+    );
+
+    // Stale: the server moves on while the store is closed. Every change is newer than
+    // the checkpoint, so the store is behind, not wrong.
+    let before = h.resource_versions(&ResourceType::pods());
+    h.churn(7, 2, 1, 41);
+    let after = h.resource_versions(&ResourceType::pods());
+    let changed = before
+        .keys()
+        .chain(after.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| before.get(k) != after.get(k))
+        .count();
+    assert!(changed >= 3, "the churn changed {changed} objects");
+    let run = tool(&["verify", d, "pods", "--context", "testkit"], &env, None);
+    assert_eq!(run.code, Some(0), "{}{}", run.out, run.err);
+    assert_eq!(
+        run.last_line(),
+        format!(
+            "verify ok: 300 objects equal at resourceVersion {cp}; the store is behind the \
+             server only by {changed} changes newer than it"
+        )
+    );
+    assert!(
+        run.out
+            .contains(&format!("the server changed {changed} objects after")),
+        "{}",
+        run.out
+    );
+
+    // After a compaction the server cannot list at the checkpoint: not provable.
+    h.compact();
+    let run = tool(&["verify", d, "pods", "--context", "testkit"], &env, None);
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert!(run.last_line().contains("compacted"), "{}", run.out);
+
+    // Damaged on disk: one object removed, one copied under a name the server lacks.
+    let dir = tmp.path().join("b");
+    let d = dir.to_str().unwrap();
+    let cp = synced_store(engine, &server, &dir).await;
+    let (ns, name) = after.keys().next().unwrap().clone();
+    let key = format!("o{ns}\0{name}").into_bytes();
+    let mut record = None;
+    raw_edit(engine, &dir, "stream/pods", &key, |v| {
+        record = v;
+        None
+    });
+    let extra = format!("o{ns}\0zz-not-on-server").into_bytes();
+    raw_edit(engine, &dir, "stream/pods", &extra, |_| record);
+    let run = tool(
+        &[
+            "verify",
+            d,
+            "pods",
+            "--context",
+            "testkit",
+            "--max-differences",
+            "1",
+        ],
+        &env,
+        None,
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert!(
+        run.out
+            .contains("2 differences from the server's collection at the store's checkpoint"),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out
+            .contains(&format!("missing {ns}/{name}: on the server at "))
+            && run.out.contains("... and 1 more"),
+        "{}",
+        run.out
+    );
+    assert_eq!(
+        run.last_line(),
+        format!("verify failed: the store differs from the server at resourceVersion {cp}")
+    );
+    let run = tool(&["verify", d, "pods", "--context", "testkit"], &env, None);
+    assert!(
+        run.out
+            .contains(&format!("extra {ns}/zz-not-on-server: stored at ")),
+        "{}",
+        run.out
+    );
+
+    // Errors name what is wrong and exit 2.
+    let run = tool(&["verify", d, "nope", "--context", "testkit"], &env, None);
+    assert_eq!(run.code, Some(2));
+    assert!(run.err.contains("no stream \"nope\""), "{}", run.err);
+}
+
+/// `stats`, as text and as JSON.
+async fn stats_text_and_json(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(120, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let d = dir.to_str().unwrap();
+    let cp = synced_store(engine, &server, &dir).await;
+    let run = tool(&["stats", d], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    for line in [
+        "stream pods".to_string(),
+        "  objects:     120".into(),
+        format!("  checkpoint:  {cp}"),
+        "  phase:       Synced".into(),
+        format!("  engine:      {}", engine.name()),
+        "  kind:        v1 Pod".into(),
+        "  url:         /api/v1/pods".into(),
+        "  stores:      whole objects".into(),
+        "  encrypted:   no".into(),
+    ] {
+        assert!(
+            run.out.lines().any(|l| l == line),
+            "no line {line:?} in\n{}",
+            run.out
+        );
+    }
+    let run = tool(&["stats", d, "--json"], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["engine"], engine.name());
+    let s = &doc["streams"][0];
+    assert_eq!(s["name"], "pods");
+    assert_eq!(s["objects"], 120);
+    assert_eq!(s["checkpoint"], cp.as_str());
+    assert_eq!(s["phase"], "Synced");
+    assert_eq!(s["identity"]["kind"], "Pod");
+    assert_eq!(s["identity"]["shard_selector"], serde_json::Value::Null);
+    let bytes = s["disk_bytes"].as_u64().unwrap();
+    assert!(bytes > 120 * 500, "120 Pods in {bytes} bytes");
+    assert!(doc["disk_bytes"].as_u64().unwrap() >= bytes);
+}
+
+/// `destroy` asks first, and refuses what is not a store.
+async fn destroy_confirms_and_refuses_non_stores(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(10, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let d = dir.to_str().unwrap();
+    synced_store(engine, &server, &dir).await;
+    let run = tool(&["destroy", d], &[], Some("no\n"));
+    assert_eq!(run.code, Some(1), "{}", run.err);
+    assert!(run.err.contains("Type 'yes' to confirm") && run.err.contains("nothing removed"));
+    assert!(dir.exists());
+    let run = tool(&["destroy", d], &[], Some("yes\n"));
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert!(!dir.exists());
+
+    synced_store(engine, &server, &dir).await;
+    let run = tool(&["destroy", d, "--yes"], &[], None);
+    assert_eq!(
+        (run.code, run.out.trim()),
+        (Some(0), format!("destroyed {d}").as_str())
+    );
+    assert!(!dir.exists());
+
+    let notes = tmp.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("todo.txt"), "keep me").unwrap();
+    let run = tool(&["destroy", notes.to_str().unwrap(), "--yes"], &[], None);
+    assert_eq!(run.code, Some(2));
+    assert!(run.err.contains("no kube-persist store"), "{}", run.err);
+    assert!(notes.join("todo.txt").exists());
+}
+/// The `kube-persist` tool reads stores, and refuses to print an encrypted one without its key.
+async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(40, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    {
+        let db = Db::open_with(
+            &dir,
+            DbConfig::default().engine(engine).encryption_key(key(9)),
+        )
+        .unwrap();
+        sync_pods(&server, &db).await;
+        db.flush().unwrap();
+    }
+    let hex: String = std::iter::repeat_n("09", 32).collect();
+    let cli = |args: &[&str], with_key: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kube-persist"));
+        cmd.args(args).env_remove("KUBE_PERSIST_KEY");
+        if with_key {
+            cmd.env("KUBE_PERSIST_KEY", &hex);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let d = dir.to_str().unwrap();
+    let (code, out, _) = cli(&["inspect", d], false);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("stream pods")
+            && out.contains("objects:    40")
+            && out.contains("encrypted:  yes"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&["get", d, "pods", "ns-1/pod-1"], false);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(err.contains("encrypted") && out.is_empty(), "{err}");
+    let (code, out, _) = cli(&["get", d, "pods", "ns-1/pod-1"], true);
+    assert_eq!(code, Some(0));
+    let pod: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(pod["metadata"]["name"], "pod-1");
+
+    let (code, _, err) = cli(&["dump", d, "pods"], false);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, out, _) = cli(&["dump", d, "pods"], true);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.lines().count(), 40);
+    assert!(
+        out.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    let (code, _, err) = cli(&["get", d, "nope", "x"], true);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("no stream"), "{err}");
+
+    // A reader that goes away (`| head`): the pipe is closed before the tool writes, so
+    // every write fails with EPIPE. The tool exits 0 quietly, without a panic.
+    for args in [
+        &["inspect", d][..],
+        &["get", d, "pods", "ns-1/pod-1"],
+        &["dump", d, "pods"],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-persist"))
+            .args(args)
+            .env("KUBE_PERSIST_KEY", &hex)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} wrote to stderr: {err}");
+    }
+}
+
+#[test]
+fn every_command_has_help() {
+    for command in ["inspect", "stats", "get", "dump", "verify", "destroy"] {
+        let run = tool(&[command, "--help"], &[], None);
+        assert_eq!(run.code, Some(0), "{command}: {}", run.err);
+        assert!(
+            run.out.contains("Usage: kube-persist"),
+            "{command}: {}",
+            run.out
+        );
+    }
+    let run = tool(&["frobnicate"], &[], None);
+    assert_eq!(run.code, Some(2));
+}
+
+engine_tests! {
+    async: verify_equal_stale_compacted_and_damaged_stores,
+        stats_text_and_json,
+        destroy_confirms_and_refuses_non_stores,
+        cli_inspect_get_dump_with_and_without_key,
+}
