@@ -56,6 +56,9 @@ pub mod controller;
 mod crypto;
 mod error;
 mod json;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod stats;
 mod store;
 mod watcher;

@@ -60,11 +60,30 @@ pub(crate) struct Counters {
     pub(crate) errors: AtomicU64,
     pub(crate) identity_resets: AtomicU64,
     pub(crate) shard_client_filtered: AtomicU64,
+    /// When the watch last delivered an event or bookmark: milliseconds since the Unix
+    /// epoch, 0 for never.
+    pub(crate) last_watch_activity_ms: AtomicU64,
 }
 
 impl Counters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// Note that the watch delivered something now.
+    pub(crate) fn watch_activity(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_watch_activity_ms.store(now, Relaxed);
+    }
+
+    /// When the watch last delivered an event or bookmark.
+    pub(crate) fn last_watch_activity(&self) -> Option<std::time::SystemTime> {
+        match self.last_watch_activity_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+        }
     }
 
     pub(crate) fn snapshot(&self) -> Stats {

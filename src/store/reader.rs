@@ -323,6 +323,22 @@ where
         self.status.borrow().ready
     }
 
+    /// When the watch last delivered an event or a bookmark in this process (`None`
+    /// before the first). With bookmarks on (kube-apiserver sends one about every minute),
+    /// a time far in the past means the watch is stuck.
+    ///
+    /// ```no_run
+    /// # fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) {
+    /// let quiet = reader.last_watch_activity().and_then(|t| t.elapsed().ok());
+    /// if quiet.is_some_and(|d| d.as_secs() > 300) {
+    ///     eprintln!("no watch event or bookmark for 5 minutes");
+    /// }
+    /// # }
+    /// ```
+    pub fn last_watch_activity(&self) -> Option<std::time::SystemTime> {
+        self.stats.last_watch_activity()
+    }
+
     /// Whether the watch is currently connected and applying events.
     pub fn is_live(&self) -> bool {
         self.status.borrow().live
@@ -464,6 +480,19 @@ fn decode_entry<K: DeserializeOwned>(
     cipher: Option<&Cipher>,
 ) -> Result<K> {
     decode_value(path, key, value, cipher).map(|(k, _)| k)
+}
+
+#[cfg(feature = "metrics")]
+impl<K> Reader<K> {
+    /// What the metrics collector reads of this stream at each scrape.
+    pub(crate) fn metrics_source(&self) -> crate::metrics::Source {
+        crate::metrics::Source {
+            path: self.path.clone(),
+            status: self.status.clone(),
+            stats: self.stats.clone(),
+            cache: self.cache.clone(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -314,6 +314,9 @@ impl Ingest {
         }
         Counters::add(&self.stats.watch_events, events);
         Counters::add(&self.stats.bookmarks, bookmarks);
+        if events + bookmarks > 0 {
+            self.stats.watch_activity();
+        }
         p
     }
 }

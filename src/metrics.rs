@@ -1,0 +1,350 @@
+//! Prometheus metrics of streams (cargo feature `metrics`), in the
+//! [`prometheus-client`](https://docs.rs/prometheus-client) registry a controller already
+//! serves (the client kube-rs's controller examples use).
+//!
+//! [`Metrics::register`] adds one collector to the registry; [`Metrics::add`] adds a
+//! stream to it. Nothing is counted twice: at every scrape the collector reads the
+//! stream's live counters (the ones [`Reader::stats`] returns) and status, so the metrics
+//! cost nothing between scrapes. Every metric is named `kube_persist_*` and labeled with
+//! `stream`:
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `kube_persist_<field>_total` | counter | each field of [`Stats`](crate::Stats), e.g. `kube_persist_objects_written_total`, `kube_persist_relists_total` |
+//! | `kube_persist_objects` | gauge | objects stored |
+//! | `kube_persist_sync_phase` | gauge | 1 for the stream's [`SyncPhase`] (label `phase`), 0 for the others |
+//! | `kube_persist_ready` | gauge | 1 once a consistent snapshot is on disk |
+//! | `kube_persist_watch_connected` | gauge | 1 while the watch is connected |
+//! | `kube_persist_seconds_since_watch_activity` | gauge | seconds since the last watch event or bookmark (absent before the first) |
+//! | `kube_persist_store_disk_bytes` | gauge | bytes of the store directory's files (shared by its streams) |
+//!
+//! Serving `/metrics` with the registry (here with hyper-free std networking; a controller
+//! would use its HTTP server, e.g. axum):
+//!
+//! ```no_run
+//! use std::io::Write;
+//! use std::sync::{Arc, Mutex};
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kube::{Api, Client};
+//! use kube_persist::{Config, Db, metrics::Metrics};
+//! use prometheus_client::{encoding::text::encode, registry::Registry};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = Db::open("/var/lib/my-controller/cache")?;
+//! let (reader, watcher) = db.store("pods", Api::<Pod>::all(Client::try_default().await?), Config::default())?;
+//! let mut registry = Registry::default();
+//! let metrics = Metrics::register(&mut registry);
+//! metrics.add("pods", &reader);
+//! tokio::spawn(watcher.run());
+//!
+//! let registry = Arc::new(registry);
+//! let listener = std::net::TcpListener::bind("127.0.0.1:9090")?;
+//! std::thread::spawn(move || {
+//!     for mut conn in listener.incoming().flatten() {
+//!         let mut body = String::new();
+//!         if encode(&mut body, &registry).is_ok() {
+//!             let _ = write!(
+//!                 conn,
+//!                 "HTTP/1.1 200 OK\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\n\r\n{body}",
+//!                 body.len()
+//!             );
+//!         }
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::Reader;
+use crate::stats::{Counters, Stats};
+use crate::store::cache::HotCache;
+use crate::store::{Status, SyncPhase};
+use tokio::sync::watch;
+
+/// A metric: name (after `kube_persist_`), help, and how to read it from a value.
+type Metric<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
+/// The counters of [`Stats`], by metric name (without `kube_persist_` and `_total`).
+const COUNTERS: &[Metric<Stats, u64>] = &[
+    (
+        "objects_written",
+        "Objects written to disk (new or changed).",
+        |s| s.objects_written,
+    ),
+    (
+        "objects_unchanged",
+        "Listed or replayed objects skipped because the stored resourceVersion was the same.",
+        |s| s.objects_unchanged,
+    ),
+    (
+        "objects_deleted",
+        "Objects removed from disk (watch deletions, relist sweeps).",
+        |s| s.objects_deleted,
+    ),
+    ("list_pages", "LIST requests that returned a page.", |s| {
+        s.list_pages
+    }),
+    ("batches", "Atomic batches committed.", |s| s.batches),
+    (
+        "watch_events",
+        "Watch events applied (bookmarks excluded).",
+        |s| s.watch_events,
+    ),
+    ("bookmarks", "Bookmarks received.", |s| s.bookmarks),
+    (
+        "relists",
+        "Lists started after the stream had been complete once (410 Gone, expired continue token).",
+        |s| s.relists,
+    ),
+    (
+        "resumes",
+        "Starts that resumed from a stored checkpoint without listing.",
+        |s| s.resumes,
+    ),
+    (
+        "bad_objects",
+        "Objects or events from the server skipped because they could not be decoded.",
+        |s| s.bad_objects,
+    ),
+    (
+        "errors",
+        "Errors seen (each followed by a retry with backoff).",
+        |s| s.errors,
+    ),
+    (
+        "identity_resets",
+        "Times the stream was wiped because it was opened with a different identity.",
+        |s| s.identity_resets,
+    ),
+    (
+        "hot_cache_hits",
+        "Reader::get calls answered from the hot cache.",
+        |s| s.hot_cache_hits,
+    ),
+    (
+        "hot_cache_misses",
+        "Reader::get calls that read from disk while the hot cache was on.",
+        |s| s.hot_cache_misses,
+    ),
+    (
+        "shard_client_filtered",
+        "Objects outside the stream's shard sent by a server that ignores shardSelector.",
+        |s| s.shard_client_filtered,
+    ),
+];
+
+const PHASES: [(SyncPhase, &str); 4] = [
+    (SyncPhase::Empty, "Empty"),
+    (SyncPhase::Listing, "Listing"),
+    (SyncPhase::Sweeping, "Sweeping"),
+    (SyncPhase::Synced, "Synced"),
+];
+
+/// The streams whose metrics a registry serves; see the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use k8s_openapi::api::core::v1::Pod;
+/// use prometheus_client::{encoding::text::encode, registry::Registry};
+///
+/// let dir = tempfile::tempdir()?;
+/// let db = kube_persist::Db::open(dir.path())?;
+/// let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+/// let (reader, _watcher) =
+///     db.store("pods", kube::Api::<Pod>::all(client), kube_persist::Config::default())?;
+///
+/// let mut registry = Registry::default();
+/// kube_persist::metrics::Metrics::register(&mut registry).add("pods", &reader);
+/// let mut text = String::new();
+/// encode(&mut text, &registry)?;
+/// assert!(text.contains("kube_persist_objects{stream=\"pods\"} 0"));
+/// assert!(text.contains("kube_persist_sync_phase{stream=\"pods\",phase=\"Empty\"} 1"));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    streams: Arc<Mutex<Vec<Stream>>>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    name: String,
+    source: Source,
+}
+
+impl Metrics {
+    /// Add a collector for kube-persist streams to `registry` (once per registry); add
+    /// streams to it with [`Metrics::add`].
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let metrics = Metrics {
+            streams: Arc::default(),
+        };
+        registry.register_collector(Box::new(metrics.clone()));
+        metrics
+    }
+
+    /// Serve the metrics of stream `name`, read through `reader`. Adding a name again
+    /// replaces the earlier stream of that name.
+    pub fn add<K>(&self, name: &str, reader: &Reader<K>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.retain(|s| s.name != name);
+        streams.push(Stream {
+            name: name.to_string(),
+            source: reader.metrics_source(),
+        });
+    }
+}
+
+/// A stream's live counters and status, without its object type: what a scrape reads.
+pub(crate) struct Source {
+    pub(crate) path: Arc<PathBuf>,
+    pub(crate) status: watch::Receiver<Status>,
+    pub(crate) stats: Arc<Counters>,
+    pub(crate) cache: Arc<HotCache>,
+}
+
+impl Source {
+    fn stats(&self) -> Stats {
+        let mut stats = self.stats.snapshot();
+        (stats.hot_cache_hits, stats.hot_cache_misses) = self.cache.counts();
+        stats
+    }
+
+    fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source").field("path", &self.path).finish()
+    }
+}
+
+/// What one scrape reads of one stream.
+struct Sample {
+    stats: Stats,
+    objects: u64,
+    phase: SyncPhase,
+    ready: bool,
+    live: bool,
+    quiet_seconds: Option<f64>,
+    disk_bytes: Option<u64>,
+}
+
+fn sample(source: &Source) -> Sample {
+    let status = source.status();
+    Sample {
+        stats: source.stats(),
+        objects: status.count,
+        phase: status.phase,
+        ready: status.ready,
+        live: status.live,
+        quiet_seconds: source
+            .stats
+            .last_watch_activity()
+            .map(|t| t.elapsed().map_or(0.0, |d| d.as_secs_f64())),
+        disk_bytes: dir_bytes(&source.path),
+    }
+}
+
+/// Bytes of the files in a store directory and its subdirectories (sled's `blobs/`): a
+/// handful of `stat` calls.
+fn dir_bytes(dir: &std::path::Path) -> Option<u64> {
+    let mut total = 0;
+    let mut dirs: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let meta = entry.metadata().ok()?;
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Some(total)
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples: Vec<(String, Sample)> = {
+            let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            streams
+                .iter()
+                .map(|s| (s.name.clone(), sample(&s.source)))
+                .collect()
+        };
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let label = |name: &str| [("stream".to_string(), name.to_string())];
+        for (metric, help, field) in COUNTERS {
+            let name = format!("kube_persist_{metric}");
+            let probe = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(&name, help, None, probe.metric_type())?;
+            for (stream, s) in &samples {
+                let labels = label(stream);
+                ConstCounter::new(field(&s.stats)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let gauges: [Metric<Sample, Option<f64>>; 5] = [
+            ("objects", "Objects stored.", |s| Some(s.objects as f64)),
+            ("ready", "1 once a consistent snapshot is on disk.", |s| {
+                Some(f64::from(u8::from(s.ready)))
+            }),
+            (
+                "watch_connected",
+                "1 while the watch is connected and applying events.",
+                |s| Some(f64::from(u8::from(s.live))),
+            ),
+            (
+                "seconds_since_watch_activity",
+                "Seconds since the watch last delivered an event or bookmark.",
+                |s| s.quiet_seconds,
+            ),
+            (
+                "store_disk_bytes",
+                "Bytes of the store directory's files (shared by the streams in it).",
+                |s| s.disk_bytes.map(|b| b as f64),
+            ),
+        ];
+        for (metric, help, value) in gauges {
+            let name = format!("kube_persist_{metric}");
+            let probe = ConstGauge::new(0.0f64);
+            let mut family = encoder.encode_descriptor(&name, help, None, probe.metric_type())?;
+            for (stream, s) in &samples {
+                if let Some(v) = value(s) {
+                    ConstGauge::new(v).encode(family.encode_family(&label(stream))?)?;
+                }
+            }
+        }
+        let probe = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "kube_persist_sync_phase",
+            "1 for the stream's phase in its list/watch cycle, 0 for the others.",
+            None,
+            probe.metric_type(),
+        )?;
+        for (stream, s) in &samples {
+            for (phase, phase_name) in PHASES {
+                let labels = [
+                    ("stream".to_string(), stream.clone()),
+                    ("phase".to_string(), phase_name.to_string()),
+                ];
+                ConstGauge::new(i64::from(s.phase == phase))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! The `metrics` feature: after a sync and churn, a scrape of the prometheus-client
+//! registry finds every stream's counters with the values the store counted.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube_persist::{Config, Db, DbConfig, metrics::Metrics};
+use kube_persist_testkit::{ResourceType, TestServer};
+use prometheus_client::{encoding::text::encode, registry::Registry};
+
+/// Every sample of an OpenMetrics text, as `name{labels}` → value.
+fn scrape(registry: &Registry) -> BTreeMap<String, f64> {
+    let mut text = String::new();
+    encode(&mut text, registry).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let mut families = std::collections::HashSet::new();
+    text.lines()
+        .filter(|l| {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let family = rest.split(' ').next().unwrap().to_string();
+                assert!(
+                    families.insert(family.clone()),
+                    "family {family} twice:\n{text}"
+                );
+            }
+            !l.starts_with('#')
+        })
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(600, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open_with(tmp.path().join("cache"), DbConfig::default().engine(engine)).unwrap();
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+
+    let (all, w_all) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            Config::default().page_size(250),
+        )
+        .unwrap();
+    let (ns0, w_ns0) = db
+        .store(
+            "ns-0",
+            Api::<Pod>::namespaced(server.client(), "ns-0"),
+            Config::default(),
+        )
+        .unwrap();
+    metrics.add("pods", &all);
+    metrics.add("ns-0", &ns0);
+    let before = scrape(&registry);
+    assert_eq!(
+        before["kube_persist_sync_phase{stream=\"pods\",phase=\"Empty\"}"],
+        1.0
+    );
+    assert_eq!(
+        before["kube_persist_objects_written_total{stream=\"pods\"}"],
+        0.0
+    );
+    assert!(
+        !before.contains_key("kube_persist_seconds_since_watch_activity{stream=\"pods\"}"),
+        "no watch activity yet"
+    );
+
+    let (w_all, w_ns0) = (drive(w_all), drive(w_ns0));
+    converge(&all, &h, &ResourceType::pods()).await;
+    h.churn(40, 10, 5, 7);
+    converge(&all, &h, &ResourceType::pods()).await;
+    let server_objects = h.resource_versions(&ResourceType::pods()).len();
+    eventually("the ns-0 stream has the namespace's objects", || {
+        ns0.len() as usize
+            == h.resource_versions(&ResourceType::pods())
+                .keys()
+                .filter(|(ns, _)| ns == "ns-0")
+                .count()
+    })
+    .await;
+    w_all.stop().await;
+    w_ns0.stop().await;
+
+    let m = scrape(&registry);
+    for (stream, reader) in [("pods", &all), ("ns-0", &ns0)] {
+        let stats = reader.stats();
+        let get = |metric: &str| {
+            let key = format!("kube_persist_{metric}{{stream=\"{stream}\"}}");
+            *m.get(&key).unwrap_or_else(|| panic!("no sample {key}"))
+        };
+        for (metric, value) in [
+            ("objects_written_total", stats.objects_written),
+            ("objects_unchanged_total", stats.objects_unchanged),
+            ("objects_deleted_total", stats.objects_deleted),
+            ("list_pages_total", stats.list_pages),
+            ("batches_total", stats.batches),
+            ("watch_events_total", stats.watch_events),
+            ("bookmarks_total", stats.bookmarks),
+            ("relists_total", stats.relists),
+            ("resumes_total", stats.resumes),
+            ("bad_objects_total", stats.bad_objects),
+            ("errors_total", stats.errors),
+            ("identity_resets_total", stats.identity_resets),
+            ("hot_cache_hits_total", stats.hot_cache_hits),
+            ("hot_cache_misses_total", stats.hot_cache_misses),
+            ("shard_client_filtered_total", stats.shard_client_filtered),
+            ("objects", reader.len()),
+        ] {
+            assert_eq!(get(metric), value as f64, "{stream}: {metric}");
+        }
+        assert_eq!(get("ready"), 1.0, "{stream}");
+        let quiet = get("seconds_since_watch_activity");
+        assert!((0.0..60.0).contains(&quiet), "{stream}: {quiet}");
+        assert!(get("store_disk_bytes") > 0.0, "{stream}");
+        let phase =
+            |p: &str| m[&format!("kube_persist_sync_phase{{stream=\"{stream}\",phase=\"{p}\"}}")];
+        assert_eq!(
+            (
+                phase("Empty"),
+                phase("Listing"),
+                phase("Sweeping"),
+                phase("Synced")
+            ),
+            (0.0, 0.0, 0.0, 1.0),
+            "{stream}"
+        );
+    }
+    // The values themselves, not only their agreement with Stats: the whole collection
+    // was listed in pages of 250, every object written, the churn applied as events.
+    let all_metric = |metric: &str| m[&format!("kube_persist_{metric}{{stream=\"pods\"}}")];
+    assert_eq!(all_metric("objects"), server_objects as f64);
+    assert_eq!(all_metric("list_pages_total"), 3.0);
+    assert!(all_metric("objects_written_total") >= 600.0 + 10.0);
+    // The churn made 55 changes after the store had converged: each is a watch event.
+    assert!(all_metric("watch_events_total") >= 55.0);
+    assert!(all_metric("objects_deleted_total") >= 5.0);
+    assert_eq!(all_metric("errors_total"), 0.0);
+    assert!(m["kube_persist_objects{stream=\"ns-0\"}"] < all_metric("objects"));
+}
+
+engine_tests! {
+    async: scrape_after_sync_has_the_store_counters,
+}
