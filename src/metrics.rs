@@ -10,7 +10,7 @@
 //!
 //! | metric | type | what |
 //! |---|---|---|
-//! | `kube_persist_<field>_total` | counter | each field of [`Stats`](crate::Stats), e.g. `kube_persist_objects_written_total`, `kube_persist_relists_total` |
+//! | `kube_persist_<field>_total` | counter | each field of [`Stats`], e.g. `kube_persist_objects_written_total`, `kube_persist_relists_total` |
 //! | `kube_persist_objects` | gauge | objects stored |
 //! | `kube_persist_sync_phase` | gauge | 1 for the stream's [`SyncPhase`] (label `phase`), 0 for the others |
 //! | `kube_persist_ready` | gauge | 1 once a consistent snapshot is on disk |
