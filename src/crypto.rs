@@ -31,12 +31,29 @@ impl std::fmt::Debug for EncryptionKey {
 
 impl EncryptionKey {
     /// A key from 32 raw bytes.
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// let key = EncryptionKey::from_bytes([0x11; 32]);
+    /// // The same key as its 64 hex characters.
+    /// let hex = EncryptionKey::from_hex(&"11".repeat(32)).unwrap();
+    /// assert_eq!(key.fingerprint(), hex.fingerprint());
+    /// ```
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         EncryptionKey(bytes)
     }
 
     /// A key from 64 hexadecimal characters (surrounding whitespace is ignored), e.g. the
     /// content of a mounted Secret or an environment variable.
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// let key = EncryptionKey::from_hex(&format!("  {}\n", "ab".repeat(32))).unwrap();
+    /// assert_eq!(key.fingerprint(), EncryptionKey::from_bytes([0xab; 32]).fingerprint());
+    /// // Not 64 hexadecimal characters: a configuration error.
+    /// let err = EncryptionKey::from_hex(&"zz".repeat(32)).unwrap_err();
+    /// assert!(matches!(err, kube_persist::Error::Config(_)));
+    /// ```
     pub fn from_hex(text: &str) -> Result<Self> {
         let text = text.trim();
         let bad = || {
@@ -53,6 +70,16 @@ impl EncryptionKey {
     }
 
     /// Read a hex key from a file (e.g. a mounted Secret).
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("key");
+    /// std::fs::write(&path, format!("{}\n", "42".repeat(32))).unwrap();
+    /// let key = EncryptionKey::from_file(&path).unwrap();
+    /// assert_eq!(key.fingerprint(), EncryptionKey::from_bytes([0x42; 32]).fingerprint());
+    /// assert!(EncryptionKey::from_file(dir.path().join("missing")).is_err());
+    /// ```
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
@@ -63,6 +90,13 @@ impl EncryptionKey {
     }
 
     /// Read a hex key from an environment variable.
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// // An unset variable is a configuration error naming it.
+    /// let err = EncryptionKey::from_env("KUBE_PERSIST_DOC_UNSET_KEY").unwrap_err();
+    /// assert!(err.to_string().contains("KUBE_PERSIST_DOC_UNSET_KEY"));
+    /// ```
     pub fn from_env(var: &str) -> Result<Self> {
         let text = std::env::var(var)
             .map_err(|_| Error::Config(format!("environment variable {var} is not set")))?;
@@ -71,6 +105,14 @@ impl EncryptionKey {
 
     /// A short, non-reversible identifier of the key (first 8 bytes of a domain-separated
     /// SHA-256, in hex), stored to detect a wrong key.
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// let fp = EncryptionKey::from_bytes([1; 32]).fingerprint();
+    /// assert_eq!(fp.len(), 16);
+    /// assert!(fp.chars().all(|c| c.is_ascii_hexdigit()));
+    /// assert_ne!(fp, EncryptionKey::from_bytes([2; 32]).fingerprint());
+    /// ```
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
         h.update(b"kube-persist key fingerprint v1\0");

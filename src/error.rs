@@ -163,6 +163,14 @@ pub enum Error {
 }
 
 /// Convenience alias for results in this crate.
+///
+/// ```
+/// fn cached_streams(path: &std::path::Path) -> kube_persist::Result<usize> {
+///     Ok(kube_persist::Db::open(path)?.streams()?.len())
+/// }
+/// let dir = tempfile::tempdir().unwrap();
+/// assert_eq!(cached_streams(dir.path()).unwrap(), 0);
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
@@ -211,6 +219,18 @@ impl Error {
 
     /// Whether retrying later may succeed (network, server or disk-space trouble),
     /// as opposed to a configuration or corruption problem that needs a human.
+    ///
+    /// ```
+    /// use kube_persist::Error;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path()).unwrap();
+    /// // A store locked by another handle needs that handle closed, not a retry.
+    /// let locked = kube_persist::Db::open(dir.path()).unwrap_err();
+    /// assert!(matches!(locked, Error::Locked { .. }) && !locked.is_transient());
+    /// let full = Error::DiskFull { path: dir.path().to_path_buf() };
+    /// assert!(full.is_transient());
+    /// # drop(db);
+    /// ```
     pub fn is_transient(&self) -> bool {
         matches!(
             self,

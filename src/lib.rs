@@ -1,25 +1,25 @@
 //! # kube-persist
 //!
 //! A disk-backed, persistent reflector store for Kubernetes controllers written with
-//! [kube-rs](https://kube.rs), built on [redb](https://docs.rs/redb) (the default for new
-//! stores) or [sled](https://docs.rs/sled) (see [`Engine`]: both are always built, and a
-//! store is reopened with the engine that wrote it).
+//! [kube-rs](https://kube.rs), built on [redb](https://docs.rs/redb) (the default) or
+//! [sled](https://docs.rs/sled): see [`Engine`] for why redb is the default (both are
+//! always built, and a store is reopened with the engine that wrote it).
 //!
-//! In-memory caches (kube-runtime's `Store`, client-go informers) hold every watched object
-//! in RAM, spike to 2-3x that during every (re)list, and list the whole cluster again after
-//! each restart. kube-persist instead:
+//! Controllers cache the objects they watch. Today's caches (kube-runtime's `Store`,
+//! client-go informers) live in RAM: at 100k+ objects that costs gigabytes, every initial
+//! LIST and every relist spikes memory well above steady state, and a restarted controller
+//! lists the whole cluster again. kube-persist instead:
 //!
-//! - writes each LIST page and each burst of WATCH events straight to disk, with the
-//!   resourceVersion checkpoint in the same atomic batch;
-//! - resumes the WATCH from that checkpoint after a restart or crash: no LIST;
+//! - writes each LIST page and each burst of WATCH events straight into an on-disk keyspace
+//!   keyed by object, with the resourceVersion checkpoint **in the same atomic batch**;
+//! - **resumes the WATCH from that checkpoint** after a restart or a crash: no LIST;
 //! - keeps memory flat: at most one page of objects is in memory, as raw JSON;
-//! - relists after `410 Gone` page by page, skipping unchanged objects and reporting
-//!   exact deletions (mark and sweep on disk, no in-memory key set);
+//! - relists after `410 Gone` page by page, skipping unchanged objects and reporting exact
+//!   deletions (mark and sweep on disk, no in-memory key set);
 //! - serves [`Reader::get`], iteration and namespace scans from disk.
 //!
-//! The design (data flow, the watcher's state machine, the on-disk layout and the tests
-//! that guard each invariant) is described in `ARCHITECTURE.md` at the root of the
-//! repository.
+//! The design (data flow, the watcher's state machine, the on-disk layout, and the tests
+//! that guard each invariant) is in [`architecture`], the repository's `ARCHITECTURE.md`.
 //!
 //! ```no_run
 //! use futures::StreamExt;
@@ -52,6 +52,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[doc = include_str!("../ARCHITECTURE.md")]
+pub mod architecture {}
 pub mod controller;
 mod crypto;
 mod error;

@@ -184,6 +184,16 @@ struct Stream {
 impl Metrics {
     /// Add a collector for kube-persist streams to `registry` (once per registry); add
     /// streams to it with [`Metrics::add`].
+    ///
+    /// ```
+    /// use prometheus_client::{encoding::text::encode, registry::Registry};
+    /// let mut registry = Registry::default();
+    /// let metrics = kube_persist::metrics::Metrics::register(&mut registry);
+    /// let mut text = String::new();
+    /// encode(&mut text, &registry).unwrap();
+    /// assert!(!text.contains("kube_persist_")); // no stream added yet
+    /// # drop(metrics);
+    /// ```
     pub fn register(registry: &mut Registry) -> Metrics {
         let metrics = Metrics {
             streams: Arc::default(),
@@ -194,6 +204,25 @@ impl Metrics {
 
     /// Serve the metrics of stream `name`, read through `reader`. Adding a name again
     /// replaces the earlier stream of that name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, _watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// use prometheus_client::{encoding::text::encode, registry::Registry};
+    /// let mut registry = Registry::default();
+    /// let metrics = kube_persist::metrics::Metrics::register(&mut registry);
+    /// metrics.add("pods", &reader);
+    /// metrics.add("pods", &reader); // replaces: still one stream
+    /// let mut text = String::new();
+    /// encode(&mut text, &registry)?;
+    /// assert_eq!(text.matches("kube_persist_objects{stream=\"pods\"}").count(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn add<K>(&self, name: &str, reader: &Reader<K>) {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.retain(|s| s.name != name);

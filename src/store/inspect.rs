@@ -12,6 +12,31 @@ use crate::error::{Error, Result};
 use crate::watcher::Shard;
 
 /// What a stored stream caches and where it is in its list/watch cycle.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # tokio::spawn(watcher.run());
+/// reader.wait_until_ready().await?;
+/// let info: kube_persist::StreamInfo = db.streams()?.remove(0);
+/// assert_eq!((info.name.as_str(), info.kind.as_str()), ("pods", "Pod"));
+/// assert_eq!(info.phase, kube_persist::SyncPhase::Synced);
+/// assert_eq!(info.objects, 2);
+/// assert_eq!(info.checkpoint, reader.checkpoint());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StreamInfo {
@@ -51,6 +76,29 @@ pub struct StreamInfo {
 type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 
 /// Objects of a stream as JSON, in key order; see [`Db::raw_objects`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # tokio::spawn(watcher.run());
+/// reader.wait_until_ready().await?;
+/// let objects: kube_persist::RawObjects = db.raw_objects("pods")?;
+/// let keys: Vec<String> = objects.map(|o| o.map(|(key, _json)| key)).collect::<Result<_, _>>()?;
+/// assert_eq!(keys, ["default/web-0", "default/web-1"]);
+/// # Ok(()) }
+/// ```
 pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
 
 impl Db {
@@ -115,6 +163,31 @@ impl Db {
     }
 
     /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let json = db.raw_get("pods", Some("default"), "web-0")?.expect("stored");
+    /// let pod: serde_json::Value = serde_json::from_slice(&json)?;
+    /// assert_eq!(pod["spec"]["nodeName"], "node-1");
+    /// assert_eq!(db.raw_get("pods", Some("default"), "web-9")?, None);
+    /// assert!(db.raw_get("no-such-stream", None, "x").is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn raw_get(
         &self,
         stream: &str,
@@ -130,6 +203,31 @@ impl Db {
     }
 
     /// Every stored object of `stream` as (`namespace/name`, JSON), read lazily from disk.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// for object in db.raw_objects("pods")? {
+    ///     let (key, json) = object?;
+    ///     println!("{key}: {} bytes", json.len());
+    /// }
+    /// assert_eq!(db.raw_objects("pods")?.count(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
         let (backend, cipher) = self.readable(stream)?;
         let (start, end) = keys::range(OBJECT, None);

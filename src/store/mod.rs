@@ -53,6 +53,16 @@ pub enum Compression {
 ///
 /// Atomicity does not depend on this: after a crash the store is always at some committed
 /// batch boundary, with its checkpoint. Durability only decides how recent that boundary is.
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// use kube_persist::{Db, DbConfig, Durability};
+/// let dir = tempfile::tempdir().unwrap();
+/// // fsync every batch: nothing acknowledged is lost, for much lower write throughput.
+/// let db = Db::open_with(dir.path(), DbConfig::default().durability(Durability::EveryBatch))?;
+/// # drop(db);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Durability {
@@ -100,12 +110,31 @@ impl Default for DbConfig {
 
 impl DbConfig {
     /// Bytes of the engine's page cache (default 8 MiB). Larger speeds up reads, costs RSS.
+    ///
+    /// ```
+    /// use kube_persist::DbConfig;
+    /// assert_eq!(DbConfig::default().cache_capacity_bytes(), 8 << 20);
+    /// let cfg = DbConfig::default().cache_capacity(64 << 20);
+    /// assert_eq!(cfg.cache_capacity_bytes(), 64 << 20);
+    /// ```
     pub fn cache_capacity(mut self, bytes: u64) -> Self {
         self.cache_capacity = bytes;
         self
     }
 
     /// How durable each batch is (default: periodic flush every 500 ms).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use std::time::Duration;
+    /// use kube_persist::{DbConfig, Durability};
+    /// // A crash loses at most the last 2 s, which the watch replays from the older checkpoint.
+    /// let cfg = DbConfig::default().durability(Durability::Periodic(Duration::from_secs(2)));
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open_with(dir.path(), cfg)?;
+    /// db.flush()?; // durable now, whatever the setting
+    /// # Ok(()) }
+    /// ```
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
@@ -114,6 +143,25 @@ impl DbConfig {
     /// Encrypt every stored object body with `key` (XChaCha20-Poly1305, fresh nonce per
     /// record). The key is never written to disk; streams record its fingerprint, and opening
     /// them with a missing or different key is [`Error::Encryption`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::{Config, Db, DbConfig, EncryptionKey, Error};
+    /// let key = EncryptionKey::from_bytes([7; 32]);
+    /// let dir = tempfile::tempdir()?;
+    /// let db = Db::open_with(dir.path(), DbConfig::default().encryption_key(key.clone()))?;
+    /// drop(db.store("pods", kube::Api::<Pod>::all(client.clone()), Config::default())?);
+    /// assert_eq!(db.streams()?[0].key_fingerprint, Some(key.fingerprint()));
+    /// drop(db);
+    /// // Reopened without the key, the stream is refused instead of read or wiped.
+    /// let db = Db::open(dir.path())?;
+    /// let err = db.store("pods", kube::Api::<Pod>::all(client), Config::default()).unwrap_err();
+    /// assert!(matches!(err, Error::Encryption { .. }));
+    /// # Ok(()) }
+    /// ```
     pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
         self.encryption = Some(key);
         self
@@ -121,6 +169,22 @@ impl DbConfig {
 
     /// Refuse to open a store whose directory or files are accessible by group or others
     /// ([`Error::Permissions`]) instead of logging a warning and tightening them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use std::os::unix::fs::PermissionsExt;
+    /// use kube_persist::{Db, DbConfig, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("cache");
+    /// std::fs::create_dir(&path).unwrap();
+    /// std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    /// let strict = DbConfig::default().strict_permissions(true);
+    /// assert!(matches!(Db::open_with(&path, strict), Err(Error::Permissions { .. })));
+    /// // Without it, the directory is tightened to 0700 (and a warning logged).
+    /// drop(Db::open(&path)?);
+    /// assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
+    /// # Ok(()) }
+    /// ```
     pub fn strict_permissions(mut self, strict: bool) -> Self {
         self.strict_permissions = strict;
         self
@@ -146,6 +210,17 @@ impl DbConfig {
     /// Choose how bodies are compressed (default [`Compression::Lz4`]); see
     /// [`Compression`] for the trade-off. Can change between runs, like
     /// [`DbConfig::compression`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Compression, Db, DbConfig};
+    /// assert_eq!(Compression::default(), Compression::Lz4);
+    /// let dir = tempfile::tempdir().unwrap();
+    /// // Smaller on disk than LZ4, for more CPU per write and read.
+    /// let db = Db::open_with(dir.path(), DbConfig::default().compression_codec(Compression::Zstd))?;
+    /// # drop(db);
+    /// # Ok(()) }
+    /// ```
     pub fn compression_codec(mut self, codec: Compression) -> Self {
         self.compression = codec;
         self
@@ -156,6 +231,20 @@ impl DbConfig {
     /// engine recorded in it. With it, a new store directory records `engine`, and an
     /// existing one written by the other engine is [`Error::EngineMismatch`] (never a silent
     /// wipe). [`Db::engine`] tells which engine an opened store uses.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig, Engine, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = Db::open_with(dir.path(), DbConfig::default().engine(Engine::Sled))?;
+    /// assert_eq!(db.engine(), Engine::Sled);
+    /// drop(db);
+    /// // The store records its engine: asking for the other one is refused, not a wipe.
+    /// let err = Db::open_with(dir.path(), DbConfig::default().engine(Engine::Redb)).unwrap_err();
+    /// assert!(matches!(err, Error::EngineMismatch { stored: Engine::Sled, .. }));
+    /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
+    /// # Ok(()) }
+    /// ```
     pub fn engine(mut self, engine: Engine) -> Self {
         self.engine = Some(engine);
         self
@@ -163,11 +252,22 @@ impl DbConfig {
 
     /// The engine chosen with [`DbConfig::engine`], or `None` if none was: then a new store
     /// gets [`Engine::default`] (redb) and an existing one keeps the engine recorded in it.
+    ///
+    /// ```
+    /// use kube_persist::{DbConfig, Engine};
+    /// assert_eq!(DbConfig::default().selected_engine(), None);
+    /// assert_eq!(DbConfig::default().engine(Engine::Redb).selected_engine(), Some(Engine::Redb));
+    /// ```
     pub fn selected_engine(&self) -> Option<Engine> {
         self.engine
     }
 
     /// The configured cache capacity in bytes.
+    ///
+    /// ```
+    /// let cfg = kube_persist::DbConfig::default().cache_capacity(1 << 30);
+    /// assert_eq!(cfg.cache_capacity_bytes(), 1 << 30);
+    /// ```
     pub fn cache_capacity_bytes(&self) -> u64 {
         self.cache_capacity
     }
@@ -268,6 +368,16 @@ impl std::fmt::Debug for Db {
 impl Db {
     /// Open (or create) the store directory at `path` with default options: an existing
     /// store with the engine recorded in it, a new one with [`Engine::Redb`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = Db::open(dir.path().join("cache"))?; // created, mode 0700
+    /// assert_eq!(db.engine(), Engine::Redb);
+    /// assert!(db.streams()?.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Db> {
         Db::open_with(path, DbConfig::default())
     }
@@ -277,6 +387,16 @@ impl Db {
     /// The directory is created with mode 0700: cached objects are cluster data. An existing
     /// store is opened with the engine recorded in it unless `config` chose another one
     /// ([`Error::EngineMismatch`]); see [`DbConfig::engine`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let config = DbConfig::default().cache_capacity(32 << 20).compression(false);
+    /// let db = Db::open_with(dir.path(), config)?;
+    /// assert_eq!(db.path(), dir.path());
+    /// # Ok(()) }
+    /// ```
     pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
         let path = path.as_ref().to_path_buf();
         let open = perms::too_open(&path);
@@ -346,6 +466,14 @@ impl Db {
     }
 
     /// The store directory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path().join("cache"))?;
+    /// assert_eq!(db.path(), dir.path().join("cache"));
+    /// # Ok(()) }
+    /// ```
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
@@ -373,16 +501,43 @@ impl Db {
 
     /// The storage engine this store is kept in: the one recorded in its directory (for a
     /// new store, the one [`DbConfig::engine`] chose, or [`Engine::Redb`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// drop(Db::open_with(dir.path(), DbConfig::default().engine(Engine::Sled))?);
+    /// // Reopened without a choice: the engine recorded in the directory.
+    /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
+    /// # Ok(()) }
+    /// ```
     pub fn engine(&self) -> Engine {
         self.inner.engine
     }
 
     /// Flush everything written so far to disk.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// // E.g. before a planned shutdown, when the durability is periodic.
+    /// db.flush()?;
+    /// # Ok(()) }
+    /// ```
     pub fn flush(&self) -> Result<()> {
         self.inner.storage.flush()
     }
 
     /// Bytes the database occupies on disk.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.size_on_disk()? > 0); // even an empty database has its header
+    /// # Ok(()) }
+    /// ```
     pub fn size_on_disk(&self) -> Result<u64> {
         self.inner.storage.size_on_disk()
     }
@@ -560,6 +715,20 @@ impl Drop for StreamLease {
 }
 
 /// Where a stream is in its list/watch cycle, as seen by [`Reader::phase`](crate::Reader::phase).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+/// use kube_persist::SyncPhase;
+/// assert_eq!(SyncPhase::default(), SyncPhase::Empty);
+/// let dir = tempfile::tempdir()?;
+/// let db = kube_persist::Db::open(dir.path())?;
+/// let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// let (reader, _watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// assert_eq!(reader.phase(), SyncPhase::Empty); // the watcher has not run yet
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum SyncPhase {

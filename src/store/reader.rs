@@ -117,11 +117,57 @@ where
     }
 
     /// The stored object for `obj_ref`, if any.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use kube::runtime::reflector::ObjectRef;
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get(&ObjectRef::new("web-0").within("default"))?.expect("stored");
+    /// assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("node-1"));
+    /// assert!(reader.get(&ObjectRef::new("web-9").within("default"))?.is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn get(&self, obj_ref: &ObjectRef<K>) -> Result<Option<Arc<K>>> {
         self.get_named(obj_ref.namespace.as_deref(), &obj_ref.name)
     }
 
     /// The stored object with this namespace (`None` for cluster-scoped kinds) and name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get_named(Some("default"), "web-1")?.expect("stored");
+    /// assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("node-2"));
+    /// assert!(reader.get_named(Some("kube-system"), "web-1")?.is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn get_named(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>> {
         self.bodies()?;
         let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
@@ -203,22 +249,112 @@ where
     }
 
     /// Number of stored objects (kept in the checkpoint record, no scan).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.len(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> u64 {
         self.status.borrow().count
     }
 
     /// Whether the store holds no object.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// assert!(reader.is_empty()); // nothing listed yet
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert!(!reader.is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// All stored objects, ordered by namespace then name, read lazily from disk.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let mut names = Vec::new();
+    /// for pod in reader.iter() {
+    ///     names.push(pod?.metadata.name.unwrap_or_default());
+    /// }
+    /// assert_eq!(names, ["web-0", "web-1"]);
+    /// # Ok(()) }
+    /// ```
     pub fn iter(&self) -> Iter<K> {
         let (start, end) = keys::range(OBJECT, None);
         self.iter_range(&start, &end)
     }
 
     /// The stored objects of one namespace (one prefix scan), ordered by name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.iter_namespace("default").count(), 2);
+    /// assert_eq!(reader.iter_namespace("kube-system").count(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn iter_namespace(&self, namespace: &str) -> Iter<K> {
         let (start, end) = keys::range(OBJECT, Some(namespace));
         self.iter_range(&start, &end)
@@ -240,6 +376,33 @@ where
     /// The objects found under `value` in the secondary index `index` (see
     /// [`Config::index`](crate::Config::index)), read lazily from disk without a scan.
     /// Fails if the index is not configured or still being built.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let config = kube_persist::Config::default().index("node", |p: &Pod| {
+    ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    /// });
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let on_node_2: Vec<_> = reader.by_index("node", "node-2")?.collect::<Result<_, _>>()?;
+    /// assert_eq!(on_node_2.len(), 1);
+    /// assert_eq!(on_node_2[0].metadata.name.as_deref(), Some("web-1"));
+    /// assert!(reader.by_index("zone", "a").is_err()); // not configured
+    /// # Ok(()) }
+    /// ```
     pub fn by_index(&self, index: &str, value: &str) -> Result<ByIndex<K>> {
         if !self.status.borrow().indexes.iter().any(|n| n == index) {
             return Err(Error::Config(format!(
@@ -308,17 +471,85 @@ where
     }
 
     /// The resourceVersion at which the store was last complete, if it ever was.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let rv = reader.checkpoint().expect("complete once");
+    /// println!("the store equals the server at resourceVersion {rv}");
+    /// # assert_eq!(rv, server.handle().resource_version());
+    /// # Ok(()) }
+    /// ```
     pub fn checkpoint(&self) -> Option<String> {
         self.status.borrow().checkpoint.clone()
     }
 
     /// Where the stream is in its list/watch cycle.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use kube_persist::SyncPhase;
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.phase(), SyncPhase::Synced);
+    /// # Ok(()) }
+    /// ```
     pub fn phase(&self) -> SyncPhase {
         self.status.borrow().phase
     }
 
     /// Whether a consistent snapshot is on disk (at once after a warm open; after the first
     /// complete list otherwise).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// if !reader.is_ready() {
+    ///     reader.wait_until_ready().await?; // a cold start: the first list is running
+    /// }
+    /// assert!(reader.is_ready());
+    /// # Ok(()) }
+    /// ```
     pub fn is_ready(&self) -> bool {
         self.status.borrow().ready
     }
@@ -340,17 +571,88 @@ where
     }
 
     /// Whether the watch is currently connected and applying events.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_live().await?;
+    /// assert!(reader.is_live());
+    /// # Ok(()) }
+    /// ```
     pub fn is_live(&self) -> bool {
         self.status.borrow().live
     }
 
     /// Resolves once a consistent snapshot is on disk: immediately after a warm open,
     /// after the first complete list otherwise. Fails if the watcher was dropped before.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::Api;
+    /// use kube_persist::Config;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client.clone()), Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.len(), 2);
+    ///
+    /// // Without a watcher the store never gets there: an error, not a hang.
+    /// let (reader, watcher) = db.store("pods-unwatched", Api::<Pod>::all(client), Config::default())?;
+    /// drop(watcher);
+    /// assert!(reader.wait_until_ready().await.is_err());
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_until_ready(&self) -> Result<()> {
         self.wait_for(|s| s.ready).await
     }
 
     /// Resolves once the watch is connected (after a resume: the store is up to date again).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_live().await?;
+    /// // Connected: changes on the server now reach the store as they happen.
+    /// assert!(reader.is_live() && reader.is_ready());
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_until_live(&self) -> Result<()> {
         self.wait_for(|s| s.live).await
     }
@@ -366,6 +668,30 @@ where
     }
 
     /// Counters of the stream's watcher and writer.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let stats = reader.stats();
+    /// assert_eq!(stats.objects_written, 2);
+    /// assert!(stats.list_pages >= 1);
+    /// assert_eq!(stats.resumes, 0); // a new store lists; a reopened one resumes
+    /// # Ok(()) }
+    /// ```
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats.snapshot();
         (stats.hot_cache_hits, stats.hot_cache_misses) = self.cache.counts();
@@ -374,6 +700,34 @@ where
 }
 
 /// Objects found through a secondary index; see [`Reader::by_index`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let config = kube_persist::Config::default().index("node", |p: &k8s_openapi::api::core::v1::Pod| {
+/// #     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+/// # });
+/// # let (reader, watcher) = db.store("pods", api, config)?;
+/// # tokio::spawn(watcher.run());
+/// // The stream was opened with a "node" index (see `Reader::by_index`).
+/// reader.wait_until_ready().await?;
+/// let by_node: kube_persist::ByIndex<_> = reader.by_index("node", "node-1")?;
+/// let pods: Vec<_> = by_node.collect::<Result<_, _>>()?;
+/// let names: Vec<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();
+/// assert_eq!(names, [Some("web-0".to_string())]);
+/// # Ok(()) }
+/// ```
 pub struct ByIndex<K> {
     inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
     prefix_len: usize,
@@ -407,6 +761,30 @@ where
 }
 
 /// Lazy iterator over stored objects; see [`Reader::iter`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # tokio::spawn(watcher.run());
+/// reader.wait_until_ready().await?;
+/// let mut pods: kube_persist::Iter<_> = reader.iter();
+/// let first = pods.next().expect("two pods")?;
+/// assert_eq!(first.metadata.name.as_deref(), Some("web-0"));
+/// assert_eq!(pods.count(), 1); // read lazily: one more
+/// # Ok(()) }
+/// ```
 pub struct Iter<K> {
     inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
     path: Arc<PathBuf>,

@@ -32,6 +32,36 @@ const PAGE: u32 = 500;
 const LIST_ATTEMPTS: u32 = 3;
 
 /// How one object differs between the store and the server.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let watching = tokio::spawn(watcher.run());
+/// # reader.wait_until_ready().await?;
+/// # watching.abort(); // verify a store nothing writes to
+/// use kube_persist::Difference;
+/// // The store is synced, then web-1 is deleted on the server while no watcher runs.
+/// server.handle().delete(&pods, Some("default"), "web-1");
+/// let report = db.verify("pods", client, 10).await?;
+/// match &report.differences[..] {
+///     [Difference::Extra { key, .. }] => assert_eq!(key, "default/web-1"),
+///     other => panic!("expected one extra object, got {other:?}"),
+/// }
+/// println!("{}", report.differences[0]); // "extra default/web-1: stored at ..., not on the server"
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Difference {
@@ -79,6 +109,33 @@ impl std::fmt::Display for Difference {
 }
 
 /// What [`Db::verify`] concluded.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let watching = tokio::spawn(watcher.run());
+/// # reader.wait_until_ready().await?;
+/// # watching.abort(); // verify a store nothing writes to
+/// use kube_persist::Verdict;
+/// assert_eq!(db.verify("pods", client.clone(), 10).await?.verdict, Verdict::Equal);
+/// // A change on the server that the store has not seen yet: behind, not wrong.
+/// server.handle().delete(&pods, Some("default"), "web-0");
+/// let report = db.verify("pods", client, 10).await?;
+/// assert!(matches!(report.verdict, Verdict::Behind { .. }));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
@@ -102,6 +159,33 @@ pub enum Verdict {
 }
 
 /// The result of [`Db::verify`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let watching = tokio::spawn(watcher.run());
+/// # reader.wait_until_ready().await?;
+/// # watching.abort(); // verify a store nothing writes to
+/// let report: kube_persist::Verification = db.verify("pods", client, 10).await?;
+/// assert_eq!(report.stream, "pods");
+/// assert_eq!(Some(report.checkpoint.clone()), reader.checkpoint());
+/// assert_eq!((report.stored_objects, report.server_objects), (2, 2));
+/// assert_eq!(report.difference_count, 0);
+/// assert!(report.is_ok() && report.differences.is_empty());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Verification {
@@ -127,6 +211,31 @@ pub struct Verification {
 impl Verification {
     /// Whether the store is correct: equal to the server, or behind it only by changes
     /// newer than its checkpoint.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let watching = tokio::spawn(watcher.run());
+    /// # reader.wait_until_ready().await?;
+    /// # watching.abort(); // verify a store nothing writes to
+    /// server.handle().delete(&pods, Some("default"), "web-1"); // after the checkpoint
+    /// let report = db.verify("pods", client, 10).await?;
+    /// assert_eq!(report.difference_count, 1);
+    /// assert!(report.is_ok()); // behind by a newer change is correct
+    /// # Ok(()) }
+    /// ```
     pub fn is_ok(&self) -> bool {
         matches!(self.verdict, Verdict::Equal | Verdict::Behind { .. })
     }

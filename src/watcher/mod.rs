@@ -34,6 +34,37 @@ use crate::{Reader, store};
 ///
 /// Events report exact changes of the store: a relist after `410 Gone` yields `Apply` only
 /// for objects that changed and `Delete` for objects that disappeared, not a flood of re-adds.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// use futures::StreamExt;
+/// use kube_persist::Event;
+/// let mut events = std::pin::pin!(watcher.stream());
+/// let mut seen = Vec::new();
+/// while let Some(event) = events.next().await {
+///     match event? {
+///         Event::Init => seen.push("init".to_string()),
+///         Event::InitApply(pod) => seen.push(pod.metadata.name.clone().unwrap_or_default()),
+///         Event::InitDone => break,
+///         other => panic!("unexpected {other:?}"),
+///     }
+/// }
+/// assert_eq!(seen, ["init", "web-0", "web-1"]); // a restart would yield `Resumed` instead
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event<K> {
     /// The store was opened on a valid checkpoint and resumes watching from it: no LIST.
@@ -55,6 +86,19 @@ pub enum Event<K> {
 }
 
 /// A stream's [`Reader`] and the [`Watcher`] that fills it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let dir = tempfile::tempdir()?;
+/// let db = kube_persist::Db::open(dir.path())?;
+/// let pair: kube_persist::Pair<Pod> = db.store("pods", kube::Api::all(client), Default::default())?;
+/// let (reader, _watcher) = pair;
+/// assert!(reader.is_empty());
+/// # Ok(()) }
+/// ```
 pub type Pair<K> = (Reader<K>, Watcher<K>);
 
 /// Drives one persistent stream: lists, watches, relists and writes to disk.
@@ -62,6 +106,27 @@ pub type Pair<K> = (Reader<K>, Watcher<K>);
 /// Poll it as a [`Stream`] of [`Event`]s with [`Watcher::stream`], or let it run without
 /// decoding events with [`Watcher::run`]. Either way, every page and every burst of watch
 /// events is committed to disk in one atomic batch with the checkpoint.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::start().await;
+/// # let pods = kube_persist_testkit::ResourceType::pods();
+/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+/// #     server.handle().apply(&pods, pod);
+/// # }
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// use k8s_openapi::api::core::v1::Pod;
+/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+/// tokio::spawn(watcher.run()); // or poll `watcher.stream()` to react to changes
+/// reader.wait_until_ready().await?;
+/// assert_eq!(reader.len(), 2);
+/// # Ok(()) }
+/// ```
 pub struct Watcher<K> {
     machine: Machine,
     _lease: StreamLease,
@@ -93,6 +158,39 @@ where
     /// removed from the store in the same batch (a store never serves, as current, a
     /// version older than its checkpoint), without a `Delete` event: the object still
     /// exists on the server. The stream goes on.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// use futures::StreamExt;
+    /// use kube_persist::Event;
+    /// let mut events = std::pin::pin!(watcher.stream());
+    /// while let Some(event) = events.next().await {
+    ///     if matches!(event?, Event::InitDone) {
+    ///         break;
+    ///     }
+    /// }
+    /// // A change on the server: one event, once it is on disk.
+    /// server.handle().delete(&pods, Some("default"), "web-0");
+    /// match events.next().await.transpose()? {
+    ///     Some(Event::Delete(pod)) => assert_eq!(pod.metadata.name.as_deref(), Some("web-0")),
+    ///     other => panic!("expected a deletion, got {other:?}"),
+    /// }
+    /// assert_eq!(reader.len(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn stream(mut self) -> impl Stream<Item = Result<Event<K>>> + Send {
         self.machine.set_emit(true);
         futures::stream::unfold(self, |mut w| async move {
@@ -116,6 +214,28 @@ where
     /// Keep the store in sync without producing events. Errors are logged and retried with
     /// backoff; only a configuration the API server refuses (an invalid shard selector)
     /// ends it, logged as an error. Spawn it, and read through the [`Reader`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// let task = tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.len(), 2);
+    /// task.abort(); // stop caching (a controller would keep it running)
+    /// # Ok(()) }
+    /// ```
     pub async fn run(mut self) {
         self.machine.set_emit(false);
         while !self.machine.fatal {
@@ -186,6 +306,31 @@ impl Db {
     }
 
     /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+    /// let gvk = GroupVersionKind::gvk("", "v1", "Pod");
+    /// let resource = ApiResource::from_gvk(&gvk);
+    /// let api = Api::<DynamicObject>::all_with(client, &resource);
+    /// let (reader, watcher) = db.store_with("pods", api, kube_persist::Config::default(), &resource)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(pod.data["spec"]["nodeName"], "node-1");
+    /// # Ok(()) }
+    /// ```
     pub fn store_with<K>(
         &self,
         name: &str,
@@ -237,6 +382,29 @@ impl Db {
     /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
     /// annotations, owners, versions) instead of whole objects, like kube-runtime's
     /// `metadata_watcher`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let pods = kube_persist_testkit::ResourceType::pods();
+    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
+    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
+    /// #     server.handle().apply(&pods, pod);
+    /// # }
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let api = kube::Api::<Pod>::all(client);
+    /// let (reader, watcher) = db.metadata_store("pods-meta", api, kube_persist::Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let meta = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(meta.metadata.labels.as_ref().unwrap()["app"], "web");
+    /// # Ok(()) }
+    /// ```
     pub fn metadata_store<K>(
         &self,
         name: &str,

@@ -15,6 +15,20 @@ use crate::error::{Error, Result};
 const FULL_END: u128 = 1 << 64;
 
 /// The object field a [`Shard`] hashes.
+///
+/// ```
+/// use kube_persist::{Shard, ShardKey};
+/// let half = Shard::even(ShardKey::Namespace, 0, 2).unwrap();
+/// assert!(half.selector().starts_with("shardRange(object.metadata.namespace, "));
+/// // Every object of a namespace lands in the same shard, whatever its uid ...
+/// let uids: Vec<String> = (0..100).map(|i| format!("{i:03}-5e1d-4c1a")).collect();
+/// let team_a = half.contains(Some(&uids[0]), Some("team-a"));
+/// assert!(uids.iter().all(|uid| half.contains(Some(uid), Some("team-a")) == team_a));
+/// // ... while by uid, the objects of one namespace spread over both halves.
+/// let by_uid = Shard::even(ShardKey::Uid, 0, 2).unwrap();
+/// let kept = uids.iter().filter(|uid| by_uid.contains(Some(uid), Some("team-a")));
+/// assert!((1..100).contains(&kept.count()));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ShardKey {
     /// `metadata.uid`: spreads the objects of one kind evenly.
@@ -57,6 +71,13 @@ pub struct Shard {
 
 impl Shard {
     /// A shard over `key` with no range yet (add them with [`Shard::range`]).
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// let shard = Shard::new(ShardKey::Uid);
+    /// assert!(shard.ranges().is_empty());
+    /// assert!(shard.check().is_err()); // no range yet
+    /// ```
     pub fn new(key: ShardKey) -> Shard {
         Shard {
             key,
@@ -66,6 +87,14 @@ impl Shard {
 
     /// Add the hash range `[start, end)`; `end` may be `1 << 64` (the end of the space).
     /// Invalid or overlapping ranges are reported by [`Shard::check`] (and by the store).
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// // Two slices: the first and the last quarter of the hash space.
+    /// let shard = Shard::new(ShardKey::Uid).range(3 << 62, 1 << 64).range(0, 1 << 62);
+    /// assert_eq!(shard.ranges(), [(0, 1 << 62), (3 << 62, 1 << 64)]); // sorted
+    /// assert!(shard.check().is_ok());
+    /// ```
     pub fn range(mut self, start: u64, end: u128) -> Shard {
         self.ranges.push((start, end));
         self.ranges.sort_unstable();
@@ -73,6 +102,15 @@ impl Shard {
     }
 
     /// Shard `index` of `count` equal slices of the hash space of `key`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Shard, ShardKey};
+    /// let second = Shard::even(ShardKey::Uid, 1, 4)?;
+    /// assert_eq!(second.ranges(), [(1 << 62, 1 << 63)]);
+    /// assert!(Shard::even(ShardKey::Uid, 4, 4).is_err()); // index must be below count
+    /// # Ok(()) }
+    /// ```
     pub fn even(key: ShardKey, index: u32, count: u32) -> Result<Shard> {
         if count == 0 || index >= count {
             return Err(Error::Config(format!(
@@ -85,17 +123,35 @@ impl Shard {
     }
 
     /// The field this shard hashes.
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// assert_eq!(Shard::new(ShardKey::Namespace).key(), ShardKey::Namespace);
+    /// ```
     pub fn key(&self) -> ShardKey {
         self.key
     }
 
     /// The ranges, sorted.
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// let shard = Shard::new(ShardKey::Uid).range(100, 200).range(0, 50);
+    /// assert_eq!(shard.ranges(), [(0, 50), (100, 200)]);
+    /// ```
     pub fn ranges(&self) -> &[(u64, u128)] {
         &self.ranges
     }
 
     /// Whether the ranges are valid: at least one, each non-empty, within `[0, 2^64)`,
     /// and not overlapping.
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// assert!(Shard::new(ShardKey::Uid).range(0, 1 << 63).check().is_ok());
+    /// assert!(Shard::new(ShardKey::Uid).range(0, 10).range(5, 20).check().is_err()); // overlap
+    /// assert!(Shard::new(ShardKey::Uid).range(7, 7).check().is_err()); // empty
+    /// ```
     pub fn check(&self) -> Result<()> {
         if self.ranges.is_empty() {
             return Err(Error::Config("shard has no range".into()));
@@ -119,6 +175,16 @@ impl Shard {
 
     /// The `shardSelector` list option: one `shardRange(field, 'start', 'end')` per range,
     /// joined with ` || `; bounds are `0x` and 16 lowercase hex digits (17 for 2^64).
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// let shard = Shard::new(ShardKey::Namespace).range(0, 16).range(1 << 63, 1 << 64);
+    /// assert_eq!(
+    ///     shard.selector(),
+    ///     "shardRange(object.metadata.namespace, '0x0000000000000000', '0x0000000000000010') || \
+    ///      shardRange(object.metadata.namespace, '0x8000000000000000', '0x10000000000000000')"
+    /// );
+    /// ```
     pub fn selector(&self) -> String {
         let mut out = String::new();
         for (i, (start, end)) in self.ranges.iter().enumerate() {
@@ -135,6 +201,13 @@ impl Shard {
     }
 
     /// Whether an object whose key field hashes to `hash` belongs to this shard.
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// let low_half = Shard::new(ShardKey::Uid).range(0, 1 << 63);
+    /// assert!(low_half.contains_hash(0));
+    /// assert!(!low_half.contains_hash(1 << 63)); // ranges end before `end`
+    /// ```
     pub fn contains_hash(&self, hash: u64) -> bool {
         let h = u128::from(hash);
         self.ranges
@@ -144,6 +217,17 @@ impl Shard {
 
     /// Whether an object with this uid and namespace belongs to this shard (a missing
     /// field hashes as the empty string).
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey, fnv1a64};
+    /// let shard = Shard::even(ShardKey::Uid, 0, 2).unwrap();
+    /// let uid = "0b5f3c1e-7d2a-4f7e-9d1b-2f0c3a4b5c6d";
+    /// let hash = fnv1a64(uid.as_bytes());
+    /// assert_eq!(shard.contains(Some(uid), Some("default")), shard.contains_hash(hash));
+    /// // Of the two halves, exactly one keeps the object.
+    /// let other = Shard::even(ShardKey::Uid, 1, 2).unwrap();
+    /// assert_ne!(shard.contains(Some(uid), None), other.contains(Some(uid), None));
+    /// ```
     pub fn contains(&self, uid: Option<&str>, namespace: Option<&str>) -> bool {
         let value = match self.key {
             ShardKey::Uid => uid,
@@ -154,6 +238,15 @@ impl Shard {
 
     /// Whether every hash of `other` is in this shard (same key): a store of this shard
     /// can become one of `other` by dropping objects, without a new list.
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// let half = Shard::even(ShardKey::Uid, 0, 2).unwrap();
+    /// let quarter = Shard::even(ShardKey::Uid, 0, 4).unwrap();
+    /// assert!(half.covers(&quarter)); // narrowing from a half to a quarter prunes, no relist
+    /// assert!(!quarter.covers(&half));
+    /// assert!(!half.covers(&Shard::even(ShardKey::Namespace, 0, 4).unwrap())); // other key
+    /// ```
     pub fn covers(&self, other: &Shard) -> bool {
         self.key == other.key
             && other.ranges.iter().all(|&(start, end)| {
@@ -174,6 +267,12 @@ impl Shard {
 }
 
 /// 64-bit FNV-1a, the hash kube-apiserver's `shardRange` applies to the field's bytes.
+///
+/// ```
+/// use kube_persist::fnv1a64;
+/// assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325); // the FNV-1a 64 offset basis
+/// assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+/// ```
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {

@@ -131,9 +131,24 @@ const ENGINE_FILE: &str = "engine";
 
 impl Engine {
     /// Every engine (both are always built).
+    ///
+    /// ```
+    /// use kube_persist::Engine;
+    /// assert!(Engine::ALL.contains(&Engine::default()));
+    /// for engine in Engine::ALL {
+    ///     assert_eq!(engine.name().parse::<Engine>().unwrap(), engine);
+    /// }
+    /// ```
     pub const ALL: [Engine; 2] = [Engine::Sled, Engine::Redb];
 
     /// The engine's name, as written in a store's `engine` file and accepted by `parse`.
+    ///
+    /// ```
+    /// use kube_persist::Engine;
+    /// assert_eq!(Engine::Redb.name(), "redb");
+    /// assert_eq!(Engine::Sled.name(), "sled");
+    /// assert_eq!(Engine::Sled.to_string(), Engine::Sled.name());
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Engine::Sled => "sled",
