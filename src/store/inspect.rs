@@ -16,13 +16,7 @@ use crate::watcher::Shard;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -80,13 +74,7 @@ type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -167,13 +155,7 @@ impl Db {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -207,13 +189,7 @@ impl Db {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();

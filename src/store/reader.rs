@@ -121,13 +121,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
@@ -149,13 +143,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -253,13 +241,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -279,13 +261,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -306,13 +282,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -337,13 +307,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -380,13 +344,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -475,13 +433,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -503,13 +455,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -531,13 +477,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -575,13 +515,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -602,13 +536,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -635,13 +563,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -672,13 +594,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -704,13 +620,7 @@ where
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -765,13 +675,7 @@ where
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();

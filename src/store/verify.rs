@@ -36,13 +36,7 @@ const LIST_ATTEMPTS: u32 = 3;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -53,7 +47,7 @@ const LIST_ATTEMPTS: u32 = 3;
 /// # watching.abort(); // verify a store nothing writes to
 /// use kube_persist::Difference;
 /// // The store is synced, then web-1 is deleted on the server while no watcher runs.
-/// server.handle().delete(&pods, Some("default"), "web-1");
+/// server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-1");
 /// let report = db.verify("pods", client, 10).await?;
 /// match &report.differences[..] {
 ///     [Difference::Extra { key, .. }] => assert_eq!(key, "default/web-1"),
@@ -113,13 +107,7 @@ impl std::fmt::Display for Difference {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -131,7 +119,7 @@ impl std::fmt::Display for Difference {
 /// use kube_persist::Verdict;
 /// assert_eq!(db.verify("pods", client.clone(), 10).await?.verdict, Verdict::Equal);
 /// // A change on the server that the store has not seen yet: behind, not wrong.
-/// server.handle().delete(&pods, Some("default"), "web-0");
+/// server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-0");
 /// let report = db.verify("pods", client, 10).await?;
 /// assert!(matches!(report.verdict, Verdict::Behind { .. }));
 /// # Ok(()) }
@@ -163,13 +151,7 @@ pub enum Verdict {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -215,13 +197,7 @@ impl Verification {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -230,7 +206,7 @@ impl Verification {
     /// # let watching = tokio::spawn(watcher.run());
     /// # reader.wait_until_ready().await?;
     /// # watching.abort(); // verify a store nothing writes to
-    /// server.handle().delete(&pods, Some("default"), "web-1"); // after the checkpoint
+    /// server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-1"); // after the checkpoint
     /// let report = db.verify("pods", client, 10).await?;
     /// assert_eq!(report.difference_count, 1);
     /// assert!(report.is_ok()); // behind by a newer change is correct

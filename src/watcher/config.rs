@@ -419,13 +419,7 @@ impl Config {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -466,13 +460,7 @@ impl Config {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -489,7 +477,7 @@ impl Config {
     /// reader.wait_until_ready().await?;
     /// let pod = reader.get(&ObjectRef::new("pod-0").within("ns-0"))?.unwrap();
     /// assert!(pod.status.is_none());
-    /// # let on_server = server.handle().get(&pods, Some("ns-0"), "pod-0").unwrap();
+    /// # let on_server = server.handle().get(&kube_persist_testkit::ResourceType::pods(), Some("ns-0"), "pod-0").unwrap();
     /// # assert!(on_server["status"].is_object());
     /// # Ok(()) }
     /// ```
@@ -579,13 +567,7 @@ impl Config {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -632,13 +614,7 @@ impl Config {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -670,13 +646,7 @@ impl Config {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -688,7 +658,7 @@ impl Config {
     /// reader.wait_until_ready().await?;
     /// let pod = reader.get_named(Some("ns-0"), "pod-0")?.unwrap();
     /// assert!(pod.metadata.managed_fields.is_none());
-    /// # let on_server = server.handle().get(&pods, Some("ns-0"), "pod-0").unwrap();
+    /// # let on_server = server.handle().get(&kube_persist_testkit::ResourceType::pods(), Some("ns-0"), "pod-0").unwrap();
     /// # assert!(on_server["metadata"]["managedFields"].is_array());
     /// # Ok(()) }
     /// ```

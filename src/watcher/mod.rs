@@ -38,13 +38,7 @@ use crate::{Reader, store};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -110,13 +104,7 @@ pub type Pair<K> = (Reader<K>, Watcher<K>);
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::start().await;
-/// # let pods = kube_persist_testkit::ResourceType::pods();
-/// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-/// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-/// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-/// #     server.handle().apply(&pods, pod);
-/// # }
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
 /// # let dir = tempfile::tempdir()?;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
@@ -162,13 +150,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -183,7 +165,7 @@ where
     ///     }
     /// }
     /// // A change on the server: one event, once it is on disk.
-    /// server.handle().delete(&pods, Some("default"), "web-0");
+    /// server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-0");
     /// match events.next().await.transpose()? {
     ///     Some(Event::Delete(pod)) => assert_eq!(pod.metadata.name.as_deref(), Some("web-0")),
     ///     other => panic!("expected a deletion, got {other:?}"),
@@ -218,13 +200,7 @@ where
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -310,13 +286,7 @@ impl Db {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
@@ -386,13 +356,7 @@ impl Db {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::start().await;
-    /// # let pods = kube_persist_testkit::ResourceType::pods();
-    /// # for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
-    /// #     let pod = serde_json::json!({"metadata": {"name": name, "namespace": "default",
-    /// #         "labels": {"app": "web"}}, "spec": {"nodeName": node, "containers": []}});
-    /// #     server.handle().apply(&pods, pod);
-    /// # }
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();

@@ -211,6 +211,24 @@ impl TestServer {
         Self::start_with(ServerOptions::default()).await
     }
 
+    /// Starts a server holding two Pods, `default/web-0` on `node-1` and `default/web-1`
+    /// on `node-2`, both labeled `app=web`: the fixture of kube-persist's doc examples.
+    ///
+    /// # Panics
+    /// As [`TestServer::start`].
+    pub async fn with_web_pods() -> TestServer {
+        let server = Self::start().await;
+        let pods = ResourceType::pods();
+        for (name, node) in [("web-0", "node-1"), ("web-1", "node-2")] {
+            let pod = serde_json::json!({
+                "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"nodeName": node, "containers": []},
+            });
+            server.handle().apply(&pods, pod);
+        }
+        server
+    }
+
     /// Starts a server with the given options.
     ///
     /// # Panics
