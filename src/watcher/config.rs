@@ -270,8 +270,11 @@ impl Config {
         self
     }
 
-    /// Delay range of the jittered exponential backoff (default 800 ms to 30 s). `min` is
-    /// at least 1 ms; `max` at least `min`.
+    /// Delays of the jittered exponential backoff before a retry (default 800 ms and 30 s,
+    /// as kube-runtime's `DefaultBackoff`): the n-th retry in a row waits `min * 2^n`,
+    /// capped at `max`, plus a random jitter of up to that much again (so within
+    /// `[min, 2 * max)`), as kube-runtime's watcher backoff does. `min` is at least 1 ms;
+    /// `max` at least `min`.
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min.max(Duration::from_millis(1));
         self.max_backoff = max.max(self.min_backoff);
