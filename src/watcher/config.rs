@@ -129,6 +129,11 @@ impl Config {
         self.max_object_bytes
     }
 
+    /// The longest watch line read: the largest object plus room for its event envelope.
+    pub(crate) fn max_line_bytes(&self) -> usize {
+        self.max_object_bytes.saturating_add(4096)
+    }
+
     /// Whether only keys, uids and resourceVersions are stored.
     pub fn get_keys_only(&self) -> bool {
         self.keys_only
