@@ -42,13 +42,9 @@ impl EncryptionKey {
         let bad = || {
             Error::Config("an encryption key must be 64 hexadecimal characters (32 bytes)".into())
         };
-        if text.len() != 64 || !text.is_ascii() {
-            return Err(bad());
-        }
         let mut key = [0u8; 32];
-        for (i, byte) in key.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        // Any length but 64 characters, or a non-hex character, is an error.
+        hex::decode_to_slice(text, &mut key).map_err(|_| bad())?;
         Ok(EncryptionKey(key))
     }
 
@@ -75,10 +71,7 @@ impl EncryptionKey {
         let mut h = Sha256::new();
         h.update(b"kube-persist key fingerprint v1\0");
         h.update(self.0);
-        h.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex::encode(&h.finalize()[..8])
     }
 
     pub(crate) fn cipher(&self) -> Cipher {
@@ -132,5 +125,28 @@ mod tests {
         let other = EncryptionKey::from_bytes([8; 32]).cipher();
         assert!(other.open(&sealed, b"key1").is_none(), "wrong key detected");
         assert_ne!(c.seal(b"secret", b"key1"), sealed, "fresh nonce per record");
+    }
+
+    #[test]
+    fn hex_keys() {
+        let key = |s: &str| EncryptionKey::from_hex(s).map(|k| k.0);
+        assert_eq!(key(&"0a".repeat(32)).unwrap(), [10; 32]);
+        assert_eq!(key(&format!(" {}\n", "Ff".repeat(32))).unwrap(), [255; 32]);
+        for bad in [
+            "",
+            "0a",
+            &"0a".repeat(31),
+            &"0a".repeat(33),
+            &"g0".repeat(32),
+        ] {
+            assert!(key(bad).is_err(), "{bad:?}");
+        }
+        assert!(key(&format!("{}é", "0a".repeat(31))).is_err(), "not ASCII");
+        let fp = EncryptionKey::from_bytes([7; 32]).fingerprint();
+        assert_eq!(fp.len(), 16);
+        assert!(
+            fp.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
     }
 }
