@@ -98,7 +98,8 @@ fn take_key(args: &mut Vec<String>) -> Result<Option<EncryptionKey>, String> {
             .map_err(|e| e.to_string());
     }
     match std::env::var("KUBE_PERSIST_KEY") {
-        Ok(hex) => EncryptionKey::from_hex(&hex)
+        // The variable's value is wiped once parsed.
+        Ok(hex) => EncryptionKey::from_hex(&zeroize::Zeroizing::new(hex))
             .map(Some)
             .map_err(|e| format!("KUBE_PERSIST_KEY: {e}")),
         Err(_) => Ok(None),
