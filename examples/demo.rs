@@ -19,40 +19,23 @@ mod support;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+use clap::Parser;
 use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_server};
 
+/// The kube-persist demo, no cluster needed: syncs N Pods from a local API server
+/// (testkit-server) into a store, restarts warm (no LIST), and compares with kube-runtime's
+/// in-memory reflector.
+#[derive(Parser)]
 struct Args {
+    /// Pods served by the local API server.
+    #[arg(long, default_value_t = 50_000)]
     pods: usize,
+    /// Store directory (default: a temporary one).
+    #[arg(long)]
     dir: Option<PathBuf>,
-    /// `--engine`, if given.
+    /// Storage engine (default: the one recorded in --dir, else redb).
+    #[arg(long, value_name = "sled|redb")]
     engine: Option<kube_persist::Engine>,
-}
-
-const USAGE: &str = "usage: demo [--pods N] [--dir DIR] [--engine sled|redb]";
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        pods: 50_000,
-        dir: None,
-        engine: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--pods" => {
-                let v = it.next().ok_or("--pods needs a number")?;
-                args.pods = v.parse().map_err(|e| format!("--pods {v:?}: {e}"))?;
-            }
-            "--dir" => args.dir = Some(PathBuf::from(it.next().ok_or("--dir needs a path")?)),
-            "--engine" => {
-                let v = it.next().ok_or("--engine needs sled or redb")?;
-                args.engine = Some(v.parse().map_err(|e| format!("--engine: {e}"))?);
-            }
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
-        }
-    }
-    Ok(args)
 }
 
 /// Runs a client, showing its progress (a bar on a terminal, plain lines otherwise).
@@ -114,21 +97,15 @@ fn main() -> std::process::ExitCode {
     if support::client_main() {
         return std::process::ExitCode::SUCCESS;
     }
+    let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    rt.block_on(demo())
+    rt.block_on(demo(args))
 }
 
-async fn demo() -> std::process::ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+async fn demo(args: Args) -> std::process::ExitCode {
     let n = args.pods;
     println!(
         "kube-persist demo: {n} Pods served by testkit-server (a local Kubernetes API server)"

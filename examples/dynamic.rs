@@ -7,9 +7,30 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_persist::{Config, Db};
+
+/// Cache a custom resource (any kind) of the cluster your kubeconfig points at on disk.
+#[derive(Parser)]
+struct Args {
+    /// Store directory.
+    #[arg(long)]
+    dir: String,
+    /// API group, e.g. example.com.
+    #[arg(long)]
+    group: String,
+    /// API version, e.g. v1.
+    #[arg(long)]
+    version: String,
+    /// Kind, e.g. Widget.
+    #[arg(long)]
+    kind: String,
+    /// Plural resource name, e.g. widgets.
+    #[arg(long)]
+    plural: String,
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,24 +40,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .unwrap_or_else(|_| "kube_persist=info".into()),
         )
         .init();
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let usage = "usage: dynamic --dir DIR --group G --version V --kind K --plural P";
-    let (dir, group, version, kind, plural) = match (
-        flag("--dir"),
-        flag("--group"),
-        flag("--version"),
-        flag("--kind"),
-        flag("--plural"),
-    ) {
-        (Some(d), Some(g), Some(v), Some(k), Some(p)) => (d, g, v, k, p),
-        _ => return Err(usage.into()),
-    };
+    let Args {
+        dir,
+        group,
+        version,
+        kind,
+        plural,
+    } = Args::parse();
     let gvk = GroupVersionKind::gvk(&group, &version, &kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
     let api = Api::<DynamicObject>::all_with(Client::try_default().await?, &ar);

@@ -18,11 +18,13 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
@@ -127,13 +129,36 @@ struct Report {
     list_calls: u64,
 }
 
-fn flag(args: &[String], name: &str) -> Option<String> {
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
+/// An example operator that labels every Pod with its owner. Without --cluster, it compares
+/// kube-persist's Controller with kube-runtime's on a local API server (testkit-server):
+/// a cold start, then a restart after --new Pods appeared.
+#[derive(Parser)]
+struct Args {
+    /// Pods on the local API server.
+    #[arg(long, default_value_t = 20_000)]
+    pods: usize,
+    /// Pods created before the restart.
+    #[arg(long, default_value_t = 500)]
+    new: usize,
+    /// Run the persistent operator against the cluster of your kubeconfig until Ctrl-C.
+    #[arg(long)]
+    cluster: bool,
+    /// Store directory (with --cluster; default /tmp/kube-persist-operator).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Internal: run one measured operator process (persist or runtime) and report.
+    #[arg(long, hide = true, value_parser = ["persist", "runtime"], requires_all = ["url", "expect", "dir"])]
+    role: Option<String>,
+    /// Internal: the API server of a measured process.
+    #[arg(long, hide = true)]
+    url: Option<String>,
+    /// Internal: how many Pods a measured process waits for.
+    #[arg(long, hide = true)]
+    expect: Option<usize>,
 }
 
 fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().collect();
+    let args = Args::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -144,28 +169,24 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    if let Some(role) = flag(&args, "--role") {
-        let report = rt.block_on(child(&role, &args));
+    if let (Some(role), Some(url), Some(expect), Some(dir)) =
+        (&args.role, &args.url, args.expect, &args.dir)
+    {
+        let report = rt.block_on(child(role, url, expect, dir));
         println!(
             "operator-result {}",
             serde_json::to_string(&report).unwrap()
         );
         return std::process::ExitCode::SUCCESS;
     }
-    if args.iter().any(|a| a == "--cluster") {
-        return rt.block_on(cluster(flag(&args, "--dir")));
+    if args.cluster {
+        return rt.block_on(cluster(args.dir));
     }
-    let pods = flag(&args, "--pods")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
-    let new = flag(&args, "--new")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    rt.block_on(compare(pods, new))
+    rt.block_on(compare(args.pods, args.new))
 }
 
 /// Runs the persistent operator against a real cluster until Ctrl-C.
-async fn cluster(dir: Option<String>) -> std::process::ExitCode {
+async fn cluster(dir: Option<PathBuf>) -> std::process::ExitCode {
     let dir = dir.unwrap_or_else(|| "/tmp/kube-persist-operator".into());
     let client = match Client::try_default().await {
         Ok(c) => c,
@@ -192,17 +213,13 @@ async fn cluster(dir: Option<String>) -> std::process::ExitCode {
 
 /// A measured operator process: runs until every Pod in its cache carries the right label
 /// and `--expect N` Pods are cached, then reports.
-async fn child(role: &str, args: &[String]) -> Report {
+async fn child(role: &str, url: &str, expect: usize, dir: &Path) -> Report {
     let start = Instant::now();
-    let url = flag(args, "--url").expect("--url");
-    let expect: usize = flag(args, "--expect")
-        .and_then(|v| v.parse().ok())
-        .expect("--expect");
-    let client = kube_persist_testkit::client_for(&url, None);
+    let client = kube_persist_testkit::client_for(url, None);
     let ctx = Ctx::new(client.clone());
     match role {
         "persist" => {
-            let db = kube_persist::Db::open(flag(args, "--dir").expect("--dir")).expect("open");
+            let db = kube_persist::Db::open(dir).expect("open");
             let controller = persistent_controller(&db, client).expect("open the pods stream");
             let reader = controller.reader();
             let run = controller.run(reconcile, error_policy, ctx.clone());
@@ -268,7 +285,7 @@ async fn until_converged(ctx: &Ctx, mut check: impl FnMut() -> bool) {
 }
 
 /// Runs one measured operator process and returns its report.
-fn run_child(role: &str, url: &str, dir: &std::path::Path, expect: usize) -> Report {
+fn run_child(role: &str, url: &str, dir: &Path, expect: usize) -> Report {
     let out = Command::new(std::env::current_exe().expect("current exe"))
         .args([
             "--role",
@@ -298,13 +315,7 @@ fn run_child(role: &str, url: &str, dir: &std::path::Path, expect: usize) -> Rep
     report.unwrap_or_else(|| panic!("{role} operator printed no result"))
 }
 
-async fn measured(
-    url: &str,
-    role: &str,
-    dir: &std::path::Path,
-    expect: usize,
-    label: &str,
-) -> Report {
+async fn measured(url: &str, role: &str, dir: &Path, expect: usize, label: &str) -> Report {
     support::admin(url, "POST", "/testkit/reset-counts").await;
     let mut r = tokio::task::block_in_place(|| run_child(role, url, dir, expect));
     r.list_calls = support::list_calls(url).await;

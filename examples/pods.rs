@@ -12,11 +12,29 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use kube_persist::{Config, Db, DbConfig, Engine, Event};
+
+/// Cache every Pod of the cluster your kubeconfig points at on disk, and look them up.
+#[derive(Parser)]
+struct Args {
+    /// Store directory; a second run resumes from its checkpoint without listing.
+    #[arg(long)]
+    dir: String,
+    /// Only this namespace's Pods (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Print this Pod's phase and node every 10 s (default: the store's stats).
+    #[arg(long, value_name = "NS/NAME")]
+    lookup: Option<String>,
+    /// Storage engine (default: the one recorded in --dir, else redb).
+    #[arg(long, value_name = "sled|redb")]
+    engine: Option<Engine>,
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,22 +44,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .unwrap_or_else(|_| "kube_persist=info".into()),
         )
         .init();
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let dir = flag("--dir")
-        .ok_or("usage: pods --dir DIR [--namespace NS] [--lookup NS/NAME] [--engine sled|redb]")?;
+    let Args {
+        dir,
+        namespace,
+        lookup: target,
+        engine,
+    } = Args::parse();
     let mut db_config = DbConfig::default();
-    if let Some(engine) = flag("--engine") {
-        db_config = db_config.engine(engine.parse::<Engine>()?);
+    if let Some(engine) = engine {
+        db_config = db_config.engine(engine);
     }
 
     let client = Client::try_default().await?;
-    let api: Api<Pod> = match flag("--namespace") {
+    let api: Api<Pod> = match namespace {
         Some(ns) => Api::namespaced(client, &ns),
         None => Api::all(client),
     };
@@ -82,7 +97,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         dir,
         started.elapsed().as_secs_f64()
     );
-    let target = flag("--lookup");
     loop {
         if let Some((ns, name)) = target.as_deref().and_then(|t| t.split_once('/')) {
             match reader.get(&ObjectRef::new(name).within(ns))? {

@@ -6,13 +6,16 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use crate::error::{Error, Result};
 
 const NONCE_LEN: usize = 24;
 
 /// A 256-bit key for encrypting stored objects. Never written to disk; the store records
-/// only a fingerprint to recognise it.
+/// only a fingerprint to recognise it. Its bytes live in one heap allocation, which is
+/// overwritten with zeros when the key (or a clone) is dropped; the hex text read by
+/// [`EncryptionKey::from_file`] and [`EncryptionKey::from_env`] is wiped as well.
 ///
 /// ```
 /// use kube_persist::EncryptionKey;
@@ -21,7 +24,11 @@ const NONCE_LEN: usize = 24;
 /// assert!(EncryptionKey::from_hex("too short").is_err());
 /// ```
 #[derive(Clone)]
-pub struct EncryptionKey([u8; 32]);
+pub struct EncryptionKey(Box<Zeroizing<[u8; 32]>>);
+
+/// Dropping the `Box` drops the `Zeroizing` in place, which zeroes the bytes before the
+/// allocation is freed. Boxed, the bytes are not copied when the key moves.
+impl ZeroizeOnDrop for EncryptionKey {}
 
 impl std::fmt::Debug for EncryptionKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,7 +37,8 @@ impl std::fmt::Debug for EncryptionKey {
 }
 
 impl EncryptionKey {
-    /// A key from 32 raw bytes.
+    /// A key from 32 raw bytes (this function's copy of them is wiped; the caller's array
+    /// is the caller's to wipe).
     ///
     /// ```
     /// use kube_persist::EncryptionKey;
@@ -39,8 +47,16 @@ impl EncryptionKey {
     /// let hex = EncryptionKey::from_hex(&"11".repeat(32)).unwrap();
     /// assert_eq!(key.fingerprint(), hex.fingerprint());
     /// ```
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        EncryptionKey(bytes)
+    pub fn from_bytes(mut bytes: [u8; 32]) -> Self {
+        let mut key = Self::zeros();
+        key.0.copy_from_slice(&bytes);
+        bytes.zeroize();
+        key
+    }
+
+    /// An all-zero key to fill in place.
+    fn zeros() -> Self {
+        EncryptionKey(Box::new(Zeroizing::new([0; 32])))
     }
 
     /// A key from 64 hexadecimal characters (surrounding whitespace is ignored), e.g. the
@@ -59,14 +75,11 @@ impl EncryptionKey {
         let bad = || {
             Error::Config("an encryption key must be 64 hexadecimal characters (32 bytes)".into())
         };
-        if text.len() != 64 || !text.is_ascii() {
-            return Err(bad());
-        }
-        let mut key = [0u8; 32];
-        for (i, byte) in key.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(EncryptionKey(key))
+        let mut key = Self::zeros();
+        // Straight into the key's allocation. Any length but 64 characters, or a non-hex
+        // character, is an error.
+        hex::decode_to_slice(text, &mut key.0[..]).map_err(|_| bad())?;
+        Ok(key)
     }
 
     /// Read a hex key from a file (e.g. a mounted Secret).
@@ -82,10 +95,10 @@ impl EncryptionKey {
     /// ```
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        })?);
         Self::from_hex(&text)
     }
 
@@ -98,8 +111,10 @@ impl EncryptionKey {
     /// assert!(err.to_string().contains("KUBE_PERSIST_DOC_UNSET_KEY"));
     /// ```
     pub fn from_env(var: &str) -> Result<Self> {
-        let text = std::env::var(var)
-            .map_err(|_| Error::Config(format!("environment variable {var} is not set")))?;
+        let text = Zeroizing::new(
+            std::env::var(var)
+                .map_err(|_| Error::Config(format!("environment variable {var} is not set")))?,
+        );
         Self::from_hex(&text)
     }
 
@@ -116,15 +131,13 @@ impl EncryptionKey {
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
         h.update(b"kube-persist key fingerprint v1\0");
-        h.update(self.0);
-        h.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        h.update(&self.0[..]);
+        hex::encode(&h.finalize()[..8])
     }
 
     pub(crate) fn cipher(&self) -> Cipher {
-        Cipher(XChaCha20Poly1305::new((&self.0).into()))
+        // The cipher keeps its own copy of the key, which it zeroes on drop.
+        Cipher(XChaCha20Poly1305::new((&**self.0).into()))
     }
 }
 
@@ -174,5 +187,47 @@ mod tests {
         let other = EncryptionKey::from_bytes([8; 32]).cipher();
         assert!(other.open(&sealed, b"key1").is_none(), "wrong key detected");
         assert_ne!(c.seal(b"secret", b"key1"), sealed, "fresh nonce per record");
+    }
+
+    #[test]
+    fn hex_keys() {
+        let key = |s: &str| EncryptionKey::from_hex(s).map(|k| **k.0);
+        assert_eq!(key(&"0a".repeat(32)).unwrap(), [10; 32]);
+        assert_eq!(key(&format!(" {}\n", "Ff".repeat(32))).unwrap(), [255; 32]);
+        for bad in [
+            "",
+            "0a",
+            &"0a".repeat(31),
+            &"0a".repeat(33),
+            &"g0".repeat(32),
+        ] {
+            assert!(key(bad).is_err(), "{bad:?}");
+        }
+        assert!(key(&format!("{}é", "0a".repeat(31))).is_err(), "not ASCII");
+        let fp = EncryptionKey::from_bytes([7; 32]).fingerprint();
+        assert_eq!(fp.len(), 16);
+        assert!(
+            fp.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+    }
+
+    #[test]
+    fn key_bytes_are_zeroed_on_drop() {
+        let key = EncryptionKey::from_hex(&"ab".repeat(32)).unwrap();
+        assert_eq!(**key.0, [0xab; 32]);
+        let copy = EncryptionKey::from_bytes(**key.0);
+        assert_eq!(copy.fingerprint(), key.fingerprint());
+        // Run exactly what dropping the key runs on its allocation (the `Zeroizing`'s
+        // drop), but keep the allocation (leaked) so its bytes can still be read.
+        let bytes: *mut Zeroizing<[u8; 32]> = Box::into_raw(key.0);
+        // SAFETY: `bytes` comes from `Box::into_raw` and is never freed, so it stays valid
+        // after its value is dropped in place; `Zeroizing` is `repr(transparent)` over
+        // `[u8; 32]`, whose every bit pattern is valid, and its drop wrote all 32 bytes.
+        let after = unsafe {
+            std::ptr::drop_in_place(bytes);
+            *(bytes as *const [u8; 32])
+        };
+        assert_eq!(after, [0; 32]);
     }
 }

@@ -283,7 +283,7 @@ async fn streaming_retry(mode: Mode) -> usize {
     h.faults().error_watch_after(PODS / 2);
     let config = cfg(true).backoff(Duration::from_millis(800), Duration::from_secs(2));
     let (_db, reader, mut w) = open(&server, dir.path(), config);
-    // The first attempt ends in an ERROR event; the retry waits a backoff of >= 400 ms.
+    // The first attempt ends in an ERROR event; the retry waits a backoff of >= 800 ms.
     let evs = w.until(|e| matches!(e, Ev::Error(_))).await;
     let received: Vec<String> = evs
         .iter()

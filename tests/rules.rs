@@ -139,7 +139,8 @@ async fn backoff_resets_after_a_healthy_watch() {
         .unwrap();
     let mut w = drive(watcher);
     w.until(|e| *e == Ev::InitDone).await;
-    // Five failed reconnects: the backoff grows to 50 ms * 2^5 = 1.6 s (x0.5..1.5).
+    // Five failed reconnects: the backoff grows to 50 ms * 2^5 = 1.6 s (plus up to
+    // as much again of jitter).
     h.faults().fail_next(Verb::Watch, 500, 5);
     h.faults().close_watches();
     for _ in 0..5 {
@@ -151,7 +152,7 @@ async fn backoff_resets_after_a_healthy_watch() {
     o["metadata"]["labels"]["round"] = "1".into();
     h.apply(&rt, o.clone());
     w.until(|e| matches!(e, Ev::Apply(_))).await;
-    // One more failure: the retry comes after ~50 ms, not ~1.6 s.
+    // One more failure: the retry comes after 50..100 ms, not 1.6..3.2 s.
     h.faults().fail_next(Verb::Watch, 500, 1);
     let start = Instant::now();
     h.faults().close_watches();

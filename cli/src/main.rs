@@ -205,11 +205,12 @@ fn key(file: Option<&Path>) -> Result<Option<EncryptionKey>, Failure> {
     if let Some(path) = file {
         return Ok(Some(EncryptionKey::from_file(path)?));
     }
-    match std::env::var("KUBE_PERSIST_KEY") {
-        Ok(hex) => EncryptionKey::from_hex(&hex)
+    match std::env::var_os("KUBE_PERSIST_KEY") {
+        // from_env wipes its copy of the variable's value once parsed.
+        Some(_) => EncryptionKey::from_env("KUBE_PERSIST_KEY")
             .map(Some)
             .map_err(|e| Failure::Error(format!("KUBE_PERSIST_KEY: {e}"))),
-        Err(_) => Ok(None),
+        None => Ok(None),
     }
 }
 

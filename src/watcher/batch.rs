@@ -174,10 +174,11 @@ impl Ingest {
         while let Some(line) = lines.next() {
             let bytes = match line {
                 Line::Data(b) => b,
-                Line::TooLong { bytes } => {
+                Line::TooLong => {
                     let why = format!(
-                        "watch event of {bytes} bytes exceeds max_object_bytes {}",
-                        self.cfg.max_object_bytes
+                        "watch event exceeds max_object_bytes {} (longer than {} bytes)",
+                        self.cfg.max_object_bytes,
+                        self.cfg.max_line_bytes()
                     );
                     self.bad(&BadObject::anonymous(String::new(), why.clone()));
                     if !initial {

@@ -188,6 +188,11 @@ impl Config {
         self.max_object_bytes
     }
 
+    /// The longest watch line read: the largest object plus room for its event envelope.
+    pub(crate) fn max_line_bytes(&self) -> usize {
+        self.max_object_bytes.saturating_add(4096)
+    }
+
     /// Whether only keys, uids and resourceVersions are stored.
     ///
     /// ```
@@ -398,8 +403,11 @@ impl Config {
         self
     }
 
-    /// Delay range of the jittered exponential backoff (default 800 ms to 30 s). `min` is
-    /// at least 1 ms; `max` at least `min`.
+    /// Delays of the jittered exponential backoff before a retry (default 800 ms and 30 s,
+    /// as kube-runtime's `DefaultBackoff`): the n-th retry in a row waits `min * 2^n`,
+    /// capped at `max`, plus a random jitter of up to that much again (so within
+    /// `[min, 2 * max)`), as kube-runtime's watcher backoff does. `min` is at least 1 ms;
+    /// `max` at least `min`.
     ///
     /// ```
     /// use std::time::Duration;

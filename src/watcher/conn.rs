@@ -4,9 +4,12 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::{AsyncBufRead, AsyncBufReadExt, FutureExt, Stream, StreamExt};
+use bytes::{Bytes, BytesMut};
+use futures::{AsyncBufRead, FutureExt, Stream, StreamExt};
 use kube::core::Request;
 use kube::core::params::WatchParams;
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
+use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::config::Config;
 use crate::error::{Error, Result};
@@ -14,61 +17,60 @@ use crate::error::{Error, Result};
 /// One line of a watch response.
 #[derive(Debug)]
 pub(crate) enum Line {
-    /// A complete line (without its length checked against anything else).
-    Data(Vec<u8>),
-    /// A line longer than the limit: its bytes were skipped while reading, never buffered.
-    TooLong { bytes: usize },
+    /// A complete line, without its newline (and without its length checked against
+    /// anything else).
+    Data(Bytes),
+    /// A line longer than the limit, reported as soon as it passes the limit: its bytes are
+    /// dropped as they arrive, never buffered.
+    TooLong,
 }
 
 type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Line>> + Send>>;
 
-/// Split a body into lines of at most `max` bytes. A longer line is consumed and dropped
-/// as it arrives (memory stays bounded by `max`) and reported as [`Line::TooLong`]. Lines
-/// are bytes: one that is not UTF-8 does not break the stream.
+/// Split a body into lines of at most `max` bytes with tokio-util's codec machinery
+/// (`FramedRead`, `AnyDelimiterCodec`). A longer line is reported as [`Line::TooLong`] and
+/// consumed and dropped as it arrives (memory stays bounded by `max`). Lines are bytes, not
+/// `LinesCodec`'s `String`: a line that is not UTF-8 must not end the stream (the store still
+/// identifies the object in it and refuses it, see `Ingest::lines`), and the JSON parsers
+/// take bytes anyway.
 fn bounded_lines(body: impl AsyncBufRead + Send + 'static, max: usize) -> Lines {
-    Box::pin(futures::stream::unfold(
-        Box::pin(body),
-        move |mut body| async move {
-            let mut line = Vec::new();
-            let mut skipped = 0usize;
-            loop {
-                let buf = match body.fill_buf().await {
-                    Ok(b) => b,
-                    Err(e) => return Some((Err(e), body)),
-                };
-                if buf.is_empty() {
-                    // End of stream: a last line without newline still counts.
-                    return match (line.is_empty(), skipped) {
-                        (true, 0) => None,
-                        (_, 0) => Some((Ok(Line::Data(line)), body)),
-                        (_, n) => Some((Ok(Line::TooLong { bytes: n }), body)),
-                    };
-                }
-                let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
-                    Some(i) => (&buf[..=i], true),
-                    None => (buf, false),
-                };
-                let n = chunk.len();
-                if skipped > 0 || line.len() + n > max {
-                    skipped += line.len() + n;
-                    line = Vec::new();
-                } else {
-                    line.extend_from_slice(chunk);
-                }
-                body.as_mut().consume(n);
-                if done {
-                    return Some((
-                        Ok(if skipped > 0 {
-                            Line::TooLong { bytes: skipped }
-                        } else {
-                            Line::Data(line)
-                        }),
-                        body,
-                    ));
-                }
-            }
-        },
-    ))
+    let codec = LineCodec(AnyDelimiterCodec::new_with_max_length(
+        b"\n".to_vec(),
+        Vec::new(),
+        max,
+    ));
+    Box::pin(FramedRead::new(Box::pin(body).compat(), codec))
+}
+
+/// `AnyDelimiterCodec` with its "line too long" error turned into an item: the codec then
+/// skips to the next newline, and the stream goes on (`FramedRead` ends a stream after a
+/// decoder error).
+struct LineCodec(AnyDelimiterCodec);
+
+impl LineCodec {
+    fn lift(
+        decoded: std::result::Result<Option<Bytes>, AnyDelimiterCodecError>,
+    ) -> std::io::Result<Option<Line>> {
+        match decoded {
+            Ok(line) => Ok(line.map(Line::Data)),
+            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => Ok(Some(Line::TooLong)),
+            Err(AnyDelimiterCodecError::Io(e)) => Err(e),
+        }
+    }
+}
+
+impl Decoder for LineCodec {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        Self::lift(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        // A last line without newline still counts.
+        Self::lift(self.0.decode_eof(buf))
+    }
 }
 
 /// A burst of lines read from a connection.
@@ -86,6 +88,9 @@ pub(crate) struct WatchConn {
     lines: Lines,
     /// Lines of a burst whose read was cancelled (see [`WatchConn::burst`]).
     pending: Vec<Line>,
+    /// A read error that came after complete lines: those are applied first, and the next
+    /// burst reports it (`FramedRead` reports an error once, then ends the stream).
+    broken: Option<std::io::Error>,
 }
 
 impl std::fmt::Debug for WatchConn {
@@ -151,8 +156,9 @@ impl WatchConn {
             Ok(body) => {
                 tracing::debug!(resource_version, initial, "watch connected");
                 Ok(WatchConn {
-                    lines: bounded_lines(body, cfg.max_object_bytes.saturating_add(4096)),
+                    lines: bounded_lines(body, cfg.max_line_bytes()),
                     pending: Vec::new(),
+                    broken: None,
                 })
             }
             Err(source) => {
@@ -191,6 +197,9 @@ impl WatchConn {
     ) -> Result<Burst> {
         let mut ended = false;
         if self.pending.is_empty() {
+            if let Some(e) = self.broken.take() {
+                return Err(broke(e));
+            }
             let first = match idle {
                 Some(d) => match tokio::time::timeout(d, self.lines.next()).await {
                     Ok(l) => l,
@@ -222,8 +231,11 @@ impl WatchConn {
             match next {
                 Some(Ok(l)) => self.pending.push(l),
                 None => ended = true,
-                // An error after complete lines: apply those first; the next read reports it.
-                Some(Err(_)) => break,
+                // An error after complete lines: apply those first; the next burst reports it.
+                Some(Err(e)) => {
+                    self.broken = Some(e);
+                    break;
+                }
             }
         }
         Ok(Burst {
@@ -289,8 +301,8 @@ mod tests {
         futures::executor::block_on(
             bounded_lines(body, max)
                 .map(|l| match l.unwrap() {
-                    Line::Data(d) => String::from_utf8(d).unwrap(),
-                    Line::TooLong { bytes } => format!("<{bytes}>"),
+                    Line::Data(d) => String::from_utf8(d.to_vec()).unwrap(),
+                    Line::TooLong => "<too long>".into(),
                 })
                 .collect(),
         )
@@ -298,9 +310,48 @@ mod tests {
 
     #[test]
     fn long_lines_are_skipped_while_reading() {
-        assert_eq!(lines(b"ab\ncd\n", 10), ["ab\n", "cd\n"]);
-        assert_eq!(lines(b"ab\n0123456789abc\ncd", 10), ["ab\n", "<14>", "cd"]);
-        assert_eq!(lines(b"0123456789abc", 10), ["<13>"]);
+        assert_eq!(lines(b"ab\ncd\n", 10), ["ab", "cd"]);
+        assert_eq!(
+            lines(b"ab\n0123456789abc\ncd", 10),
+            ["ab", "<too long>", "cd"]
+        );
+        assert_eq!(lines(b"0123456789abc", 10), ["<too long>"]);
+        assert_eq!(lines(b"0123456789\n", 10), ["0123456789"]);
         assert!(lines(b"", 10).is_empty());
+    }
+
+    /// A body that delivers one byte per read: the codec sees every split of a line.
+    struct Trickle(Vec<u8>, usize);
+
+    impl futures::AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut [u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = usize::from(self.1 < self.0.len() && !buf.is_empty());
+            if n == 1 {
+                buf[0] = self.0[self.1];
+                self.1 += 1;
+            }
+            std::task::Poll::Ready(Ok(n))
+        }
+    }
+
+    #[test]
+    fn a_line_far_over_the_limit_arriving_in_pieces_is_one_too_long_item() {
+        let mut input = b"ab\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 1000));
+        input.extend_from_slice(b"\n\xffcd\n");
+        let body = futures::io::BufReader::with_capacity(1, Trickle(input, 0));
+        let got: Vec<String> = futures::executor::block_on(
+            bounded_lines(body, 10)
+                .map(|l| match l.unwrap() {
+                    Line::Data(d) => String::from_utf8_lossy(&d).into_owned(),
+                    Line::TooLong => "<too long>".into(),
+                })
+                .collect(),
+        );
+        assert_eq!(got, ["ab", "<too long>", "\u{FFFD}cd"]);
     }
 }

@@ -233,12 +233,7 @@ pub(crate) fn new_uid() -> String {
 
 /// Formats 16 bytes as a UUID string.
 pub(crate) fn uuid_string(b: &[u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut h = String::with_capacity(32);
-    for x in b {
-        h.push(HEX[usize::from(x >> 4)] as char);
-        h.push(HEX[usize::from(x & 15)] as char);
-    }
+    let h = hex::encode(b);
     format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],
