@@ -530,4 +530,143 @@ async fn restart_reconciles_exactly_what_changed_or_fell_due(engine: Engine) {
     }
 }
 
-engine_tests!(async: restart_reconciles_exactly_what_changed_or_fell_due);
+fn deployment(name: &str, replicas: i32) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "app"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}}}
+    })
+}
+
+/// Runs a durable Deployment controller in this process until it reconciled every name of
+/// `wanted`; then creates Deployment `last` (reconciled after anything scheduled before it,
+/// one reconcile at a time) and stops gracefully once that is reconciled. Returns the names
+/// reconciled before `last`, sorted.
+async fn run_until(
+    db: &kube_persist::Db,
+    h: &ServerHandle,
+    client: kube::Client,
+    generation_filter: bool,
+    wanted: &[&str],
+    last: &str,
+) -> Vec<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(Mutex::new(Some(tx)));
+    let controller = Controller::for_store(
+        db,
+        "deployments",
+        Api::<Deployment>::namespaced(client, "app"),
+        kube_persist::Config::default(),
+        Config::default()
+            .concurrency(1)
+            .skip_unchanged_generation(generation_filter),
+    )
+    .unwrap()
+    .durable_state(db, "deployer")
+    .unwrap()
+    .graceful_shutdown_on(async move {
+        let _ = rx.await;
+    });
+    let sink = seen.clone();
+    let wanted: Vec<String> = wanted.iter().map(|w| w.to_string()).collect();
+    let (h, last_name) = (h.clone(), last.to_string());
+    controller
+        .run(
+            move |d: Arc<Deployment>, _ctx: Arc<()>| {
+                let name = d.metadata.name.clone().unwrap_or_default();
+                let mut seen = sink.lock().unwrap();
+                seen.push(name.clone());
+                if name == last_name {
+                    if let Some(tx) = tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                } else if wanted.iter().all(|w| seen.contains(w)) {
+                    h.apply(&ResourceType::deployments(), deployment(&last_name, 1));
+                }
+                async { Ok::<_, MirrorError>(Action::await_change()) }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        )
+        .for_each(|_| async {})
+        .await;
+    let mut seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.pop().as_deref(), Some(last));
+    seen.sort();
+    seen
+}
+
+/// Brings the Deployments stream on disk up to the server (its watcher alone, no
+/// controller): a restarted controller then finds the changes in the store, not in the watch.
+async fn sync_store(db: &kube_persist::Db, client: kube::Client, h: &ServerHandle) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let (reader, watcher) = db
+        .store(
+            "deployments",
+            Api::<Deployment>::namespaced(client, "app"),
+            kube_persist::Config::default(),
+        )
+        .unwrap();
+    let task = tokio::spawn(watcher.run());
+    let server = h.resource_version();
+    common::eventually("the store caught up", || {
+        reader.checkpoint().is_some_and(|c| c == server)
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+}
+
+/// `skip_unchanged_generation`: the startup pass skips a Deployment whose labels alone
+/// changed while the controller was down, and reconciles one whose spec changed; without the
+/// filter the label change is reconciled too.
+async fn generation_filter_skips_metadata_only_changes(engine: Engine) {
+    common::init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    let rt = ResourceType::deployments();
+    for i in 0..3 {
+        h.apply(&rt, deployment(&format!("d-{i}"), 1));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::try_open_db(engine, dir.path()).unwrap();
+    let relabel = |name: &str, value: &str| {
+        let mut d = h.get(&rt, Some("app"), name).unwrap();
+        d["metadata"]["labels"] = json!({"touched": value});
+        h.apply(&rt, d);
+    };
+    let c = server.client();
+    let first = run_until(&db, &h, c.clone(), true, &["d-0", "d-1", "d-2"], "z-0").await;
+    assert_eq!(
+        first,
+        ["d-0", "d-1", "d-2"],
+        "a cold start reconciles every Deployment"
+    );
+
+    // While down: d-0's labels (generation unchanged), d-1's spec (generation bumped).
+    let generation =
+        |name: &str| h.get(&rt, Some("app"), name).unwrap()["metadata"]["generation"].clone();
+    let before = (generation("d-0"), generation("d-1"));
+    relabel("d-0", "a");
+    h.apply(&rt, deployment("d-1", 3));
+    assert_eq!(generation("d-0"), before.0, "labels leave the generation");
+    assert_ne!(generation("d-1"), before.1, "the spec bumps it");
+    sync_store(&db, c.clone(), &h).await;
+    let second = run_until(&db, &h, c.clone(), true, &["d-1"], "z-1").await;
+    assert_eq!(second, ["d-1"], "the label-only change is skipped");
+
+    // The control: the same kind of change without the filter is reconciled.
+    relabel("d-0", "b");
+    sync_store(&db, c.clone(), &h).await;
+    let third = run_until(&db, &h, c, false, &["d-0"], "z-2").await;
+    assert_eq!(
+        third,
+        ["d-0"],
+        "without the filter, the label change is reconciled"
+    );
+}
+
+engine_tests!(async: restart_reconciles_exactly_what_changed_or_fell_due, generation_filter_skips_metadata_only_changes);

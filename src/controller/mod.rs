@@ -16,11 +16,13 @@
 //! policy, triggers from related objects (which may live in persistent stores too),
 //! graceful shutdown, and a stream of results.
 //!
-//! What the persistent store adds: a restarted controller resumes its watch without a LIST,
-//! and (by default, [`Config::reconcile_all_on_start`]) reconciles every stored object once,
-//! because the reconciles that were queued or running when it died are lost. That sweep
-//! reads the store from disk in chunks: it never holds all objects, nor all their
-//! references, in memory.
+//! What the persistent store adds: a restarted controller resumes its watch without a LIST.
+//! Without more, it then reconciles every stored object once, because the reconciles that
+//! were queued, running or scheduled for later when it died are lost. With
+//! [`Controller::durable_state`] it remembers, per object, the version last reconciled and
+//! the requeue pending, and a restart reconciles only the objects changed since (or never
+//! reconciled) and the requeues that fell due ([`StartupMode`]). Both read the store from
+//! disk in chunks: they never hold all objects, nor all their references, in memory.
 //!
 //! For controllers that keep their main kind in kube-runtime's in-memory store and only
 //! move the big related kinds to disk, [`Watcher::touched_objects`] is a trigger stream for
@@ -52,6 +54,7 @@
 //! // Was: Controller::new(Api::<Pod>::all(client), watcher::Config::default())
 //! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::Config::default(),
 //!         controller::Config::default().concurrency(16))?
+//!     .durable_state(&db, "my-controller")? // a restart reconciles only what changed
 //!     .shutdown_on_signal()
 //!     .run(reconcile, error_policy, Arc::new(()))
 //!     .for_each(|res| async move {
