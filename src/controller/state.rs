@@ -43,6 +43,9 @@ pub(crate) fn instant_at(due_ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(due_ms.saturating_sub(now))
 }
 
+/// A due-time scan on the disk thread: (object suffix, due ms) of the requeues it found.
+type DueScan = BoxFuture<'static, crate::Result<Vec<(Vec<u8>, u64)>>>;
+
 /// The durable side of one controller run.
 pub(crate) struct Durable {
     ks: Arc<ControllerKeyspace>,
@@ -60,7 +63,7 @@ pub(crate) struct Durable {
     /// Requeues due before this (unix ms) are in the scheduler; `0`: no startup pass yet.
     loaded_until: u64,
     tick: Option<Pin<Box<Sleep>>>,
-    scan: Option<BoxFuture<'static, crate::Result<Vec<(Vec<u8>, u64)>>>>,
+    scan: Option<DueScan>,
 }
 
 impl Durable {
