@@ -669,4 +669,81 @@ async fn generation_filter_skips_metadata_only_changes(engine: Engine) {
     );
 }
 
-engine_tests!(async: restart_reconciles_exactly_what_changed_or_fell_due, generation_filter_skips_metadata_only_changes);
+/// Requeues beyond `Config::requeue_window` stay on disk and are read back when they come
+/// near: each object's 2.5 s requeue (window 1 s) fires once, not before it is due, and
+/// `Db::controller_states` counts them as pending meanwhile.
+async fn far_requeues_are_read_back_from_disk_when_due(engine: Engine) {
+    common::init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    for i in 0..5 {
+        h.apply(
+            &ResourceType::configmaps(),
+            in_cm(&format!("cm-{i}"), "v", "ok"),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::try_open_db(engine, dir.path()).unwrap();
+    let times: Arc<Mutex<BTreeMap<String, Vec<Instant>>>> = Arc::default();
+    let sink = times.clone();
+    let controller = Controller::for_store(
+        &db,
+        "in",
+        Api::<ConfigMap>::namespaced(server.client(), "in"),
+        kube_persist::Config::default(),
+        Config::default().requeue_window(Duration::from_secs(1)),
+    )
+    .unwrap()
+    .durable_state(&db, "requeuer")
+    .unwrap();
+    let run = controller.run(
+        move |cm: Arc<ConfigMap>, _ctx: Arc<()>| {
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            let mut times = sink.lock().unwrap();
+            let seen = times.entry(name).or_default();
+            seen.push(Instant::now());
+            let action = if seen.len() == 1 {
+                Action::requeue(Duration::from_millis(2500))
+            } else {
+                Action::await_change()
+            };
+            async move { Ok::<_, MirrorError>(action) }
+        },
+        |_, _, _| Action::await_change(),
+        Arc::new(()),
+    );
+    let task = tokio::spawn(run.for_each(|_| async {}));
+    common::eventually("every object reconciled once", || {
+        times.lock().unwrap().len() == 5
+    })
+    .await;
+    common::eventually("the requeues recorded on disk", || {
+        db.controller_states()
+            .unwrap()
+            .first()
+            .is_some_and(|c| c.objects == 5 && c.pending_requeues == 5)
+    })
+    .await;
+    common::eventually("every requeue fired", || {
+        times.lock().unwrap().values().all(|t| t.len() == 2)
+    })
+    .await;
+    for (name, t) in times.lock().unwrap().iter() {
+        let waited = t[1] - t[0];
+        assert!(
+            waited >= Duration::from_millis(2400),
+            "{name} requeued after {waited:?}, before it was due"
+        );
+    }
+    common::eventually("no requeue pending any more", || {
+        db.controller_states()
+            .unwrap()
+            .first()
+            .is_some_and(|c| c.pending_requeues == 0 && c.oldest_due.is_none())
+    })
+    .await;
+    task.abort();
+}
+
+engine_tests!(async: restart_reconciles_exactly_what_changed_or_fell_due,
+    generation_filter_skips_metadata_only_changes, far_requeues_are_read_back_from_disk_when_due);
