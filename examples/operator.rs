@@ -2,14 +2,17 @@
 //! its owner (`example.kube-persist.rs/owner=<owner>`), writing through the API.
 //!
 //! ```text
-//! cargo run --release --example operator [-- --pods N] [--new M]   # no cluster needed
+//! cargo run --release --example operator [-- --pods N] [--changed M] [--new K]  # no cluster needed
 //! cargo run --release --example operator -- --cluster [--dir DIR]  # a real cluster (KUBECONFIG)
 //! ```
 //!
 //! Without `--cluster` it starts `testkit-server` (a local Kubernetes API server) with N Pods
-//! and runs the same reconciler, in separate processes, on kube-persist's `Controller` and on
-//! kube-runtime's `Controller`: a cold start (label every Pod), then a restart after M new
-//! Pods appeared. It prints wall time, LIST calls and peak RSS (VmHWM) of each.
+//! and runs the same reconciler, in separate processes, on kube-persist's `Controller` (with
+//! durable reconcile state) and on kube-runtime's `Controller`: a cold start (label every
+//! Pod), a SIGKILL once every Pod is labeled, M Pods changed (their label removed) and K
+//! Pods created on the server while the operator is down, and a restart. It prints, for the
+//! restart, the objects reconciled, reconciles, API writes, LIST calls, time to converge and
+//! peak RSS (VmHWM) of each.
 //!
 //! The port is one constructor: compare [`persistent_controller`] with [`runtime_controller`].
 //! `reconcile` and `error_policy` are plain kube-runtime code.
@@ -17,17 +20,18 @@
 #[path = "../benches/support/mod.rs"]
 mod support;
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 use serde::{Deserialize, Serialize};
@@ -43,6 +47,8 @@ pub struct Ctx {
     pub writes: AtomicU64,
     /// Reconciles so far.
     pub reconciles: AtomicU64,
+    /// The objects reconciled so far (`namespace/name`).
+    pub objects: Mutex<HashSet<String>>,
 }
 
 impl Ctx {
@@ -52,6 +58,7 @@ impl Ctx {
             client,
             writes: AtomicU64::new(0),
             reconciles: AtomicU64::new(0),
+            objects: Mutex::new(HashSet::new()),
         })
     }
 }
@@ -77,6 +84,11 @@ pub fn wanted_owner(pod: &Pod) -> String {
 /// Labels the Pod with its owner. Idempotent: a labeled Pod is left alone.
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, OperatorError> {
     ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    ctx.objects.lock().unwrap().insert(format!(
+        "{}/{}",
+        pod.namespace().unwrap_or_default(),
+        pod.name_any()
+    ));
     let want = wanted_owner(&pod);
     if pod.labels().get(OWNER_LABEL) != Some(&want) {
         let mut labeled = (*pod).clone();
@@ -95,8 +107,12 @@ pub fn error_policy(_pod: Arc<Pod>, _err: &OperatorError, _ctx: Arc<Ctx>) -> Act
     Action::requeue(Duration::from_millis(500))
 }
 
+/// The name of the operator's durable reconcile state.
+pub const CONTROLLER_NAME: &str = "owner-labeler";
+
 /// The operator's controller on kube-persist: Pods cached on disk in `db`, resumed without a
-/// LIST after a restart, every stored Pod reconciled once after a restart.
+/// LIST after a restart, and a durable reconcile state: a restart reconciles only the Pods
+/// that changed while it was down (and requeues that fell due).
 pub fn persistent_controller(
     db: &kube_persist::Db,
     client: Client,
@@ -108,7 +124,8 @@ pub fn persistent_controller(
         Api::<Pod>::all(client),
         kube_persist::Config::default(),
         Config::default().concurrency(16),
-    )
+    )?
+    .durable_state(db, CONTROLLER_NAME)
 }
 
 /// The same operator's controller on kube-runtime (Pods in memory), for comparison.
@@ -125,34 +142,38 @@ struct Report {
     peak_rss_kib: u64,
     writes: u64,
     reconciles: u64,
+    /// Distinct objects reconciled.
+    objects: u64,
     #[serde(default)]
     list_calls: u64,
 }
 
-/// An example operator that labels every Pod with its owner. Without --cluster, it compares
-/// kube-persist's Controller with kube-runtime's on a local API server (testkit-server):
-/// a cold start, then a restart after --new Pods appeared.
-#[derive(Parser)]
+/// The operator's command line.
+#[derive(Debug, Parser)]
+#[command(about = "An example operator on kube-persist, compared with kube-runtime's Controller")]
 struct Args {
     /// Pods on the local API server.
     #[arg(long, default_value_t = 20_000)]
     pods: usize,
-    /// Pods created before the restart.
+    /// Pods changed on the server (their owner label removed) while the operator is down.
     #[arg(long, default_value_t = 500)]
+    changed: usize,
+    /// Pods created on the server while the operator is down.
+    #[arg(long, default_value_t = 0)]
     new: usize,
-    /// Run the persistent operator against the cluster of your kubeconfig until Ctrl-C.
+    /// Run the persistent operator against the cluster of KUBECONFIG until Ctrl-C.
     #[arg(long)]
     cluster: bool,
-    /// Store directory (with --cluster; default /tmp/kube-persist-operator).
+    /// The store directory with `--cluster`.
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Internal: run one measured operator process (persist or runtime) and report.
-    #[arg(long, hide = true, value_parser = ["persist", "runtime"], requires_all = ["url", "expect", "dir"])]
+    /// Internal: run as a measured operator process (`persist` or `runtime`).
+    #[arg(long, hide = true)]
     role: Option<String>,
     /// Internal: the API server of a measured process.
     #[arg(long, hide = true)]
     url: Option<String>,
-    /// Internal: how many Pods a measured process waits for.
+    /// Internal: the Pods a measured process waits for.
     #[arg(long, hide = true)]
     expect: Option<usize>,
 }
@@ -169,20 +190,14 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    if let (Some(role), Some(url), Some(expect), Some(dir)) =
-        (&args.role, &args.url, args.expect, &args.dir)
-    {
-        let report = rt.block_on(child(role, url, expect, dir));
-        println!(
-            "operator-result {}",
-            serde_json::to_string(&report).unwrap()
-        );
+    if let Some(role) = &args.role {
+        rt.block_on(child(role, &args));
         return std::process::ExitCode::SUCCESS;
     }
     if args.cluster {
         return rt.block_on(cluster(args.dir));
     }
-    rt.block_on(compare(args.pods, args.new))
+    rt.block_on(compare(args.pods, args.changed, args.new))
 }
 
 /// Runs the persistent operator against a real cluster until Ctrl-C.
@@ -212,13 +227,18 @@ async fn cluster(dir: Option<PathBuf>) -> std::process::ExitCode {
 }
 
 /// A measured operator process: runs until every Pod in its cache carries the right label
-/// and `--expect N` Pods are cached, then reports.
-async fn child(role: &str, url: &str, expect: usize, dir: &Path) -> Report {
+/// and `--expect N` Pods are cached, reports (`operator-result <json>`), and keeps running
+/// until the parent SIGKILLs it.
+async fn child(role: &str, args: &Args) {
     let start = Instant::now();
+    let url = args.url.as_deref().expect("--url");
+    let expect = args.expect.expect("--expect");
     let client = kube_persist_testkit::client_for(url, None);
     let ctx = Ctx::new(client.clone());
-    match role {
+    let mut _db = None;
+    let task = match role {
         "persist" => {
+            let dir = args.dir.as_ref().expect("--dir");
             let db = kube_persist::Db::open(dir).expect("open");
             let controller = persistent_controller(&db, client).expect("open the pods stream");
             let reader = controller.reader();
@@ -231,9 +251,18 @@ async fn child(role: &str, url: &str, expect: usize, dir: &Path) -> Report {
                 )
             })
             .await;
-            task.abort();
-            let _ = task.await;
+            // Every reconcile's state is written (in batches, a few ms after it returned)
+            // and durable before the parent may kill this process.
+            loop {
+                let states = db.controller_states().expect("read the reconcile state");
+                if states.iter().any(|s| s.objects as usize >= expect) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             db.flush().expect("flush");
+            _db = Some(db);
+            task
         }
         _ => {
             let controller = runtime_controller(client);
@@ -244,17 +273,25 @@ async fn child(role: &str, url: &str, expect: usize, dir: &Path) -> Report {
                 converged(store.state().iter().map(|p| p.as_ref()), expect)
             })
             .await;
-            task.abort();
+            task
         }
-    }
+    };
+    let ms = start.elapsed().as_millis() as u64;
     let (peak_rss_kib, _) = support::rss_kib();
-    Report {
-        ms: start.elapsed().as_millis() as u64,
+    let report = Report {
+        ms,
         peak_rss_kib,
         writes: ctx.writes.load(Ordering::Relaxed),
         reconciles: ctx.reconciles.load(Ordering::Relaxed),
+        objects: ctx.objects.lock().unwrap().len() as u64,
         list_calls: 0,
-    }
+    };
+    println!(
+        "operator-result {}",
+        serde_json::to_string(&report).unwrap()
+    );
+    // Keep reconciling until SIGKILL, like an operator that crashes.
+    let _ = task.await;
 }
 
 /// Whether exactly `expect` Pods are cached, each labeled with its owner.
@@ -284,9 +321,9 @@ async fn until_converged(ctx: &Ctx, mut check: impl FnMut() -> bool) {
     }
 }
 
-/// Runs one measured operator process and returns its report.
-fn run_child(role: &str, url: &str, dir: &Path, expect: usize) -> Report {
-    let out = Command::new(std::env::current_exe().expect("current exe"))
+/// Runs one measured operator process until it reports, SIGKILLs it, and returns the report.
+fn run_child(role: &str, url: &str, dir: &std::path::Path, expect: usize) -> Report {
+    let mut child = Command::new(std::env::current_exe().expect("current exe"))
         .args([
             "--role",
             role,
@@ -300,7 +337,6 @@ fn run_child(role: &str, url: &str, dir: &Path, expect: usize) -> Report {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn operator process");
-    let mut child = out;
     let mut report = None;
     for line in BufReader::new(child.stdout.take().unwrap())
         .lines()
@@ -308,21 +344,29 @@ fn run_child(role: &str, url: &str, dir: &Path, expect: usize) -> Report {
     {
         if let Some(json) = line.strip_prefix("operator-result ") {
             report = Some(serde_json::from_str(json).expect("operator report"));
+            break;
         }
     }
-    let status = child.wait().expect("wait for the operator process");
-    assert!(status.success(), "{role} operator failed: {status}");
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
     report.unwrap_or_else(|| panic!("{role} operator printed no result"))
 }
 
-async fn measured(url: &str, role: &str, dir: &Path, expect: usize, label: &str) -> Report {
+async fn measured(
+    url: &str,
+    role: &str,
+    dir: &std::path::Path,
+    expect: usize,
+    label: &str,
+) -> Report {
     support::admin(url, "POST", "/testkit/reset-counts").await;
     let mut r = tokio::task::block_in_place(|| run_child(role, url, dir, expect));
     r.list_calls = support::list_calls(url).await;
     println!(
-        "  {label}: {:.2} s, {} reconciles, {} pods labeled, {} LIST calls, peak RSS {:.0} MiB",
+        "  {label}: {:.2} s, {} reconciles of {} objects, {} API writes, {} LIST calls, peak RSS {:.0} MiB",
         r.ms as f64 / 1000.0,
         r.reconciles,
+        r.objects,
         r.writes,
         r.list_calls,
         support::mib(r.peak_rss_kib)
@@ -330,17 +374,47 @@ async fn measured(url: &str, role: &str, dir: &Path, expect: usize, label: &str)
     r
 }
 
-/// Cold start and restart of both controllers against fresh `testkit-server` processes.
-async fn compare(pods: usize, new: usize) -> std::process::ExitCode {
-    println!("operator: label {pods} Pods with their owner, then restart after {new} new Pods");
+/// While the operator is down: removes the owner label of `changed` Pods spread over the
+/// collection (each needs a reconcile and a write), and creates `new` Pods.
+async fn change_while_down(url: &str, changed: usize, new: usize) {
+    let client = kube_persist_testkit::client_for(url, None);
+    let all = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list pods");
+    let step = (all.items.len() / changed.max(1)).max(1);
+    let picked: Vec<Pod> = all.items.into_iter().step_by(step).take(changed).collect();
+    futures::stream::iter(picked)
+        .for_each_concurrent(16, |mut pod| {
+            let client = client.clone();
+            async move {
+                pod.labels_mut().remove(OWNER_LABEL);
+                let api = Api::<Pod>::namespaced(client, &pod.namespace().unwrap_or_default());
+                api.replace(&pod.name_any(), &PostParams::default(), &pod)
+                    .await
+                    .expect("change a pod");
+            }
+        })
+        .await;
+    if new > 0 {
+        let create = format!("/testkit/churn?updates=0&creates={new}&deletes=0&seed=7");
+        support::admin(url, "POST", &create).await;
+    }
+}
+
+/// Cold start, SIGKILL, changes while down and restart of both controllers, against fresh
+/// `testkit-server` processes.
+async fn compare(pods: usize, changed: usize, new: usize) -> std::process::ExitCode {
+    println!(
+        "operator: label {pods} Pods with their owner; SIGKILL; {changed} Pods changed and {new} created while down; restart"
+    );
     let tmp = tempfile::tempdir().expect("temporary directory");
-    let create = format!("/testkit/churn?updates=0&creates={new}&deletes=0&seed=7");
     let mut rows = Vec::new();
     for (role, name) in [("persist", "kube-persist"), ("runtime", "kube-runtime")] {
         let server = support::start_server(pods, &[]);
         let dir = tmp.path().join(role);
         let cold = measured(&server.url, role, &dir, pods, &format!("{name} cold start")).await;
-        support::admin(&server.url, "POST", &create).await;
+        change_while_down(&server.url, changed, new).await;
         let warm = measured(
             &server.url,
             role,
@@ -354,51 +428,60 @@ async fn compare(pods: usize, new: usize) -> std::process::ExitCode {
     let (p, r) = (&rows[0], &rows[1]);
     let secs = |x: &Report| format!("{:.2} s", x.ms as f64 / 1000.0);
     let rss = |x: &Report| format!("{:.0} MiB", support::mib(x.peak_rss_kib));
+    let n = |v: u64| v.to_string();
     println!();
     println!(
         "{:<40}{:>24}{:>26}",
         "", "kube-persist Controller", "kube-runtime Controller"
     );
-    let table: [(&str, String, String); 8] = [
+    let table: [(&str, String, String); 10] = [
         ("cold start: time to all labeled", secs(&p.0), secs(&r.0)),
         (
-            "cold start: LIST calls",
-            p.0.list_calls.to_string(),
-            r.0.list_calls.to_string(),
+            "cold start: reconciles",
+            n(p.0.reconciles),
+            n(r.0.reconciles),
         ),
         (
-            "cold start: reconciles",
-            p.0.reconciles.to_string(),
-            r.0.reconciles.to_string(),
+            "cold start: LIST calls",
+            n(p.0.list_calls),
+            n(r.0.list_calls),
         ),
         ("cold start: peak RSS", rss(&p.0), rss(&r.0)),
-        ("restart: time to all labeled", secs(&p.1), secs(&r.1)),
         (
-            "restart: LIST calls",
-            p.1.list_calls.to_string(),
-            r.1.list_calls.to_string(),
+            "restart: objects reconciled",
+            n(p.1.objects),
+            n(r.1.objects),
         ),
-        (
-            "restart: reconciles",
-            p.1.reconciles.to_string(),
-            r.1.reconciles.to_string(),
-        ),
+        ("restart: reconciles", n(p.1.reconciles), n(r.1.reconciles)),
+        ("restart: API writes", n(p.1.writes), n(r.1.writes)),
+        ("restart: LIST calls", n(p.1.list_calls), n(r.1.list_calls)),
+        ("restart: time to converge", secs(&p.1), secs(&r.1)),
         ("restart: peak RSS", rss(&p.1), rss(&r.1)),
     ];
     for (what, a, b) in table {
         println!("{what:<40}{a:>24}{b:>26}");
     }
     println!();
-    let ok = p.1.list_calls == 0 && p.1.writes == new as u64;
+    let total = pods + new;
+    let down = if new > 0 {
+        format!("{changed} changed, {new} created while down")
+    } else {
+        format!("{changed} changed while down")
+    };
+    // The operator requeues after an hour: no requeue falls due during the run.
+    let ok = p.1.list_calls == 0
+        && p.1.objects == (changed + new) as u64
+        && p.1.writes == (changed + new) as u64;
     if ok {
         println!(
-            "operator ok: the persistent restart made 0 LIST calls and labeled the {new} new Pods"
+            "operator ok: restart reconciled {} of {total} objects ({down}), 0 LIST calls",
+            p.1.objects
         );
         std::process::ExitCode::SUCCESS
     } else {
         println!(
-            "operator FAILED: restart made {} LIST calls, labeled {} Pods",
-            p.1.list_calls, p.1.writes
+            "operator FAILED: restart reconciled {} of {total} objects ({down}) with {} API writes, {} LIST calls",
+            p.1.objects, p.1.writes, p.1.list_calls
         );
         std::process::ExitCode::FAILURE
     }

@@ -71,6 +71,7 @@ pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::inspect::{RawObjects, StreamInfo};
 pub use store::reader::{ByIndex, Iter, Reader};
+pub use store::reconcile::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};
 pub use store::verify::{Difference, Verdict, Verification};
 pub use store::{Compression, Db, DbConfig, Durability, Engine, SyncPhase};
 pub use watcher::{Config, Event, Pair, Shard, ShardKey, Transform, Watcher, fnv1a64};

@@ -2,11 +2,44 @@
 
 use std::time::Duration;
 
+/// What a [`Controller`](super::Controller) reconciles when its store is ready (after the
+/// first list, or resumed from its checkpoint after a restart).
+///
+/// A cold start (the store's first list) reconciles every object without durable state, and
+/// with it every object that is not recorded as reconciled at its current version.
+///
+/// ```
+/// use kube_persist::controller::{Config, StartupMode};
+/// let cfg = Config::default().startup(StartupMode::ReconcileAll);
+/// assert_eq!(cfg.get_startup(), StartupMode::ReconcileAll);
+/// assert_eq!(Config::default().get_startup(), StartupMode::Changed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StartupMode {
+    /// The default. With durable state
+    /// ([`Controller::durable_state`](super::Controller::durable_state)): reconcile only the
+    /// objects whose resourceVersion differs from the one last reconciled (or never
+    /// reconciled), fire the requeues and retries that fell due while the process was down
+    /// at once, and later ones at their due time. Without durable state there is nothing to
+    /// compare with: every stored object is reconciled, as with `ReconcileAll`.
+    #[default]
+    Changed,
+    /// Reconcile every stored object once (a sweep from disk, no LIST), as kube-runtime's
+    /// controller does after each start. [`Config::reconcile_all_on_start`]`(true)`.
+    ReconcileAll,
+    /// Reconcile nothing on a warm restart: only changes from now on (and, with durable
+    /// state, the requeues that come due). [`Config::reconcile_all_on_start`]`(false)`.
+    Nothing,
+}
+
 /// How a [`Controller`](super::Controller) schedules reconciles.
 ///
 /// The same knobs as kube-runtime's `controller::Config` (`debounce`, `concurrency`), plus
-/// what a persistent store adds: whether a warm restart reconciles every stored object, and
-/// how many object references such a sweep feeds the scheduler at a time.
+/// what a persistent store adds: what a restart reconciles ([`StartupMode`]), how many
+/// object references a sweep feeds the scheduler at a time, and, with durable state, how
+/// far ahead requeues are held in memory and whether changes of status or metadata alone
+/// are skipped.
 ///
 /// ```
 /// use std::time::Duration;
@@ -24,8 +57,10 @@ use std::time::Duration;
 pub struct Config {
     pub(crate) concurrency: u16,
     pub(crate) debounce: Duration,
-    pub(crate) reconcile_all_on_start: bool,
+    pub(crate) startup: StartupMode,
     pub(crate) sweep_chunk: usize,
+    pub(crate) requeue_window: Duration,
+    pub(crate) skip_unchanged_generation: bool,
 }
 
 impl Default for Config {
@@ -33,8 +68,10 @@ impl Default for Config {
         Config {
             concurrency: 0,
             debounce: Duration::ZERO,
-            reconcile_all_on_start: true,
+            startup: StartupMode::Changed,
             sweep_chunk: 500,
+            requeue_window: Duration::from_secs(300),
+            skip_unchanged_generation: false,
         }
     }
 }
@@ -57,14 +94,56 @@ impl Config {
     }
 
     /// Whether a warm restart (the store resumed from its checkpoint, see
-    /// [`Event::Resumed`](crate::Event::Resumed)) reconciles every stored object once.
-    /// Default `true`: reconciles that were running or queued when the process died are lost,
-    /// and the watch only replays changes. The sweep reads the store from disk in chunks; it
-    /// makes no LIST call. (A cold start always reconciles every object once, after the first
-    /// list is on disk.)
+    /// [`Event::Resumed`](crate::Event::Resumed)) reconciles every stored object once:
+    /// `true` is [`StartupMode::ReconcileAll`], `false` is [`StartupMode::Nothing`]. Without
+    /// either call the mode is [`StartupMode::Changed`], which without durable state also
+    /// reconciles every object (reconciles that were running or queued when the process died
+    /// are lost, and the watch only replays changes). The sweep reads the store from disk
+    /// in chunks; it makes no LIST call.
     #[must_use]
     pub fn reconcile_all_on_start(mut self, on: bool) -> Self {
-        self.reconcile_all_on_start = on;
+        self.startup = if on {
+            StartupMode::ReconcileAll
+        } else {
+            StartupMode::Nothing
+        };
+        self
+    }
+
+    /// What a restart reconciles (default [`StartupMode::Changed`]).
+    #[must_use]
+    pub fn startup(mut self, mode: StartupMode) -> Self {
+        self.startup = mode;
+        self
+    }
+
+    /// With durable state: requeues due within this window are held in kube-runtime's
+    /// scheduler (in memory); later ones stay on disk, indexed by due time, and are read back
+    /// (every half window) as they come near. Default 5 minutes, at least 1 second. Without
+    /// durable state every requeue is held in memory.
+    #[must_use]
+    pub fn requeue_window(mut self, window: Duration) -> Self {
+        self.requeue_window = window.max(Duration::from_secs(1));
+        self
+    }
+
+    /// With durable state: skip reconciles of changes that leave `metadata.generation` as it
+    /// was at the last successful reconcile, i.e. changes of status or metadata only (like
+    /// controller-runtime's `GenerationChangedPredicate`). Default off.
+    ///
+    /// Caveats:
+    /// - Only kinds with a `generation` are filtered (most with a `spec`: Deployments, CRDs
+    ///   with the status subresource, ...); objects without one (ConfigMaps, Secrets) are
+    ///   always reconciled. The API server does not bump it for label, annotation, finalizer
+    ///   or status changes, so a reconciler that reads those misses their changes; setting
+    ///   `deletionTimestamp` does bump it.
+    /// - It applies to changes of the object itself (watch events and the startup pass), not
+    ///   to requeues, error retries or triggers from related objects.
+    /// - Without [`Controller::durable_state`](super::Controller::durable_state) it does
+    ///   nothing: the last reconciled generation is kept in that state.
+    #[must_use]
+    pub fn skip_unchanged_generation(mut self, on: bool) -> Self {
+        self.skip_unchanged_generation = on;
         self
     }
 
@@ -89,9 +168,25 @@ impl Config {
         self.debounce
     }
 
-    /// Whether a warm restart reconciles every stored object.
+    /// Whether a warm restart may reconcile every stored object: `false` only for
+    /// [`StartupMode::Nothing`] (see [`Config::get_startup`]).
     pub fn get_reconcile_all_on_start(&self) -> bool {
-        self.reconcile_all_on_start
+        self.startup != StartupMode::Nothing
+    }
+
+    /// The startup mode.
+    pub fn get_startup(&self) -> StartupMode {
+        self.startup
+    }
+
+    /// The requeue window of durable state.
+    pub fn get_requeue_window(&self) -> Duration {
+        self.requeue_window
+    }
+
+    /// Whether changes that leave the generation unchanged are skipped.
+    pub fn get_skip_unchanged_generation(&self) -> bool {
+        self.skip_unchanged_generation
     }
 
     /// References per sweep chunk.

@@ -16,11 +16,13 @@
 //! policy, triggers from related objects (which may live in persistent stores too),
 //! graceful shutdown, and a stream of results.
 //!
-//! What the persistent store adds: a restarted controller resumes its watch without a LIST,
-//! and (by default, [`Config::reconcile_all_on_start`]) reconciles every stored object once,
-//! because the reconciles that were queued or running when it died are lost. That sweep
-//! reads the store from disk in chunks: it never holds all objects, nor all their
-//! references, in memory.
+//! What the persistent store adds: a restarted controller resumes its watch without a LIST.
+//! Without more, it then reconciles every stored object once, because the reconciles that
+//! were queued, running or scheduled for later when it died are lost. With
+//! [`Controller::durable_state`] it remembers, per object, the version last reconciled and
+//! the requeue pending, and a restart reconciles only the objects changed since (or never
+//! reconciled) and the requeues that fell due ([`StartupMode`]). Both read the store from
+//! disk in chunks: they never hold all objects, nor all their references, in memory.
 //!
 //! For controllers that keep their main kind in kube-runtime's in-memory store and only
 //! move the big related kinds to disk, [`Watcher::touched_objects`] is a trigger stream for
@@ -52,6 +54,7 @@
 //! // Was: Controller::new(Api::<Pod>::all(client), watcher::Config::default())
 //! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::Config::default(),
 //!         controller::Config::default().concurrency(16))?
+//!     .durable_state(&db, "my-controller")? // a restart reconciles only what changed
 //!     .shutdown_on_signal()
 //!     .run(reconcile, error_policy, Arc::new(()))
 //!     .for_each(|res| async move {
@@ -66,6 +69,7 @@ mod compat;
 mod config;
 mod error;
 mod runner;
+mod state;
 mod sweep;
 mod triggers;
 
@@ -80,7 +84,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
 pub use compat::to_watcher_error;
-pub use config::Config;
+pub use config::{Config, StartupMode};
 pub use error::ControllerError;
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 
@@ -118,6 +122,14 @@ where
     triggers: Vec<TriggerStream<K>>,
     ready: Vec<BoxFuture<'static, ()>>,
     shutdown: Vec<BoxFuture<'static, ()>>,
+    /// `apiVersion/kind` of the related kinds (part of the durable state's identity).
+    related: Vec<String>,
+    /// The durable reconcile state, if enabled ([`Controller::durable_state`]).
+    durable: Option<(
+        crate::store::reconcile::ControllerKeyspace,
+        crate::store::worker::DiskWorker,
+        String,
+    )>,
 }
 
 impl<K: Resource> std::fmt::Debug for Controller<K> {
@@ -128,6 +140,11 @@ impl<K: Resource> std::fmt::Debug for Controller<K> {
             .field("triggers", &self.triggers.len())
             .finish_non_exhaustive()
     }
+}
+
+/// `apiVersion/kind` of a kind.
+fn kind_of<T: Resource>(dyntype: &T::DynamicType) -> String {
+    format!("{}/{}", T::api_version(dyntype), T::kind(dyntype))
 }
 
 fn ready_of<T>(reader: &Reader<T>) -> BoxFuture<'static, ()>
@@ -172,7 +189,7 @@ where
         config: Config,
         dyntype: K::DynamicType,
     ) -> Self {
-        let main = triggers::main_kind(watcher, dyntype.clone(), config.reconcile_all_on_start);
+        let main = triggers::main_kind(watcher, dyntype.clone());
         Controller {
             ready: vec![ready_of(&reader)],
             reader,
@@ -180,7 +197,46 @@ where
             config,
             triggers: vec![main],
             shutdown: Vec::new(),
+            related: Vec::new(),
+            durable: None,
         }
+    }
+
+    /// Keeps this controller's reconcile state in `db` under `name`, so that a restart
+    /// reconciles only what needs it ([`StartupMode::Changed`], the default): the objects
+    /// changed since their last reconcile (or never reconciled), and the requeues that fell
+    /// due while the process was down; later requeues fire at their due time.
+    ///
+    /// For each object the state holds the resourceVersion (and `metadata.generation`) at
+    /// which the last reconcile returned `Ok`, the version of a failed one, and when the
+    /// requeue its [`Action`] (or the error policy's) asked for is due, in wall-clock time.
+    /// It is written in batches on the store's disk thread, after each reconcile returned:
+    /// a crash in between reconciles that object again (at least once, never skipped).
+    /// Requeues due beyond [`Config::requeue_window`] stay on disk until they come near.
+    ///
+    /// The state belongs to `name` and the watched kinds (the controlled kind and those of
+    /// [`Controller::owns_store`] / [`Controller::watches_store`] / `owns_stream` /
+    /// `watches_stream`): another name or other kinds start fresh (every object is
+    /// reconciled once). [`Db::controller_states`] describes it.
+    ///
+    /// Changes of related objects are not part of the state: a related object changed (and
+    /// stored) just before a crash, whose reconcile had not run yet, is not reconciled
+    /// again after the restart. Controllers that rely on such triggers can keep
+    /// [`StartupMode::ReconcileAll`].
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::controller::{Config, Controller};
+    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
+    ///         kube_persist::Config::default(), Config::default())?
+    ///     .durable_state(&db, "pod-labeler")?;
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn durable_state(mut self, db: &Db, name: &str) -> crate::Result<Self> {
+        let ks = db.open_controller(name)?;
+        self.durable = Some((ks, db.worker(), name.to_string()));
+        Ok(self)
     }
 
     /// Opens (or resumes) the persistent stream `name` of `api` in `db` and builds a
@@ -263,6 +319,8 @@ where
         I: IntoIterator<Item = ObjectRef<K>>,
     {
         let (reader, watcher) = pair;
+        self.related
+            .push(kind_of::<Other>(&Other::DynamicType::default()));
         self.ready.push(ready_of(&reader));
         self.triggers.push(triggers::related(
             triggers::touched(watcher),
@@ -321,6 +379,8 @@ where
         I: IntoIterator<Item = ObjectRef<K>>,
     {
         use futures::TryStreamExt;
+        self.related
+            .push(kind_of::<Other>(&Other::DynamicType::default()));
         self.triggers.push(triggers::related(
             stream.map_err(TriggerError::Watcher),
             Other::DynamicType::default(),
@@ -467,7 +527,15 @@ where
                 .map(|_| ())
                 .boxed()
         });
+        let main = kind_of::<K>(&self.dyntype);
+        let window = self.config.requeue_window;
+        let durable = self.durable.map(|(ks, worker, name)| {
+            let identity =
+                crate::store::reconcile::ControllerIdentity::new(&name, main, self.related);
+            state::Durable::new(ks, worker, identity, window)
+        });
         Runner::new(Parts {
+            durable,
             reader: self.reader,
             dyntype: self.dyntype,
             config: self.config,

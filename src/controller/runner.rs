@@ -24,12 +24,15 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::Config;
 use super::action::requeue_after;
 use super::error::ControllerError;
-use super::sweep::Sweep;
+use super::state::{Durable, effective, instant_at, now_ms};
+use super::sweep::{self, Pass, PassMode, Plan, Sweep, suffix_ref};
 use super::triggers::{Trigger, TriggerStream};
+use super::{Config, StartupMode};
 use crate::Reader;
+use crate::store::object_suffix;
+use crate::store::reconcile::{Outcome, ReconcileRecord, StateOp};
 
 /// What one `run` stream yields.
 pub(crate) type RunItem<K, E> = Result<(ObjectRef<K>, Action), ControllerError<E>>;
@@ -54,8 +57,14 @@ struct Done<K: Resource, E> {
     result: Result<Action, E>,
 }
 
-/// A scheduled object being read from disk (on the blocking pool, not in `poll_next`).
-type Fetch<K> = BoxFuture<'static, (ReconcileRequest<K>, crate::Result<Option<Arc<K>>>)>;
+/// A scheduled object read from disk (on the blocking pool, not in `poll_next`), with its
+/// reconcile record when the runner may skip it.
+struct Fetched<K: Resource> {
+    request: ReconcileRequest<K>,
+    read: crate::Result<Option<Arc<K>>>,
+    record: Option<ReconcileRecord>,
+}
+type Fetch<K> = BoxFuture<'static, Fetched<K>>;
 
 /// The parts a [`Runner`] starts from.
 pub(crate) struct Parts<K: Resource, Ctx, E> {
@@ -68,6 +77,7 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
     pub reconcile: ReconcileFn<K, Ctx, E>,
     pub error_policy: ErrorPolicyFn<K, Ctx, E>,
     pub ctx: Arc<Ctx>,
+    pub durable: Option<Durable>,
 }
 
 /// The controller's stream of reconcile results.
@@ -82,6 +92,8 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     running_refs: HashSet<ObjectRef<K>>,
     sweep: Option<Sweep<K>>,
     sweep_outstanding: HashSet<ObjectRef<K>>,
+    /// The reconcile state, for a durable controller.
+    durable: Option<Durable>,
     ready: bool,
     shutting_down: bool,
     out: VecDeque<RunItem<K, E>>,
@@ -101,7 +113,9 @@ where
         let (schedule_tx, rx) = unbounded();
         let scheduler = Box::pin(debounced_scheduler(rx, p.config.debounce));
         let triggers = std::mem::take(&mut p.triggers);
+        let durable = p.durable.take();
         Runner {
+            durable,
             p,
             triggers: Some(futures::stream::select_all(triggers)),
             schedule_tx,
@@ -141,8 +155,16 @@ where
         }
     }
 
-    /// Takes trigger items; true if anything happened.
+    /// Takes trigger items; true if anything happened. A durable controller takes none
+    /// before its state's identity is checked.
     fn poll_triggers(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(d) = self.durable.as_mut() {
+            match d.poll_init(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(e)) => self.out.push_back(Err(ControllerError::Store(e))),
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
         let Some(mut triggers) = self.triggers.take() else {
             return false;
         };
@@ -152,14 +174,9 @@ where
                     self.schedule(req.obj_ref, req.reason, Instant::now())
                 }
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
-                    tracing::debug!("reconciling every stored object (sweep from disk)");
-                    self.sweep_outstanding.clear();
-                    self.sweep = Some(Sweep::start(
-                        self.p.reader.clone(),
-                        self.p.dyntype.clone(),
-                        self.p.config.sweep_chunk,
-                    ));
+                    self.sweep_all();
                 }
+                Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.startup(cold),
                 Poll::Ready(Some(Err(e))) => self.out.push_back(Err(e.into())),
                 Poll::Ready(None) => {
                     tracing::debug!("every trigger stream ended");
@@ -176,6 +193,65 @@ where
         true
     }
 
+    fn sweep_all(&mut self) {
+        tracing::debug!("reconciling every stored object (sweep from disk)");
+        self.sweep_outstanding.clear();
+        self.sweep = Some(Sweep::all(
+            self.p.reader.clone(),
+            self.p.dyntype.clone(),
+            self.p.config.sweep_chunk,
+        ));
+    }
+
+    /// The main store is ready: reconcile what the startup mode says.
+    fn startup(&mut self, cold: bool) {
+        let mode = self.p.config.startup;
+        let Some(d) = self.durable.as_mut() else {
+            if cold || mode != StartupMode::Nothing {
+                self.sweep_all();
+            }
+            return;
+        };
+        let pass_mode = match (mode, cold) {
+            (StartupMode::ReconcileAll, _) => PassMode::All,
+            (StartupMode::Nothing, false) => PassMode::DueOnly,
+            _ => PassMode::Changed,
+        };
+        tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
+        let loaded_until = d.start_window();
+        self.sweep_outstanding.clear();
+        self.sweep = Some(Sweep::startup(
+            self.p.reader.clone(),
+            d.keyspace(),
+            self.p.dyntype.clone(),
+            self.p.config.sweep_chunk,
+            Pass {
+                mode: pass_mode,
+                loaded_until,
+                generation_filter: self.p.config.skip_unchanged_generation,
+            },
+        ));
+    }
+
+    /// Writes, batching and due-time scans of the reconcile state; true if anything
+    /// happened.
+    fn poll_durable(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(d) = self.durable.as_mut() else {
+            return false;
+        };
+        let mut errors = Vec::new();
+        let due = d.poll(cx, &mut errors);
+        let progressed = !due.is_empty() || !errors.is_empty();
+        for e in errors {
+            self.out.push_back(Err(ControllerError::Store(e)));
+        }
+        for (suffix, due_ms) in due {
+            let obj_ref = suffix_ref::<K>(&suffix, self.p.dyntype.clone());
+            self.schedule(obj_ref, custom(sweep::DUE), instant_at(due_ms));
+        }
+        progressed
+    }
+
     /// Feeds the next sweep chunk once half of the previous one has started.
     fn poll_sweep(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(sweep) = self.sweep.as_mut() else {
@@ -185,11 +261,27 @@ where
             return false; // re-checked after each dispatch
         }
         match sweep.poll_chunk(cx) {
-            Poll::Ready(Some(Ok(refs))) => {
-                let now = Instant::now();
-                for r in refs {
-                    self.sweep_outstanding.insert(r.clone());
-                    self.schedule(r, ReconcileReason::BulkReconcile, now);
+            Poll::Ready(Some(Ok(plans))) => {
+                let (now, wall) = (Instant::now(), now_ms());
+                for plan in plans {
+                    match plan {
+                        Plan::Reconcile {
+                            obj_ref,
+                            reason,
+                            at_ms,
+                        } => match at_ms.filter(|&at| at > wall) {
+                            None => {
+                                self.sweep_outstanding.insert(obj_ref.clone());
+                                self.schedule(obj_ref, reason, now);
+                            }
+                            Some(at) => self.schedule(obj_ref, reason, instant_at(at)),
+                        },
+                        Plan::Forget(suffix) => {
+                            if let Some(d) = self.durable.as_mut() {
+                                d.push(StateOp::Forget { suffix });
+                            }
+                        }
+                    }
                 }
                 true
             }
@@ -211,28 +303,96 @@ where
         self.sweep_outstanding.remove(&request.obj_ref);
         self.running_refs.insert(request.obj_ref.clone());
         let reader = self.p.reader.clone();
+        // The record is read only for requests that may be skipped.
+        let state = self
+            .durable
+            .as_ref()
+            .filter(|_| skippable(&request.reason))
+            .map(|d| {
+                let suffix = suffix_of(&request.obj_ref);
+                let ops = d.uncommitted(&suffix);
+                (d.keyspace(), suffix, ops)
+            });
         self.fetching.push(
             async move {
                 let obj_ref = request.obj_ref.clone();
-                let read = tokio::task::spawn_blocking(move || reader.get(&obj_ref)).await;
-                let res = read.unwrap_or_else(|e| {
-                    Err(crate::Error::Storage {
+                let read = tokio::task::spawn_blocking(move || {
+                    let obj = reader.get(&obj_ref);
+                    let record = match (&obj, state) {
+                        (Ok(Some(_)), Some((ks, suffix, ops))) => {
+                            effective(&ks, &suffix, &ops).ok().flatten()
+                        }
+                        _ => None,
+                    };
+                    (obj, record)
+                })
+                .await;
+                let (read, record) = read.unwrap_or_else(|e| {
+                    let e = crate::Error::Storage {
                         path: Default::default(),
                         detail: format!("object read task failed: {e}"),
-                    })
+                    };
+                    (Err(e), None)
                 });
-                (request, res)
+                Fetched {
+                    request,
+                    read,
+                    record,
+                }
             }
             .boxed(),
         );
     }
 
+    /// Whether a request need not run: a change (or a requeue read back from disk) the
+    /// reconcile state shows was already handled. Its pending requeue, which a merge in the
+    /// scheduler may have replaced with this request, is scheduled again.
+    fn skip(&mut self, request: &ReconcileRequest<K>, obj: &K, rec: &ReconcileRecord) -> bool {
+        let meta = obj.meta();
+        let unchanged =
+            meta.resource_version.is_some() && rec.handled_rv() == meta.resource_version.as_deref();
+        let same_generation = self.p.config.skip_unchanged_generation
+            && rec.failed_rv.is_none()
+            && rec.ok_generation.is_some()
+            && meta.generation == rec.ok_generation;
+        let handled = unchanged || same_generation;
+        let skip = match &request.reason {
+            ReconcileReason::Custom { reason } if reason == sweep::DUE => {
+                handled && rec.due_ms.is_none_or(|d| d > now_ms() + 100)
+            }
+            _ => handled,
+        };
+        if skip
+            && let (Some(due), Some(d)) = (rec.due_ms, self.durable.as_ref())
+            && d.in_window(due)
+        {
+            let reason = if rec.failed_rv.is_some() {
+                ReconcileReason::ErrorPolicyRequestedRetry
+            } else {
+                ReconcileReason::ReconcilerRequestedRetry
+            };
+            self.schedule(request.obj_ref.clone(), reason, instant_at(due));
+        }
+        skip
+    }
+
     /// Starts the reconcile of one object read from disk.
-    fn start(&mut self, request: ReconcileRequest<K>, read: crate::Result<Option<Arc<K>>>) {
+    fn start(&mut self, fetched: Fetched<K>) {
+        let Fetched {
+            request,
+            read,
+            record,
+        } = fetched;
         let obj = match read {
             Ok(Some(obj)) => obj,
             Ok(None) => {
                 self.running_refs.remove(&request.obj_ref);
+                // Deleted objects leave the reconcile state with them.
+                if let Some(d) = self.durable.as_mut() {
+                    d.push(StateOp::Forget {
+                        suffix: suffix_of(&request.obj_ref),
+                    });
+                }
                 self.out
                     .push_back(Err(ControllerError::ObjectNotFound(Box::new(
                         request.obj_ref.erase(),
@@ -248,6 +408,13 @@ where
                 return;
             }
         };
+        if let Some(rec) = record
+            && self.skip(&request, &obj, &rec)
+        {
+            tracing::trace!(object = %request.obj_ref, reason = %request.reason, "already reconciled at this version, skipped");
+            self.running_refs.remove(&request.obj_ref);
+            return;
+        }
         let span = tracing::info_span!(
             "reconciling object",
             "object.ref" = %request.obj_ref,
@@ -270,9 +437,17 @@ where
 
     /// Applies the outcome of a finished reconcile: requeue, error policy, result item.
     fn finish(&mut self, done: Done<K, E>) -> RunItem<K, E> {
-        let finished_at = Instant::now();
+        let (finished_at, wall) = (Instant::now(), now_ms());
         let obj_ref = done.request.obj_ref;
         self.running_refs.remove(&obj_ref);
+        let meta = done.obj.meta();
+        let rv = meta.resource_version.clone().unwrap_or_default();
+        let outcome = match done.result {
+            Ok(_) => Outcome::Ok {
+                generation: meta.generation,
+            },
+            Err(_) => Outcome::Failed,
+        };
         let (action, reason, item) = match done.result {
             Ok(action) => (
                 action.clone(),
@@ -289,10 +464,22 @@ where
                 )
             }
         };
-        if let Some(after) = requeue_after(&action).filter(|_| !self.shutting_down) {
-            let run_at = finished_at
-                .checked_add(after.min(MAX_REQUEUE))
-                .unwrap_or(finished_at);
+        let after = requeue_after(&action).map(|a| a.min(MAX_REQUEUE));
+        let due_ms = after.map(|a| wall.saturating_add(a.as_millis() as u64));
+        let in_memory = match (self.durable.as_mut(), due_ms) {
+            (Some(d), due) => {
+                d.push(StateOp::Done {
+                    suffix: suffix_of(&obj_ref),
+                    rv,
+                    outcome,
+                    due_ms: due,
+                });
+                due.is_some_and(|due| d.in_window(due))
+            }
+            (None, due) => due.is_some(),
+        };
+        if let Some(after) = after.filter(|_| in_memory && !self.shutting_down) {
+            let run_at = finished_at.checked_add(after).unwrap_or(finished_at);
             self.schedule(obj_ref, reason, run_at);
         }
         item
@@ -327,19 +514,31 @@ where
             }
             let mut progressed = false;
             if !this.shutting_down {
-                while let Poll::Ready(Some((request, read))) = this.fetching.poll_next_unpin(cx) {
-                    this.start(request, read);
+                while let Poll::Ready(Some(fetched)) = this.fetching.poll_next_unpin(cx) {
+                    this.start(fetched);
                     progressed = true;
                 }
             }
             if this.shutting_down {
-                return if this.running.is_empty() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Pending
+                if !this.running.is_empty() {
+                    return Poll::Pending;
+                }
+                // The last results' state is written before the stream ends.
+                let Some(d) = this.durable.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                d.flush();
+                let _ = this.poll_durable(cx);
+                if !this.out.is_empty() {
+                    continue;
+                }
+                return match this.durable.as_ref().is_some_and(Durable::idle) {
+                    true => Poll::Ready(None),
+                    false => Poll::Pending,
                 };
             }
 
+            progressed |= this.poll_durable(cx);
             progressed |= this.poll_triggers(cx);
             progressed |= this.poll_sweep(cx);
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
@@ -369,5 +568,26 @@ where
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// The state key suffix of an object.
+fn suffix_of<K: Resource>(obj_ref: &ObjectRef<K>) -> Vec<u8> {
+    object_suffix(obj_ref.namespace.as_deref(), &obj_ref.name)
+}
+
+fn custom(reason: &str) -> ReconcileReason {
+    ReconcileReason::Custom {
+        reason: reason.to_string(),
+    }
+}
+
+/// Requests that need not run if the reconcile state shows their version handled: changes
+/// of the object itself and the startup pass's, not requeues, retries or related triggers.
+fn skippable(reason: &ReconcileReason) -> bool {
+    match reason {
+        ReconcileReason::ObjectUpdated => true,
+        ReconcileReason::Custom { reason } => reason == sweep::CHANGED || reason == sweep::DUE,
+        _ => false,
     }
 }

@@ -1,26 +1,82 @@
-//! Sweeps: reading every stored object's reference from disk, chunk by chunk.
+//! Sweeps: reading what to reconcile from disk, chunk by chunk.
 //!
-//! A blocking task iterates the store (lazily, one decoded object at a time) and hands
-//! chunks of references to the runner over a channel of capacity one. The runner takes the
-//! next chunk only once half of the previous one has started, so a sweep never holds more
-//! than about three chunks of references, whatever the size of the collection.
+//! A blocking task reads the store (and, for a durable controller, its reconcile state)
+//! and hands chunks of [`Plan`]s to the runner over a channel of capacity one. The runner
+//! takes the next chunk only once half of the previous one has started, so a sweep never
+//! holds more than about three chunks, whatever the size of the collection.
+//!
+//! - [`Sweep::all`]: every stored object, now (cold start, `reconcile_all_on`, and warm
+//!   restarts without durable state).
+//! - [`Sweep::startup`]: the startup pass of a durable controller, a merge of the objects
+//!   (key order) with their reconcile records (same order): objects never reconciled or
+//!   changed since (a resourceVersion other than the one last handled) now, requeues due
+//!   before `loaded_until` at their due time (now if past), and the records of objects
+//!   that no longer exist forgotten.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use kube::Resource;
+use kube::runtime::controller::ReconcileReason;
 use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::triggers::bare_ref;
 use crate::Reader;
+use crate::store::reconcile::{ControllerKeyspace, ReconcileRecord};
 
-/// A chunk of references, or a read error of one stored object (the sweep goes on).
-pub(crate) type Chunk<K> = crate::Result<Vec<ObjectRef<K>>>;
+/// Reason of a startup-pass reconcile of an object changed (or never reconciled).
+pub(crate) const CHANGED: &str = "changed since its last reconcile (startup pass)";
+/// Reason of a requeue read back from disk.
+pub(crate) const DUE: &str = "requeue due (durable state)";
+
+/// One thing a sweep asks of the runner.
+pub(crate) enum Plan<K: Resource> {
+    /// Reconcile `obj_ref`, now (`at_ms: None`) or when this wall-clock time comes.
+    Reconcile {
+        obj_ref: ObjectRef<K>,
+        reason: ReconcileReason,
+        at_ms: Option<u64>,
+    },
+    /// Forget the reconcile record of an object that no longer exists.
+    Forget(Vec<u8>),
+}
+
+/// A chunk of plans, or a read error (the sweep goes on, or ends after a state error).
+pub(crate) type Chunk<K> = crate::Result<Vec<Plan<K>>>;
+
+/// What the startup pass reconciles besides due requeues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PassMode {
+    /// Every object (`StartupMode::ReconcileAll`).
+    All,
+    /// Objects changed or never reconciled.
+    Changed,
+    /// Nothing but due requeues (`StartupMode::Nothing` on a warm restart).
+    DueOnly,
+}
+
+/// Options of a startup pass.
+pub(crate) struct Pass {
+    pub(crate) mode: PassMode,
+    /// Requeues due before this (unix ms) are scheduled; later ones stay on disk.
+    pub(crate) loaded_until: u64,
+    /// Skip objects whose `metadata.generation` equals the last successful one's.
+    pub(crate) generation_filter: bool,
+}
 
 /// A running sweep; dropping it stops the reading task.
 pub(crate) struct Sweep<K: Resource> {
     rx: mpsc::Receiver<Chunk<K>>,
+}
+
+/// The reference of a key suffix (`namespace \0 name`).
+pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) -> ObjectRef<K> {
+    let ns = crate::store::suffix_namespace(suffix);
+    let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
+    let r = ObjectRef::new_with(&name, dyntype);
+    if ns.is_empty() { r } else { r.within(ns) }
 }
 
 impl<K> Sweep<K>
@@ -28,8 +84,8 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone + Send + 'static,
 {
-    /// Start reading `reader`'s objects in chunks of `chunk` references.
-    pub(crate) fn start(reader: Reader<K>, dyntype: K::DynamicType, chunk: usize) -> Self {
+    /// Start reading every object of `reader`, in chunks of `chunk` references.
+    pub(crate) fn all(reader: Reader<K>, dyntype: K::DynamicType, chunk: usize) -> Self {
         let (tx, rx) = mpsc::channel(1);
         tokio::task::spawn_blocking(move || {
             let mut buf = Vec::with_capacity(chunk);
@@ -37,7 +93,11 @@ where
             for item in reader.iter() {
                 let sent = match item {
                     Ok(obj) => {
-                        buf.push(bare_ref(&obj, dyntype.clone()));
+                        buf.push(Plan::Reconcile {
+                            obj_ref: bare_ref(&obj, dyntype.clone()),
+                            reason: ReconcileReason::BulkReconcile,
+                            at_ms: None,
+                        });
                         total += 1;
                         if buf.len() < chunk {
                             continue;
@@ -62,8 +122,202 @@ where
         Sweep { rx }
     }
 
+    /// Start the startup pass of a durable controller over `reader`'s objects and `ks`'s
+    /// records, reading `chunk` of each at a time.
+    pub(crate) fn startup(
+        reader: Reader<K>,
+        ks: Arc<ControllerKeyspace>,
+        dyntype: K::DynamicType,
+        chunk: usize,
+        pass: Pass,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(1);
+        tokio::task::spawn_blocking(move || {
+            let mut merge = Merge {
+                reader,
+                ks,
+                dyntype,
+                chunk,
+                pass,
+                now: super::state::now_ms(),
+                counts: [0; 4],
+            };
+            if let Err(e) = merge.run(&tx) {
+                let _ = tx.blocking_send(Err(e));
+            }
+            let [now, later, forgotten, objects] = merge.counts;
+            tracing::info!(
+                objects,
+                reconcile_now = now,
+                requeues_scheduled = later,
+                forgotten,
+                "startup pass over the reconcile state done"
+            );
+        });
+        Sweep { rx }
+    }
+
     /// The next chunk; `Ready(None)` once the whole store was read.
     pub(crate) fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Chunk<K>>> {
         self.rx.poll_recv(cx)
+    }
+}
+
+/// The merge of objects and records behind [`Sweep::startup`].
+struct Merge<K: Resource> {
+    reader: Reader<K>,
+    ks: Arc<ControllerKeyspace>,
+    dyntype: K::DynamicType,
+    chunk: usize,
+    pass: Pass,
+    now: u64,
+    /// Reconciles now, requeues scheduled later, records forgotten, objects read.
+    counts: [u64; 4],
+}
+
+/// A paged, ordered source of (suffix, value).
+struct Paged<T> {
+    buf: std::collections::VecDeque<(Vec<u8>, T)>,
+    cursor: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl<T> Paged<T> {
+    fn new() -> Self {
+        Paged {
+            buf: Default::default(),
+            cursor: None,
+            done: false,
+        }
+    }
+
+    fn peek(
+        &mut self,
+        chunk: usize,
+        read: impl Fn(Option<&[u8]>, usize) -> crate::Result<Vec<(Vec<u8>, T)>>,
+    ) -> crate::Result<Option<&(Vec<u8>, T)>> {
+        if self.buf.is_empty() && !self.done {
+            let page = read(self.cursor.as_deref(), chunk)?;
+            self.done = page.len() < chunk;
+            if let Some((last, _)) = page.last() {
+                self.cursor = Some(last.clone());
+            }
+            self.buf.extend(page);
+        }
+        Ok(self.buf.front())
+    }
+}
+
+impl<K> Merge<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone,
+{
+    fn run(&mut self, tx: &mpsc::Sender<Chunk<K>>) -> crate::Result<()> {
+        let mut objects = Paged::<String>::new();
+        let mut records = Paged::<ReconcileRecord>::new();
+        let mut out = Vec::with_capacity(self.chunk);
+        let (reader, ks) = (self.reader.clone(), self.ks.clone());
+        loop {
+            let obj = objects
+                .peek(self.chunk, |c, n| reader.versions_after(c, n))?
+                .map(|(s, _)| s.clone());
+            let rec = records
+                .peek(self.chunk, |c, n| ks.records_after(c, n))?
+                .map(|(s, _)| s.clone());
+            let plan = match (obj, rec) {
+                (None, None) => break,
+                (Some(o), Some(r)) if o == r => {
+                    let (suffix, rv) = objects.buf.pop_front().expect("peeked");
+                    let (_, rec) = records.buf.pop_front().expect("peeked");
+                    self.counts[3] += 1;
+                    self.decide(&suffix, &rv, Some(&rec))
+                }
+                (Some(o), r) if r.as_ref().is_none_or(|r| o < *r) => {
+                    let (suffix, rv) = objects.buf.pop_front().expect("peeked");
+                    self.counts[3] += 1;
+                    self.decide(&suffix, &rv, None)
+                }
+                _ => {
+                    let (suffix, _) = records.buf.pop_front().expect("peeked");
+                    self.counts[2] += 1;
+                    Some(Plan::Forget(suffix))
+                }
+            };
+            if let Some(plan) = plan {
+                out.push(plan);
+                if out.len() >= self.chunk {
+                    let full = std::mem::replace(&mut out, Vec::with_capacity(self.chunk));
+                    if tx.blocking_send(Ok(full)).is_err() {
+                        return Ok(()); // the controller stopped
+                    }
+                }
+            }
+        }
+        if !out.is_empty() {
+            let _ = tx.blocking_send(Ok(out));
+        }
+        Ok(())
+    }
+
+    /// What to do with one stored object and its record.
+    fn decide(
+        &mut self,
+        suffix: &[u8],
+        rv: &str,
+        rec: Option<&ReconcileRecord>,
+    ) -> Option<Plan<K>> {
+        let obj_ref = suffix_ref::<K>(suffix, self.dyntype.clone());
+        let now = |reason: &str| {
+            Some(Plan::Reconcile {
+                obj_ref: obj_ref.clone(),
+                reason: ReconcileReason::Custom {
+                    reason: reason.to_string(),
+                },
+                at_ms: None,
+            })
+        };
+        let changed = match rec {
+            None => true,
+            Some(rec) => rec.handled_rv() != Some(rv) && !self.same_generation(suffix, rec),
+        };
+        if self.pass.mode == PassMode::All || (changed && self.pass.mode == PassMode::Changed) {
+            self.counts[0] += 1;
+            return now(CHANGED);
+        }
+        let due = rec.and_then(|r| r.due_ms)?;
+        if due >= self.pass.loaded_until {
+            return None; // read from disk when it comes near
+        }
+        if due <= self.now {
+            self.counts[0] += 1;
+        } else {
+            self.counts[1] += 1;
+        }
+        Some(Plan::Reconcile {
+            obj_ref,
+            reason: ReconcileReason::Custom {
+                reason: DUE.to_string(),
+            },
+            at_ms: Some(due),
+        })
+    }
+
+    /// With the generation filter: whether the object's `metadata.generation` is the one
+    /// last reconciled successfully (a change of status or metadata only).
+    fn same_generation(&self, suffix: &[u8], rec: &ReconcileRecord) -> bool {
+        if !self.pass.generation_filter || rec.failed_rv.is_some() {
+            return false;
+        }
+        let Some(done) = rec.ok_generation else {
+            return false;
+        };
+        let ns = crate::store::suffix_namespace(suffix);
+        let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
+        let ns = (!ns.is_empty()).then_some(ns);
+        match self.reader.get_named(ns, &name) {
+            Ok(Some(obj)) => obj.meta().generation == Some(done),
+            _ => false,
+        }
     }
 }

@@ -20,6 +20,9 @@ pub(crate) enum Trigger<K: Resource> {
     Request(ReconcileRequest<K>),
     /// Reconcile every stored object of the main kind (a sweep over the store on disk).
     ReconcileAll,
+    /// The main kind's store is ready: after its first list (`cold`) or resumed from its
+    /// checkpoint. The runner decides what to reconcile ([`Config::startup`](super::Config::startup)).
+    Startup { cold: bool },
 }
 
 /// A boxed trigger stream.
@@ -34,15 +37,11 @@ pub(crate) fn bare_ref<K: Resource>(obj: &K, dyntype: K::DynamicType) -> ObjectR
 }
 
 /// The main kind's persistent watcher. Changes schedule the object itself; the end of the
-/// first list (`InitDone`), and a warm restart (`Resumed`) when `all_on_resume`, ask for a
-/// sweep. The first list's objects (`InitApply`) are not scheduled one by one: the sweep
-/// after `InitDone` reads them back from disk in chunks, so the scheduler never receives
-/// the whole first list at once.
-pub(crate) fn main_kind<K>(
-    watcher: Watcher<K>,
-    dyntype: K::DynamicType,
-    all_on_resume: bool,
-) -> TriggerStream<K>
+/// first list (`InitDone`) and a warm restart (`Resumed`) are the startup. The first list's
+/// objects (`InitApply`) are not scheduled one by one: the sweep after `InitDone` reads
+/// them back from disk in chunks, so the scheduler never receives the whole first list at
+/// once.
+pub(crate) fn main_kind<K>(watcher: Watcher<K>, dyntype: K::DynamicType) -> TriggerStream<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone + Send + Sync + 'static,
@@ -51,8 +50,8 @@ where
         .stream()
         .filter_map(move |ev| {
             let out = match ev {
-                Ok(Event::Resumed { .. }) => all_on_resume.then_some(Ok(Trigger::ReconcileAll)),
-                Ok(Event::InitDone) => Some(Ok(Trigger::ReconcileAll)),
+                Ok(Event::Resumed { .. }) => Some(Ok(Trigger::Startup { cold: false })),
+                Ok(Event::InitDone) => Some(Ok(Trigger::Startup { cold: true })),
                 Ok(Event::Init | Event::InitApply(_)) => None,
                 Ok(Event::Apply(k) | Event::Delete(k)) => {
                     Some(Ok(Trigger::Request(ReconcileRequest {

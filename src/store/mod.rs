@@ -8,6 +8,7 @@ pub(crate) mod inspect;
 mod keys;
 mod perms;
 pub(crate) mod reader;
+pub(crate) mod reconcile;
 pub(crate) mod record;
 pub(crate) mod verify;
 pub(crate) mod worker;
@@ -298,6 +299,25 @@ impl Db {
         self.inner.storage.size_on_disk()
     }
 
+    /// Hold `name` (a stream, or `controller/<name>`) as open in this process until the
+    /// lease is dropped: one writer per keyspace.
+    pub(crate) fn lease(&self, name: &str, what: &str) -> Result<StreamLease> {
+        let mut open = self
+            .inner
+            .open_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !open.insert(name.to_string()) {
+            return Err(Error::Config(format!(
+                "{what} {name:?} is already open in this process (one writer per {what})"
+            )));
+        }
+        Ok(StreamLease {
+            db: self.inner.clone(),
+            name: name.to_string(),
+        })
+    }
+
     /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
     /// different identity is wiped (and the reason logged): it must not be resumed.
     pub(crate) fn open_stream(
@@ -309,22 +329,7 @@ impl Db {
         if name.is_empty() {
             return Err(Error::Config("stream name must not be empty".into()));
         }
-        {
-            let mut open = self
-                .inner
-                .open_streams
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if !open.insert(name.to_string()) {
-                return Err(Error::Config(format!(
-                    "stream {name:?} is already open in this process (one writer per stream)"
-                )));
-            }
-        }
-        let lease = StreamLease {
-            db: self.inner.clone(),
-            name: name.to_string(),
-        };
+        let lease = self.lease(name, "stream")?;
         let path = &self.inner.path;
         let backend = self.inner.storage.keyspace(name)?;
 

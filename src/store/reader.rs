@@ -236,6 +236,28 @@ where
         }
     }
 
+    /// Up to `limit` stored objects after `cursor` (the last key suffix read), in key
+    /// order: (key suffix, resourceVersion), read from the record heads without decoding
+    /// bodies. Blocking: for the controller's startup pass on the blocking pool.
+    pub(crate) fn versions_after(
+        &self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, String)>> {
+        let (start, end) = keys::range(OBJECT, None);
+        let start = keys::resume_after(cursor.map(|c| keys::tagged(OBJECT, c)), start);
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for entry in self.backend.range(&start, &end).take(limit) {
+            let (k, v) = entry?;
+            let head = record::decode_ref(&v).map_err(|detail| Error::Corrupt {
+                path: (*self.path).clone(),
+                detail: format!("record {}: {detail}", keys::display(&k[1..])),
+            })?;
+            out.push((k[1..].to_vec(), head.resource_version.to_string()));
+        }
+        Ok(out)
+    }
+
     /// Number of stored objects (kept in the checkpoint record, no scan).
     ///
     /// ```

@@ -154,6 +154,22 @@ pub(crate) fn prepare(
     })
 }
 
+/// Whether `new` has the same content as `old` besides metadata and status (and the type
+/// fields): a write that does not change the generation.
+pub(crate) fn same_desired_state(old: &StoredObject, new: &Map<String, Value>) -> bool {
+    const IGNORED: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+    let Value::Object(old) = old.value() else {
+        return false;
+    };
+    let strip = |m: &Map<String, Value>| -> Map<String, Value> {
+        m.iter()
+            .filter(|(k, _)| !IGNORED.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    strip(&old) == strip(new)
+}
+
 /// Server-assigned fields for one write.
 pub(crate) struct Stamp<'a> {
     pub rev: u64,

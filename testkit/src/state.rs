@@ -242,7 +242,13 @@ impl State {
             rv: &rv,
             uid: &old.uid,
             created: &old.created,
-            generation: old.generation + 1,
+            // As kube-apiserver: the generation counts changes of the desired state, not of
+            // metadata (labels, annotations, ...) or status.
+            generation: if object::same_desired_state(&old, &p.value) {
+                old.generation
+            } else {
+                old.generation + 1
+            },
         };
         let obj = Arc::new(object::finalize(&self.types[ty], p, stamp));
         self.collections[ty].insert(key, obj.clone());

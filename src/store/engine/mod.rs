@@ -76,12 +76,26 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn disk_bytes(&self) -> Result<u64>;
 }
 
-/// A store directory's storage: one keyspace per stream.
+/// Keyspaces of streams are named `stream/<name>` in the engine.
+pub(crate) const STREAMS: &str = "stream/";
+/// Keyspaces of controllers' reconcile state are named `controller/<name>`.
+pub(crate) const CONTROLLERS: &str = "controller/";
+
+/// A store directory's storage: one keyspace per stream, and one per durable controller.
 pub(crate) trait Storage: Send + Sync + 'static {
+    /// Open (creating if needed) the keyspace `<space><name>` (`space`: [`STREAMS`] or
+    /// [`CONTROLLERS`]).
+    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>>;
+    /// Names (without the prefix) of the keyspaces of `space`, in any order.
+    fn spaces(&self, space: &str) -> Result<Vec<String>>;
     /// Open (creating if needed) the keyspace of stream `stream`.
-    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>>;
+    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+        self.space(STREAMS, stream)
+    }
     /// Names of the streams that have a keyspace, in any order.
-    fn keyspaces(&self) -> Result<Vec<String>>;
+    fn keyspaces(&self) -> Result<Vec<String>> {
+        self.spaces(STREAMS)
+    }
     /// Make everything applied so far durable.
     fn flush(&self) -> Result<()>;
     /// Bytes the engine's files occupy on disk.

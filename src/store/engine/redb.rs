@@ -18,9 +18,6 @@ use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, ca
 use crate::error::{Error, Result};
 use crate::store::{DbConfig, Durability};
 
-/// Prefix of the table names holding streams.
-const TABLE_PREFIX: &str = "stream/";
-
 /// Entries a range scan reads per read transaction: scans never pin an old snapshot for long.
 const SCAN_CHUNK: usize = 256;
 
@@ -168,19 +165,19 @@ impl Drop for Shared {
 }
 
 impl Storage for RedbStorage {
-    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>> {
         Ok(Arc::new(RedbTable {
             shared: self.shared.clone(),
-            name: Arc::from(format!("{TABLE_PREFIX}{stream}")),
+            name: Arc::from(format!("{space}{name}")),
         }))
     }
 
-    fn keyspaces(&self) -> Result<Vec<String>> {
+    fn spaces(&self, space: &str) -> Result<Vec<String>> {
         let s = &self.shared;
         let txn = s.db.begin_read().map_err(|e| s.err(e))?;
         let tables = txn.list_tables().map_err(|e| s.err(e))?;
         Ok(tables
-            .filter_map(|t| t.name().strip_prefix(TABLE_PREFIX).map(str::to_string))
+            .filter_map(|t| t.name().strip_prefix(space).map(str::to_string))
             .collect())
     }
 

@@ -11,9 +11,6 @@ use crate::store::{DbConfig, Durability};
 pub(super) const FILES: &[&str] = &["conf", "db", "blobs"];
 pub(super) const REQUIRED: &[&str] = &["conf", "db"];
 
-/// Prefix of the tree names holding streams.
-const TREE_PREFIX: &str = "stream/";
-
 /// Whether `path` holds sled's files (a store from before the `engine` file existed).
 pub(super) fn looks_like_store(path: &Path) -> bool {
     REQUIRED.iter().all(|f| path.join(f).is_file())
@@ -59,10 +56,10 @@ impl SledStorage {
 }
 
 impl Storage for SledStorage {
-    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>> {
         let tree = self
             .sled
-            .open_tree(format!("{TREE_PREFIX}{stream}"))
+            .open_tree(format!("{space}{name}"))
             .map_err(|e| self.err(e))?;
         Ok(Arc::new(SledTree {
             tree,
@@ -71,12 +68,12 @@ impl Storage for SledStorage {
         }))
     }
 
-    fn keyspaces(&self) -> Result<Vec<String>> {
+    fn spaces(&self, space: &str) -> Result<Vec<String>> {
         Ok(self
             .sled
             .tree_names()
             .iter()
-            .filter_map(|n| std::str::from_utf8(n).ok()?.strip_prefix(TREE_PREFIX))
+            .filter_map(|n| std::str::from_utf8(n).ok()?.strip_prefix(space))
             .map(str::to_string)
             .collect())
     }
