@@ -46,7 +46,8 @@ enum Command {
     /// Figures per stream, as text or JSON.
     ///
     /// Per stream: objects, checkpoint, phase, bytes on disk, engine, format version and
-    /// identity fields (kind, URL, selectors, shard, transform, encryption).
+    /// identity fields (kind, URL, selectors, shard, transform, encryption). Per durable
+    /// controller: its kinds, objects tracked, pending requeues, the oldest due time.
     Stats {
         /// The store directory.
         dir: PathBuf,

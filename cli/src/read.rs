@@ -1,6 +1,7 @@
 //! The read-only commands: inspect, stats, get, dump.
 
 use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use kube_persist::{Db, StreamInfo};
 use serde_json::json;
@@ -72,6 +73,7 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
     for s in &streams {
         rows.push((s, db.stream_disk_bytes(&s.name)?));
     }
+    let controllers = db.controller_states()?;
     let mut out = std::io::stdout().lock();
     if as_json {
         let streams: Vec<_> = rows
@@ -100,11 +102,24 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
                 })
             })
             .collect();
+        let controllers: Vec<_> = controllers
+            .iter()
+            .map(|c| {
+                json!({
+                    "name": c.name,
+                    "kinds": c.kinds,
+                    "objects_tracked": c.objects,
+                    "pending_requeues": c.pending_requeues,
+                    "oldest_due_unix_ms": c.oldest_due.map(unix_ms),
+                })
+            })
+            .collect();
         let doc = json!({
             "path": db.path().display().to_string(),
             "engine": engine,
             "disk_bytes": total,
             "streams": streams,
+            "controllers": controllers,
         });
         writeln!(out, "{doc:#}")?;
         return Ok(());
@@ -139,7 +154,32 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
         writeln!(out, "  transform:   {transform}")?;
         writeln!(out, "  encrypted:   {}", encryption(s))?;
     }
+    for c in &controllers {
+        writeln!(out, "controller {}", c.name)?;
+        writeln!(out, "  kinds:             {}", c.kinds.join(", "))?;
+        writeln!(out, "  objects tracked:   {}", c.objects)?;
+        writeln!(out, "  pending requeues:  {}", c.pending_requeues)?;
+        let due = match c.oldest_due {
+            Some(t) => describe_due(t),
+            None => "-".into(),
+        };
+        writeln!(out, "  oldest due:        {due}")?;
+    }
     Ok(())
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A due time as unix milliseconds and relative to now ("in 5 s", "12 s ago").
+fn describe_due(t: SystemTime) -> String {
+    let rel = match t.duration_since(SystemTime::now()) {
+        Ok(ahead) => format!("in {} s", ahead.as_secs()),
+        Err(e) => format!("{} s ago", e.duration().as_secs()),
+    };
+    format!("{} (unix ms; {rel})", unix_ms(t))
 }
 
 pub(crate) fn get(db: &Db, stream: &str, object: &str) -> Outcome {

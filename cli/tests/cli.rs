@@ -84,6 +84,8 @@ async fn synced_store(engine: Engine, server: &TestServer, dir: &Path) -> String
             .resource_versions(&ResourceType::pods())
             .len()
     );
+    drop(db);
+    wait_unlocked(dir);
     info.checkpoint.expect("a synced store has a checkpoint")
 }
 
@@ -292,6 +294,7 @@ async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
         sync_pods(&server, &db).await;
         db.flush().unwrap();
     }
+    wait_unlocked(&dir);
     let hex: String = std::iter::repeat_n("09", 32).collect();
     let cli = |args: &[&str], with_key: bool| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kube-persist"));
@@ -359,6 +362,98 @@ async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
     }
 }
 
+/// `stats` shows a durable controller's state: objects tracked, pending requeues, the
+/// oldest due time.
+async fn stats_shows_controller_state(engine: Engine) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::controller::Action;
+    use kube_persist::controller::{self, Controller};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    let server = TestServer::start().await;
+    server.handle().seed_pods(30, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let before_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    {
+        let db = Db::open_with(&dir, DbConfig::default().engine(engine)).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = std::sync::Mutex::new(Some(tx));
+        let controller = Controller::for_store(
+            &db,
+            "pods",
+            kube::Api::<Pod>::all(server.client()),
+            kube_persist::Config::default(),
+            controller::Config::default(),
+        )
+        .unwrap()
+        .durable_state(&db, "labeler")
+        .unwrap()
+        .graceful_shutdown_on(async move {
+            let _ = rx.await;
+        });
+        let count = done.clone();
+        controller
+            .run(
+                move |_pod: Arc<Pod>, _ctx: Arc<()>| {
+                    let count = count.clone();
+                    async move {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, kube::Error>(Action::requeue(Duration::from_secs(3600)))
+                    }
+                },
+                |_pod: Arc<Pod>, _err: &kube::Error, _ctx: Arc<()>| Action::await_change(),
+                Arc::new(()),
+            )
+            .for_each(|_| {
+                if done.load(Ordering::SeqCst) == 30 {
+                    if let Some(tx) = tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                }
+                async {}
+            })
+            .await;
+        db.flush().unwrap();
+    }
+    wait_unlocked(&dir);
+    let d = dir.to_str().unwrap();
+    let run = tool(&["stats", d], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    for line in [
+        "controller labeler",
+        "  kinds:             v1/Pod",
+        "  objects tracked:   30",
+        "  pending requeues:  30",
+    ] {
+        assert!(
+            run.out.lines().any(|l| l == line),
+            "no line {line:?} in\n{}",
+            run.out
+        );
+    }
+    let run = tool(&["stats", d, "--json"], &[], None);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    let c = &doc["controllers"][0];
+    assert_eq!(
+        (c["name"].as_str(), c["objects_tracked"].as_u64()),
+        (Some("labeler"), Some(30))
+    );
+    assert_eq!(c["pending_requeues"], 30);
+    let due = c["oldest_due_unix_ms"].as_u64().unwrap();
+    assert!(
+        due >= before_ms + 3_500_000,
+        "due {due}, started {before_ms}"
+    );
+}
+
 #[test]
 fn every_command_has_help() {
     for command in ["inspect", "stats", "get", "dump", "verify", "destroy"] {
@@ -377,6 +472,7 @@ fn every_command_has_help() {
 engine_tests! {
     async: verify_equal_stale_compacted_and_damaged_stores,
         stats_text_and_json,
+        stats_shows_controller_state,
         destroy_confirms_and_refuses_non_stores,
         cli_inspect_get_dump_with_and_without_key,
 }

@@ -459,3 +459,26 @@ pub async fn sync_pods(server: &kube_persist_testkit::TestServer, db: &Db) {
     w.until(|e| *e == Ev::InitDone).await;
     w.stop().await;
 }
+
+/// Wait until no process holds the engine's file lock on the store at `dir` (sled frees it
+/// a moment after the last handle is dropped): before another process opens the store.
+pub fn wait_unlocked(dir: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for file in ["db", "data.redb"] {
+        let Ok(f) = std::fs::File::open(dir.join(file)) else {
+            continue;
+        };
+        // flock on our own open file: it fails while the store's handle holds the lock,
+        // and closing `f` drops ours at once.
+        // SAFETY: flock on a valid descriptor owned by `f`.
+        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} stays locked",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
