@@ -413,10 +413,10 @@ async fn stats_shows_controller_state(engine: Engine) {
                 Arc::new(()),
             )
             .for_each(|_| {
-                if done.load(Ordering::SeqCst) == 30 {
-                    if let Some(tx) = tx.lock().unwrap().take() {
-                        let _ = tx.send(());
-                    }
+                if done.load(Ordering::SeqCst) == 30
+                    && let Some(tx) = tx.lock().unwrap().take()
+                {
+                    let _ = tx.send(());
                 }
                 async {}
             })
