@@ -79,6 +79,11 @@ impl Default for Config {
 impl Config {
     /// The most reconciles running at once; `0` (the default, as in kube-runtime) means no
     /// limit. Whatever the limit, one object is never reconciled twice at once.
+    ///
+    /// ```
+    /// let cfg = kube_persist::controller::Config::default().concurrency(8);
+    /// assert_eq!(cfg.get_concurrency(), 8);
+    /// ```
     #[must_use]
     pub fn concurrency(mut self, concurrency: u16) -> Self {
         self.concurrency = concurrency;
@@ -87,6 +92,12 @@ impl Config {
 
     /// Trailing-edge debounce of reconcile requests (kube-runtime's `debounce`): a request
     /// waits until no other request for the same object arrived for this long. Default zero.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = kube_persist::controller::Config::default().debounce(Duration::from_millis(50));
+    /// assert_eq!(cfg.get_debounce(), Duration::from_millis(50));
+    /// ```
     #[must_use]
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
@@ -100,6 +111,12 @@ impl Config {
     /// reconciles every object (reconciles that were running or queued when the process died
     /// are lost, and the watch only replays changes). The sweep reads the store from disk
     /// in chunks; it makes no LIST call.
+    ///
+    /// ```
+    /// use kube_persist::controller::{Config, StartupMode};
+    /// assert_eq!(Config::default().reconcile_all_on_start(true).get_startup(), StartupMode::ReconcileAll);
+    /// assert_eq!(Config::default().reconcile_all_on_start(false).get_startup(), StartupMode::Nothing);
+    /// ```
     #[must_use]
     pub fn reconcile_all_on_start(mut self, on: bool) -> Self {
         self.startup = if on {
@@ -111,6 +128,13 @@ impl Config {
     }
 
     /// What a restart reconciles (default [`StartupMode::Changed`]).
+    ///
+    /// ```
+    /// use kube_persist::controller::{Config, StartupMode};
+    /// assert_eq!(Config::default().get_startup(), StartupMode::Changed);
+    /// let cfg = Config::default().startup(StartupMode::ReconcileAll);
+    /// assert_eq!(cfg.get_startup(), StartupMode::ReconcileAll);
+    /// ```
     #[must_use]
     pub fn startup(mut self, mode: StartupMode) -> Self {
         self.startup = mode;
@@ -121,6 +145,15 @@ impl Config {
     /// scheduler (in memory); later ones stay on disk, indexed by due time, and are read back
     /// (every half window) as they come near. Default 5 minutes, at least 1 second. Without
     /// durable state every requeue is held in memory.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_persist::controller::Config;
+    /// let cfg = Config::default().requeue_window(Duration::from_secs(60));
+    /// assert_eq!(cfg.get_requeue_window(), Duration::from_secs(60));
+    /// // At least one second.
+    /// assert_eq!(Config::default().requeue_window(Duration::ZERO).get_requeue_window(), Duration::from_secs(1));
+    /// ```
     #[must_use]
     pub fn requeue_window(mut self, window: Duration) -> Self {
         self.requeue_window = window.max(Duration::from_secs(1));
@@ -141,6 +174,11 @@ impl Config {
     ///   to requeues, error retries or triggers from related objects.
     /// - Without [`Controller::durable_state`](super::Controller::durable_state) it does
     ///   nothing: the last reconciled generation is kept in that state.
+    ///
+    /// ```
+    /// let cfg = kube_persist::controller::Config::default().skip_unchanged_generation(true);
+    /// assert!(cfg.get_skip_unchanged_generation());
+    /// ```
     #[must_use]
     pub fn skip_unchanged_generation(mut self, on: bool) -> Self {
         self.skip_unchanged_generation = on;
@@ -152,6 +190,12 @@ impl Config {
     /// scheduler at a time (default 500, at least 1). The next chunk is read from disk once
     /// half of the previous one has started, so a sweep holds at most about three chunks of
     /// references in memory, never the whole collection.
+    ///
+    /// ```
+    /// use kube_persist::controller::Config;
+    /// assert_eq!(Config::default().sweep_chunk(100).get_sweep_chunk(), 100);
+    /// assert_eq!(Config::default().sweep_chunk(0).get_sweep_chunk(), 1);
+    /// ```
     #[must_use]
     pub fn sweep_chunk(mut self, refs: usize) -> Self {
         self.sweep_chunk = refs.max(1);
@@ -159,37 +203,72 @@ impl Config {
     }
 
     /// The configured concurrency limit (`0`: none).
+    ///
+    /// ```
+    /// // No limit by default, as in kube-runtime.
+    /// assert_eq!(kube_persist::controller::Config::default().get_concurrency(), 0);
+    /// ```
     pub fn get_concurrency(&self) -> u16 {
         self.concurrency
     }
 
     /// The configured debounce.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(kube_persist::controller::Config::default().get_debounce(), Duration::ZERO);
+    /// ```
     pub fn get_debounce(&self) -> Duration {
         self.debounce
     }
 
     /// Whether a warm restart may reconcile every stored object: `false` only for
     /// [`StartupMode::Nothing`] (see [`Config::get_startup`]).
+    ///
+    /// ```
+    /// use kube_persist::controller::Config;
+    /// assert!(Config::default().get_reconcile_all_on_start());
+    /// assert!(!Config::default().reconcile_all_on_start(false).get_reconcile_all_on_start());
+    /// ```
     pub fn get_reconcile_all_on_start(&self) -> bool {
         self.startup != StartupMode::Nothing
     }
 
     /// The startup mode.
+    ///
+    /// ```
+    /// use kube_persist::controller::{Config, StartupMode};
+    /// assert_eq!(Config::default().get_startup(), StartupMode::Changed);
+    /// ```
     pub fn get_startup(&self) -> StartupMode {
         self.startup
     }
 
     /// The requeue window of durable state.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let window = kube_persist::controller::Config::default().get_requeue_window();
+    /// assert_eq!(window, Duration::from_secs(300));
+    /// ```
     pub fn get_requeue_window(&self) -> Duration {
         self.requeue_window
     }
 
     /// Whether changes that leave the generation unchanged are skipped.
+    ///
+    /// ```
+    /// assert!(!kube_persist::controller::Config::default().get_skip_unchanged_generation());
+    /// ```
     pub fn get_skip_unchanged_generation(&self) -> bool {
         self.skip_unchanged_generation
     }
 
     /// References per sweep chunk.
+    ///
+    /// ```
+    /// assert_eq!(kube_persist::controller::Config::default().get_sweep_chunk(), 500);
+    /// ```
     pub fn get_sweep_chunk(&self) -> usize {
         self.sweep_chunk
     }

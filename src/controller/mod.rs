@@ -183,6 +183,18 @@ where
     }
 
     /// Like [`Controller::new`], for kinds with a runtime type (e.g. `DynamicObject`).
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    /// use kube_persist::controller::{Config, Controller};
+    /// let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
+    /// let ar = ApiResource::from_gvk(&gvk);
+    /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
+    /// let (reader, watcher) = db.store_with("widgets", api, Default::default(), &ar)?;
+    /// let controller = Controller::new_with(reader, watcher, Config::default(), ar);
+    /// # let _ = controller; Ok(()) }
+    /// ```
     pub fn new_with(
         reader: Reader<K>,
         watcher: Watcher<K>,
@@ -266,6 +278,17 @@ where
     }
 
     /// A [`Reader`] of the controlled objects (for lookups from the reconciler's context).
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::controller::{Config, Controller};
+    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
+    ///     Default::default(), Config::default())?;
+    /// let reader = controller.reader(); // e.g. put it in the reconciler's context
+    /// let web = reader.get_named(Some("default"), "web-0")?;
+    /// # Ok(()) }
+    /// ```
     pub fn reader(&self) -> Reader<K> {
         self.reader.clone()
     }

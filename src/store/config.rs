@@ -52,7 +52,7 @@ pub enum Durability {
     EveryBatch,
 }
 
-/// Options for [`Db::open_with`].
+/// Options for [`Db::open_with`](crate::Db::open_with).
 ///
 /// ```
 /// use std::time::Duration;
@@ -120,7 +120,7 @@ impl DbConfig {
 
     /// Encrypt every stored object body with `key` (XChaCha20-Poly1305, fresh nonce per
     /// record). The key is never written to disk; streams record its fingerprint, and opening
-    /// them with a missing or different key is [`Error::Encryption`].
+    /// them with a missing or different key is [`Error::Encryption`](crate::Error::Encryption).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -146,7 +146,7 @@ impl DbConfig {
     }
 
     /// Refuse to open a store whose directory or files are accessible by group or others
-    /// ([`Error::Permissions`]) instead of logging a warning and tightening them.
+    /// ([`Error::Permissions`](crate::Error::Permissions)) instead of logging a warning and tightening them.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -207,8 +207,8 @@ impl DbConfig {
     /// Choose the storage engine. Without this call a new store directory gets
     /// [`Engine::Redb`] (see [`Engine`] for why) and an existing one is opened with the
     /// engine recorded in it. With it, a new store directory records `engine`, and an
-    /// existing one written by the other engine is [`Error::EngineMismatch`] (never a silent
-    /// wipe). [`Db::engine`] tells which engine an opened store uses.
+    /// existing one written by the other engine is [`Error::EngineMismatch`](crate::Error::EngineMismatch) (never a silent
+    /// wipe). [`Db::engine`](crate::Db::engine) tells which engine an opened store uses.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {

@@ -295,6 +295,16 @@ impl ControllerKeyspace {
 }
 
 /// A durable controller's reconcile state, as [`Db::controller_states`] describes it.
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = kube_persist::Db::open(dir.path())?;
+/// // No durable controller has run on this store yet.
+/// let states: Vec<kube_persist::ControllerStateInfo> = db.controller_states()?;
+/// assert!(states.is_empty());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ControllerStateInfo {
@@ -312,6 +322,16 @@ pub struct ControllerStateInfo {
 }
 
 /// One object's reconcile record, as [`Db::reconcile_states`] yields it.
+///
+/// ```no_run
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+/// for record in db.reconcile_states("labeler")? {
+///     let r: kube_persist::ReconcileStateInfo = record?;
+///     println!("{:?}/{} reconciled at {:?}, due {:?}", r.namespace, r.name, r.resource_version, r.due);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReconcileStateInfo {
@@ -330,6 +350,15 @@ pub struct ReconcileStateInfo {
 }
 
 /// Records of one controller, read lazily from disk; see [`Db::reconcile_states`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+/// let records: kube_persist::ReconcileStates = db.reconcile_states("labeler")?;
+/// let pending = records.filter_map(Result::ok).filter(|r| r.due.is_some()).count();
+/// println!("{pending} requeues pending");
+/// # Ok(()) }
+/// ```
 pub type ReconcileStates = Box<dyn Iterator<Item = Result<ReconcileStateInfo>> + Send>;
 
 impl Db {
