@@ -243,9 +243,7 @@ pub(crate) struct Source {
 
 impl Source {
     fn stats(&self) -> Stats {
-        let mut stats = self.stats.snapshot();
-        (stats.hot_cache_hits, stats.hot_cache_misses) = self.cache.counts();
-        stats
+        self.stats.snapshot_with_cache(&self.cache)
     }
 
     fn status(&self) -> Status {

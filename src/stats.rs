@@ -86,6 +86,13 @@ impl Counters {
         }
     }
 
+    /// The counters with the hot cache's hits and misses, as [`Reader::stats`](crate::Reader::stats) reports them.
+    pub(crate) fn snapshot_with_cache(&self, cache: &crate::store::cache::HotCache) -> Stats {
+        let mut stats = self.snapshot();
+        (stats.hot_cache_hits, stats.hot_cache_misses) = cache.counts();
+        stats
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
             objects_written: self.objects_written.load(Relaxed),

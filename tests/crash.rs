@@ -24,7 +24,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Engine, try_open_db};
+use common::{Engine, last_line, try_open_db};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, VersionMatch};
@@ -141,12 +141,7 @@ impl Running {
 
     /// The child's last reported state, for messages.
     fn last_line(&self) -> String {
-        self.lines
-            .lock()
-            .unwrap()
-            .last()
-            .cloned()
-            .unwrap_or_default()
+        last_line(&self.lines)
     }
 
     fn kill(mut self) {

@@ -324,12 +324,7 @@ impl PruneChild {
     }
 
     fn last(&self) -> String {
-        self.lines
-            .lock()
-            .unwrap()
-            .last()
-            .cloned()
-            .unwrap_or_default()
+        last_line(&self.lines)
     }
 
     async fn wait_for(&self, line: &str) {

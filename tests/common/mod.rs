@@ -386,6 +386,11 @@ pub fn collect_stdout(
     lines
 }
 
+/// The last line `collect_stdout` kept (empty before the first): for failure messages.
+pub fn last_line(lines: &std::sync::Mutex<Vec<String>>) -> String {
+    lines.lock().unwrap().last().cloned().unwrap_or_default()
+}
+
 /// Collect events until `Apply(key)` arrives: the positive signal that everything the stream
 /// delivered before the change that produced it has been received.
 pub async fn until_apply(w: &mut Driven, key: &str) -> Vec<Ev> {
