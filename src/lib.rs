@@ -74,7 +74,7 @@ pub use store::reader::{ByIndex, Iter, Reader};
 pub use store::reconcile::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};
 pub use store::verify::{Difference, Verdict, Verification};
 pub use store::{Compression, Db, DbConfig, Durability, Engine, SyncPhase};
-pub use watcher::{Config, Event, Pair, Shard, ShardKey, Transform, Watcher, fnv1a64};
+pub use watcher::{Config, DeletedKey, Event, Pair, Shard, ShardKey, Transform, Watcher, fnv1a64};
 
 /// The README's code blocks are compiled as doctests.
 #[doc = include_str!("../README.md")]

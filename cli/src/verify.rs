@@ -46,7 +46,32 @@ fn print(r: &Verification) -> Outcome {
         }
         Ok(())
     };
+    if r.count_consistent() {
+        writeln!(
+            out,
+            "stream {}: object count consistent ({} counted, {} records stored)",
+            r.stream, r.counted_objects, r.stored_objects
+        )?;
+    } else {
+        writeln!(
+            out,
+            "stream {}: object count drifted: its state counts {} objects but {} records are \
+             stored (relists would skip deletions; destroy the stream to list it again)",
+            r.stream, r.counted_objects, r.stored_objects
+        )?;
+    }
+    let drifted = |out: &mut std::io::StdoutLock<'_>| -> Outcome {
+        writeln!(
+            out,
+            "verify failed: the stream's object count differs from its records"
+        )?;
+        Err(Failure::No)
+    };
     match &r.verdict {
+        Verdict::Equal | Verdict::Behind { .. } if !r.count_consistent() => {
+            list(&mut out)?;
+            drifted(&mut out)
+        }
         Verdict::Equal => {
             writeln!(
                 out,

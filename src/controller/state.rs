@@ -49,6 +49,9 @@ type DueScan = BoxFuture<'static, crate::Result<Vec<(Vec<u8>, u64)>>>;
 /// The durable side of one controller run.
 pub(crate) struct Durable {
     ks: Arc<ControllerKeyspace>,
+    /// Dropped with the controller: a controller of the same name opened next waits for
+    /// the batches this one left queued on the disk thread.
+    _closer: crate::store::LeaseCloser,
     worker: DiskWorker,
     window: Duration,
     init: Option<BoxFuture<'static, crate::Result<bool>>>,
@@ -73,6 +76,7 @@ impl Durable {
         identity: ControllerIdentity,
         window: Duration,
     ) -> Self {
+        let closer = ks.closer();
         let ks = Arc::new(ks);
         let check = ks.clone();
         let init = worker
@@ -80,6 +84,7 @@ impl Durable {
             .boxed();
         Durable {
             ks,
+            _closer: closer,
             worker,
             window,
             init: Some(init),

@@ -59,6 +59,16 @@ where
                         reason: ReconcileReason::ObjectUpdated,
                     })))
                 }
+                Ok(Event::DeleteKey(key)) => {
+                    let obj_ref = ObjectRef::new_with(&key.name, dyntype.clone());
+                    Some(Ok(Trigger::Request(ReconcileRequest {
+                        obj_ref: match &key.namespace {
+                            Some(ns) => obj_ref.within(ns),
+                            None => obj_ref,
+                        },
+                        reason: ReconcileReason::ObjectUpdated,
+                    })))
+                }
                 Err(e) => Some(Err(TriggerError::Store(e))),
             };
             futures::future::ready(out)
@@ -75,7 +85,8 @@ where
     watcher.stream().filter_map(|ev| {
         futures::future::ready(match ev {
             Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => Some(Ok(o)),
-            Ok(Event::Resumed { .. } | Event::Init | Event::InitDone) => None,
+            // A related object is mapped from its body; without one there is nothing to map.
+            Ok(Event::Resumed { .. } | Event::Init | Event::InitDone | Event::DeleteKey(_)) => None,
             Err(e) => Some(Err(TriggerError::Store(e))),
         })
     })

@@ -19,7 +19,7 @@
 
 use std::any::Any;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
@@ -44,7 +44,7 @@ pub(crate) struct Miss {
 }
 
 pub(crate) struct HotCache {
-    max_bytes: usize,
+    max_bytes: AtomicUsize,
     inner: Mutex<Inner>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -73,7 +73,7 @@ pub(crate) const DECODED_PER_JSON_BYTE: usize = 10;
 impl HotCache {
     pub(crate) fn new(max_bytes: usize) -> Self {
         HotCache {
-            max_bytes,
+            max_bytes: AtomicUsize::new(max_bytes),
             inner: Mutex::new(Inner {
                 map: LruCache::unbounded(),
                 bytes: 0,
@@ -93,8 +93,27 @@ impl HotCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn max_bytes(&self) -> usize {
+        self.max_bytes.load(Relaxed)
+    }
+
+    /// Forget everything (a stream reopened: its keyspace may have been wiped without the
+    /// cache seeing it) and take a new budget. Objects read from disk before this are not
+    /// cached afterwards: their tokens are older than the reset.
+    pub(crate) fn reset(&self, max_bytes: usize) {
+        let mut inner = self.lock();
+        self.max_bytes.store(max_bytes, Relaxed);
+        inner.map.clear();
+        inner.bytes = 0;
+        inner.seq += 1;
+        inner.forgotten = inner.seq;
+        inner.recent.clear();
+        inner.door.fill(0);
+        inner.door_set = 0;
+    }
+
     pub(crate) fn enabled(&self) -> bool {
-        self.max_bytes > 0
+        self.max_bytes() > 0
     }
 
     /// (hits, misses) since the cache was created.
@@ -138,7 +157,8 @@ impl HotCache {
         token: u64,
     ) {
         let cost = json_len.saturating_mul(DECODED_PER_JSON_BYTE);
-        if cost > self.max_bytes {
+        let max_bytes = self.max_bytes();
+        if cost > max_bytes {
             return;
         }
         let mut inner = self.lock();
@@ -152,7 +172,7 @@ impl HotCache {
             inner.bytes -= old;
         }
         inner.bytes += cost;
-        while inner.bytes > self.max_bytes {
+        while inner.bytes > max_bytes {
             match inner.map.pop_lru() {
                 Some((_, (_, c))) => inner.bytes -= c,
                 None => break,
@@ -203,7 +223,7 @@ impl std::fmt::Debug for HotCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let inner = self.lock();
         f.debug_struct("HotCache")
-            .field("max_bytes", &self.max_bytes)
+            .field("max_bytes", &self.max_bytes())
             .field("bytes", &inner.bytes)
             .field("entries", &inner.map.len())
             .finish()

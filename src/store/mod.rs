@@ -6,6 +6,7 @@ mod config;
 mod engine;
 pub(crate) mod inspect;
 mod keys;
+mod lease;
 mod perms;
 pub(crate) mod reader;
 pub(crate) mod reconcile;
@@ -14,7 +15,7 @@ pub(crate) mod verify;
 pub(crate) mod worker;
 pub(crate) mod writer;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,6 +30,8 @@ use record::{Identity, Phase, State};
 
 use crate::crypto::{Cipher, EncryptionKey};
 use crate::error::{Error, Result};
+use cache::HotCache;
+pub(crate) use lease::{LeaseCloser, StreamLease};
 
 /// A store directory: one database (see [`Engine`]) holding any number of named streams.
 ///
@@ -54,7 +57,11 @@ struct DbInner {
     path: PathBuf,
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
-    open_streams: Mutex<HashSet<String>>,
+    /// The keyspaces held by a writer in this process.
+    leases: Arc<lease::Leases>,
+    /// Each stream's hot cache, shared by every `Reader` and writer of the stream in this
+    /// process, across reopens, so that no reader keeps a cache nothing invalidates.
+    caches: Mutex<HashMap<String, std::sync::Weak<HotCache>>>,
     /// The thread that runs every write of this directory's streams.
     worker: worker::DiskWorker,
 }
@@ -177,7 +184,8 @@ impl Db {
                 path,
                 cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
                 config,
-                open_streams: Mutex::new(HashSet::new()),
+                leases: Arc::default(),
+                caches: Mutex::default(),
                 worker,
             }),
         })
@@ -300,22 +308,28 @@ impl Db {
     }
 
     /// Hold `name` (a stream, or `controller/<name>`) as open in this process until the
-    /// lease is dropped: one writer per keyspace.
+    /// lease is dropped: one writer per keyspace. If its previous owner was just dropped,
+    /// waits (blocking) until that owner's last queued disk job ran (see `lease.rs`).
     pub(crate) fn lease(&self, name: &str, what: &str) -> Result<StreamLease> {
-        let mut open = self
-            .inner
-            .open_streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !open.insert(name.to_string()) {
-            return Err(Error::Config(format!(
-                "{what} {name:?} is already open in this process (one writer per {what})"
-            )));
+        self.inner.leases.acquire(
+            name,
+            what,
+            self.inner.clone() as Arc<dyn std::any::Any + Send + Sync>,
+        )
+    }
+
+    /// The hot cache of stream `name`: the one its readers already share, emptied (what
+    /// it held may predate a wipe on open) and resized, or a new one.
+    pub(crate) fn hot_cache(&self, name: &str, max_bytes: usize) -> Arc<HotCache> {
+        let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+        caches.retain(|_, c| c.strong_count() > 0);
+        if let Some(cache) = caches.get(name).and_then(std::sync::Weak::upgrade) {
+            cache.reset(max_bytes);
+            return cache;
         }
-        Ok(StreamLease {
-            db: self.inner.clone(),
-            name: name.to_string(),
-        })
+        let cache = Arc::new(HotCache::new(max_bytes));
+        caches.insert(name.to_string(), Arc::downgrade(&cache));
+        cache
     }
 
     /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
@@ -456,23 +470,6 @@ pub(crate) struct OpenStream {
     /// Why the store was wiped on open, if it was.
     pub(crate) reset: Option<String>,
     pub(crate) lease: StreamLease,
-}
-
-/// Holds a stream name as "open" until dropped.
-pub(crate) struct StreamLease {
-    db: Arc<DbInner>,
-    name: String,
-}
-
-impl Drop for StreamLease {
-    fn drop(&mut self) {
-        let mut open = self
-            .db
-            .open_streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        open.remove(&self.name);
-    }
 }
 
 /// Where a stream is in its list/watch cycle, as seen by [`Reader::phase`](crate::Reader::phase).

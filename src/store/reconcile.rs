@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::{Backend, CONTROLLERS, WriteBatch};
 use super::keys::{self, CONTROLLER_KEY, COUNTS_KEY, DUE, RECONCILED};
-use super::{Db, StreamLease, record};
+use super::{Db, LeaseCloser, StreamLease, record};
 use crate::error::{Error, Result};
 
 /// Version of the controller state's format; part of its identity.
@@ -128,7 +128,15 @@ pub(crate) struct ControllerKeyspace {
     backend: Arc<dyn Backend>,
     path: std::path::PathBuf,
     name: String,
-    _lease: StreamLease,
+    lease: StreamLease,
+}
+
+impl ControllerKeyspace {
+    /// For the controller that owns this keyspace: dropped, it marks the keyspace closing
+    /// (a controller of the same name then waits for the batches still queued).
+    pub(crate) fn closer(&self) -> LeaseCloser {
+        self.lease.closer()
+    }
 }
 
 impl std::fmt::Debug for ControllerKeyspace {
@@ -372,7 +380,7 @@ impl Db {
             backend: self.inner.storage.space(CONTROLLERS, name)?,
             path: self.inner.path.clone(),
             name: name.to_string(),
-            _lease: lease,
+            lease,
         })
     }
 

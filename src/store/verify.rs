@@ -175,8 +175,13 @@ pub struct Verification {
     pub stream: String,
     /// The store's checkpoint.
     pub checkpoint: String,
-    /// Objects in the store.
+    /// Objects in the store (records on disk).
     pub stored_objects: u64,
+    /// Objects the stream's state counts ([`Reader::len`](crate::Reader::len)). It must
+    /// equal [`Verification::stored_objects`]: a count that drifted from the records
+    /// makes relists skip their sweep and deletions look already applied, so a store
+    /// whose count differs is not correct even when its objects are.
+    pub counted_objects: u64,
     /// Objects in the list that decided the verdict (the current one, or the one at the
     /// checkpoint for [`Verdict::Behind`] and [`Verdict::Differs`]).
     pub server_objects: u64,
@@ -213,7 +218,30 @@ impl Verification {
     /// # Ok(()) }
     /// ```
     pub fn is_ok(&self) -> bool {
-        matches!(self.verdict, Verdict::Equal | Verdict::Behind { .. })
+        matches!(self.verdict, Verdict::Equal | Verdict::Behind { .. }) && self.count_consistent()
+    }
+
+    /// Whether the stream's object count equals the records on disk.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let watching = tokio::spawn(watcher.run());
+    /// # reader.wait_until_ready().await?;
+    /// # watching.abort();
+    /// let report = db.verify("pods", client, 10).await?;
+    /// assert!(report.count_consistent());
+    /// assert_eq!(report.counted_objects, report.stored_objects);
+    /// # Ok(()) }
+    /// ```
+    pub fn count_consistent(&self) -> bool {
+        self.counted_objects == self.stored_objects
     }
 }
 
@@ -357,6 +385,7 @@ impl Db {
             stream: stream.to_string(),
             checkpoint,
             stored_objects: decided_by.stored_objects,
+            counted_objects: info.objects,
             server_objects: decided_by.server_objects,
             verdict,
             difference_count: decided_by.count,

@@ -52,6 +52,7 @@ pub struct Config {
     pub(crate) min_backoff: Duration,
     pub(crate) max_backoff: Duration,
     pub(crate) relist_jitter: Duration,
+    pub(crate) relist_backoff_reset: Duration,
     pub(crate) hot_cache_bytes: usize,
     pub(crate) too_large_retries: u32,
     pub(crate) sensitive: Option<bool>,
@@ -77,6 +78,7 @@ impl Default for Config {
             min_backoff: Duration::from_millis(800),
             max_backoff: Duration::from_secs(30),
             relist_jitter: Duration::from_secs(1),
+            relist_backoff_reset: Duration::from_secs(120),
             too_large_retries: 5,
             hot_cache_bytes: 8 << 20,
             sensitive: None,
@@ -460,6 +462,32 @@ impl Config {
     pub fn relist_jitter(mut self, d: Duration) -> Self {
         self.relist_jitter = d;
         self
+    }
+
+    /// How long a watch must stay up after a relist before the next relist is again
+    /// immediate (default 2 minutes, as client-go's reflector). Relists closer together
+    /// (a server answering `410` right after every sync, continue tokens that keep
+    /// expiring) wait the [`Config::backoff`] delays on top of their jitter, doubling each
+    /// time up to the maximum.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = kube_persist::Config::default().relist_backoff_reset(Duration::from_secs(600));
+    /// assert_eq!(cfg.get_relist_backoff_reset(), Duration::from_secs(600));
+    /// ```
+    pub fn relist_backoff_reset(mut self, d: Duration) -> Self {
+        self.relist_backoff_reset = d;
+        self
+    }
+
+    /// See [`Config::relist_backoff_reset`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(kube_persist::Config::default().get_relist_backoff_reset(), Duration::from_secs(120));
+    /// ```
+    pub fn get_relist_backoff_reset(&self) -> Duration {
+        self.relist_backoff_reset
     }
 
     /// Apply `f` to each object's JSON before writing it. `name` identifies the transform

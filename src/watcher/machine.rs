@@ -27,6 +27,7 @@ use super::batch::{Ingest, Page, Parsed, Rejected};
 use super::config::Config;
 use super::conn::{ConnectFailure, Line, Target, WatchConn, invalid_shard, with_shard};
 use super::index::Inspector;
+use super::pacing::Pacing;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::Status;
@@ -94,6 +95,18 @@ pub(crate) enum Stage {
     Backoff { until: Instant, next: Box<Stage> },
 }
 
+/// The one start signal a watcher gives its consumers, whatever phase it starts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartSignal {
+    /// A store never synced: `Init`, the first list as `InitApply`, then `InitDone`.
+    FirstList,
+    /// A store synced before: `Resumed` once it is consistent again, that is at once from
+    /// a `Synced` checkpoint, or when the interrupted relist, sweep or prune completed.
+    Resume,
+    /// Given; later changes are `Apply`/`Delete`.
+    Given,
+}
+
 /// What a watch applies before it reads more from its connection.
 #[derive(Debug, Default)]
 pub(crate) enum Deferred {
@@ -139,6 +152,15 @@ impl Stage {
             Stage::Sweeping { .. } => "sweeping",
             Stage::Watching { .. } => "watching",
             Stage::Backoff { .. } => "backoff",
+        }
+    }
+
+    /// Still preparing the store (indexes, a prune) before it serves a consistent view.
+    fn preparing(&self) -> bool {
+        match self {
+            Stage::Start | Stage::BuildingIndex { .. } | Stage::Pruning { .. } => true,
+            Stage::Backoff { next, .. } => next.preparing(),
+            _ => false,
         }
     }
 }
@@ -206,10 +228,13 @@ pub(crate) struct Machine {
     /// Whether to produce events (a stream consumer exists).
     emit: bool,
     pub(crate) pending: VecDeque<RawEvent>,
-    /// The current list is the first complete one (`Init*` events, not `Apply`).
-    cold: bool,
-    /// Streaming lists in use: configured, and the server has not shown it lacks them.
+    /// The start signal still to give (and whether this is the first list: `Init*` events).
+    signal: StartSignal,
+    /// Streaming lists in use: configured, and the server has not shown it lacks them (or
+    /// they kept being cut).
     streaming: bool,
+    /// Relist backoff, streaming-list cuts, page growth after expired continue tokens.
+    pacing: Pacing,
     /// `ResourceVersionTooLarge` answers in a row.
     too_large: u32,
     /// A configuration error the server will not accept ended the watcher.
@@ -229,6 +254,7 @@ impl Machine {
         stats: Arc<Counters>,
     ) -> Self {
         let backoff = Backoff::new(cfg.min_backoff, cfg.max_backoff);
+        let pacing = Pacing::new(cfg.min_backoff, cfg.max_backoff, cfg.relist_backoff_reset);
         let cfg = Arc::new(cfg);
         let state = writer.state().clone();
         let status = writer.status_sender();
@@ -256,7 +282,8 @@ impl Machine {
             stage: Stage::Start,
             emit: true,
             pending: VecDeque::new(),
-            cold: true,
+            signal: StartSignal::FirstList,
+            pacing,
             too_large: 0,
             fatal: false,
         }
@@ -277,6 +304,31 @@ impl Machine {
 
     fn synced(&self) -> bool {
         matches!(self.disk.state.phase, Phase::Synced { .. })
+    }
+
+    /// The first list of a store never synced: its objects are `InitApply` events.
+    fn cold(&self) -> bool {
+        self.signal == StartSignal::FirstList
+    }
+
+    /// Give the start signal once the store is consistent: synced, and no prune or index
+    /// build left. `InitDone` after a first list; `Resumed` otherwise, whatever phase the
+    /// store was reopened in (a restart in the middle of a relist resumes at its end).
+    fn announce(&mut self) {
+        if self.signal == StartSignal::Given || !self.synced() || self.stage.preparing() {
+            return;
+        }
+        match self.signal {
+            StartSignal::FirstList => self.push(RawEvent::InitDone),
+            StartSignal::Resume => {
+                let rv = self.disk.state.last_synced.clone().unwrap_or_default();
+                tracing::info!(url = %self.url(), resource_version = %rv, objects = self.disk.state.count,
+                    "store consistent again: resumed");
+                self.push(RawEvent::Resumed(rv));
+            }
+            StartSignal::Given => {}
+        }
+        self.signal = StartSignal::Given;
     }
 
     /// Do one unit of work. After an error, the next step waits a jittered backoff and
@@ -310,11 +362,9 @@ impl Machine {
         }
         if !was_synced && self.synced() {
             self.backoff.reset();
-            if self.cold {
-                self.cold = false;
-                self.push(RawEvent::InitDone);
-            }
+            self.pacing.list_complete();
         }
+        self.announce();
         Ok(())
     }
 
@@ -367,25 +417,30 @@ impl Machine {
             })
             .await?;
         let state = self.disk.state.clone();
-        self.cold = state.last_synced.is_none();
+        self.signal = match state.last_synced {
+            None => StartSignal::FirstList,
+            Some(_) => StartSignal::Resume,
+        };
         match &state.phase {
             Phase::Synced { resource_version } => {
                 Counters::add(&self.stats.resumes, 1);
                 tracing::info!(url = %self.url(), resource_version = %resource_version, objects = state.count,
-                    "resuming from checkpoint without LIST");
-                self.push(RawEvent::Resumed(resource_version.clone()));
+                    prune, "resuming from checkpoint without LIST");
             }
             Phase::Listing {
                 continue_token: Some(_),
                 ..
             } if !self.streaming => {
                 tracing::info!(url = %self.url(), epoch = state.epoch, "continuing an interrupted list");
-                if self.cold {
+                if self.cold() {
                     self.push(RawEvent::Init);
                 }
             }
             Phase::Sweeping { .. } => {
                 tracing::info!(url = %self.url(), "continuing an interrupted sweep")
+            }
+            Phase::Listing { .. } if !self.cold() => {
+                tracing::info!(url = %self.url(), "an interrupted relist starts again; resumed at its end")
             }
             Phase::Empty | Phase::Listing { .. } => {}
         }
@@ -463,7 +518,7 @@ impl Machine {
     async fn begin_list(&mut self) -> Result<Stage> {
         self.set_live(false);
         self.disk.run(|w| w.begin_list()).await?;
-        if self.cold {
+        if self.cold() {
             self.push(RawEvent::Init);
         }
         Ok(self.list_stage())
@@ -485,9 +540,13 @@ impl Machine {
 
     /// The server said our version is gone: list again (new epoch), after a random delay
     /// so that clients relisting after an API server restart spread out.
+    /// Relists in a row (without a watch healthy for `relist_backoff_reset` in between) also
+    /// wait an exponential backoff, so a server answering 410 after every sync is not
+    /// listed from scratch every second.
     async fn relist(&mut self, why: &str) -> Result<Stage> {
-        let d = jitter(self.cfg.relist_jitter);
-        tracing::info!(url = %self.url(), reason = why, delay_ms = d.as_millis() as u64, "relisting");
+        let d = jitter(self.cfg.relist_jitter) + self.pacing.relist_delay();
+        tracing::info!(url = %self.url(), reason = why, delay_ms = d.as_millis() as u64,
+            relists_in_a_row = self.pacing.relists_in_a_row(), "relisting");
         self.too_large = 0;
         let next = self.begin_list().await?;
         Ok(Stage::Backoff {
@@ -499,9 +558,23 @@ impl Machine {
     /// The server does not stream lists: use paginated LISTs from now on.
     async fn fall_back(&mut self, why: &str) -> Result<Stage> {
         tracing::warn!(url = %self.url(), reason = why,
-            "the API server does not support streaming lists (sendInitialEvents); falling back to paginated LIST");
+            "streaming lists (sendInitialEvents) unusable with this API server; falling back to paginated LIST for this process");
         self.streaming = false;
         self.begin_list().await
+    }
+
+    /// A streaming list was cut (or failed) before its end bookmark: a failure (the retry
+    /// waits a backoff and lists again in a new epoch); after a few in a row, fall back
+    /// to paginated LISTs, as client-go's reflector does when a watch-list fails.
+    async fn streaming_cut(&mut self, e: Error) -> Result<Stage> {
+        if self.pacing.streaming_cut() {
+            let why = format!(
+                "{} streaming lists in a row cut before their end bookmark (last: {e})",
+                self.pacing.streaming_cuts()
+            );
+            return self.fall_back(&why).await;
+        }
+        Err(e)
     }
 
     /// What a LIST needs, borrowed from the machine (without the watch connection, which
@@ -513,7 +586,17 @@ impl Machine {
             metadata_only: self.metadata_only,
             cfg: &self.cfg,
             stats: &self.stats,
+            page_size: self
+                .pacing
+                .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
         }
+    }
+}
+
+impl Drop for Machine {
+    /// Readers of a dropped watcher's store are told it is no longer live.
+    fn drop(&mut self) {
+        self.set_live(false);
     }
 }
 
@@ -524,6 +607,8 @@ struct Lister<'a> {
     metadata_only: bool,
     cfg: &'a Config,
     stats: &'a Counters,
+    /// The configured page size, or more after continue tokens expired (see `Pacing`).
+    page_size: u32,
 }
 
 impl Lister<'_> {
@@ -536,7 +621,7 @@ impl Lister<'_> {
         let lp = ListParams {
             label_selector: self.cfg.label_selector.clone(),
             field_selector: self.cfg.field_selector.clone(),
-            limit: Some(self.cfg.page_size),
+            limit: Some(self.page_size),
             continue_token: continue_token.map(str::to_string),
             ..ListParams::default()
         };
@@ -608,7 +693,10 @@ impl Machine {
                     let context = context(continue_token.is_some());
                     Self::parse_page(self.ingest.clone(), b, context).await?
                 }
-                None => return self.relist("continue token expired (410)").await,
+                None => {
+                    self.pacing.token_expired();
+                    return self.relist("continue token expired (410)").await;
+                }
             },
         };
         let next_token = page.continue_token.clone();
@@ -682,9 +770,13 @@ impl Machine {
 
     async fn read_initial(&mut self, mut conn: WatchConn, received: u64) -> Result<Stage> {
         let timeout = self.cfg.initial_events_timeout;
-        let burst = conn
+        let burst = match conn
             .burst(self.cfg.page_size as usize, Some(timeout), INITIAL_LINGER)
-            .await?;
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => return self.streaming_cut(e).await,
+        };
         if burst.idle {
             return self
                 .fall_back(&format!(
@@ -723,6 +815,7 @@ impl Machine {
         if let Some(rv) = p.end {
             tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
             self.set_live(true);
+            self.pacing.watch_up();
             return Ok(match self.disk.state.phase {
                 Phase::Sweeping { .. } => Stage::Sweeping {
                     then: Some((conn, p.rest)),
@@ -758,9 +851,14 @@ impl Machine {
             return Err(self.watch_status(status));
         }
         if ended {
-            // Resume starts a new list: a new epoch, and a sweep at its end.
-            tracing::info!(url = %self.url(), "streaming list ended before its end bookmark; listing again");
-            return Ok(Stage::Resume);
+            // The retry (after a backoff) starts a new list: a new epoch, a sweep at its end.
+            let e = Error::Protocol {
+                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                detail: format!(
+                    "the stream ended after {received} initial events, before the end bookmark"
+                ),
+            };
+            return self.streaming_cut(e).await;
         }
         Ok(Stage::StreamingInitial {
             conn: Some(conn),
@@ -795,6 +893,7 @@ impl Machine {
         match WatchConn::connect(&self.client, self.target(), &rv, false).await {
             Ok(conn) => {
                 self.set_live(true);
+                self.pacing.watch_up();
                 Ok(Stage::Watching {
                     conn: Some(conn),
                     deferred,
@@ -931,9 +1030,10 @@ impl Machine {
     }
 
     fn push_changes(&mut self, changes: Vec<Change>) {
+        let cold = self.cold();
         for c in changes {
             let ev = match c {
-                Change::Created(b) | Change::Updated(b) if self.cold => RawEvent::InitApply(b),
+                Change::Created(b) | Change::Updated(b) if cold => RawEvent::InitApply(b),
                 Change::Created(b) | Change::Updated(b) => RawEvent::Apply(b),
                 Change::Deleted(b) => RawEvent::Delete(b),
             };

@@ -6,6 +6,7 @@ mod config;
 mod conn;
 mod index;
 mod machine;
+mod pacing;
 mod raw;
 mod shard;
 
@@ -24,10 +25,9 @@ pub use shard::{Shard, ShardKey, fnv1a64};
 
 use crate::error::Result;
 use crate::stats::Counters;
-use crate::store::cache::HotCache;
 use crate::store::record::{FORMAT_VERSION, Identity};
 use crate::store::writer::Writer;
-use crate::store::{Db, Status, StreamLease};
+use crate::store::{Db, LeaseCloser, Status};
 use crate::{Reader, store};
 
 /// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
@@ -61,10 +61,15 @@ use crate::{Reader, store};
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event<K> {
-    /// The store was opened on a valid checkpoint and resumes watching from it: no LIST.
-    /// The stored objects are the state at `resource_version`; changes since then follow.
+    /// The start signal of a store that was synced before: given once per watcher, when
+    /// the store is consistent. Reopened synced, that is at once (after the prune of a
+    /// narrowed shard and the build of new indexes, if any), and the watch resumes from the
+    /// checkpoint without LIST; reopened in the middle of a relist or its sweep (a crash
+    /// or a stop during a relist), it is when that relist completes (its changes come
+    /// first, as `Apply`/`Delete`). The stored objects are the state at
+    /// `resource_version`; changes since then follow.
     Resumed {
-        /// The checkpoint the watch resumes from.
+        /// The checkpoint the store is consistent at.
         resource_version: String,
     },
     /// The first list of an empty store started.
@@ -77,6 +82,52 @@ pub enum Event<K> {
     Apply(K),
     /// An object was deleted (watch event, or absent from a relist).
     Delete(K),
+    /// An object was deleted, but its last state does not decode into `K`: a relist's
+    /// deletion on a [keys-only](Config::keys_only) stream (which stores no bodies), or a
+    /// deleted object whose schema no longer fits the type. Carries its key.
+    DeleteKey(DeletedKey),
+}
+
+/// The key of a deleted object whose last state does not decode (see [`Event::DeleteKey`]).
+///
+/// ```
+/// let key = kube_persist::DeletedKey {
+///     namespace: Some("default".into()),
+///     name: "web-0".into(),
+///     uid: None,
+///     resource_version: None,
+/// };
+/// assert_eq!(key.to_string(), "default/web-0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletedKey {
+    /// Its namespace (`None` for a cluster-scoped object).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// Its uid, when known.
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// Its last resourceVersion, when known.
+    #[serde(default)]
+    pub resource_version: Option<String>,
+}
+
+impl std::fmt::Display for DeletedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Just the metadata of an object, to carry the key of a deletion that does not decode.
+#[derive(serde::Deserialize)]
+struct KeyOnly {
+    metadata: DeletedKey,
 }
 
 /// A stream's [`Reader`] and the [`Watcher`] that fills it.
@@ -117,7 +168,9 @@ pub type Pair<K> = (Reader<K>, Watcher<K>);
 /// ```
 pub struct Watcher<K> {
     machine: Machine,
-    _lease: StreamLease,
+    /// Marks the stream closing when the watcher is dropped: a reopen then waits for the
+    /// jobs this watcher left queued on the disk thread (they hold the lease).
+    _closer: LeaseCloser,
     path: std::path::PathBuf,
     _k: PhantomData<fn() -> K>,
 }
@@ -242,7 +295,21 @@ where
             RawEvent::InitDone => Event::InitDone,
             RawEvent::InitApply(b) => Event::InitApply(obj(b)?),
             RawEvent::Apply(b) => Event::Apply(obj(b)?),
-            RawEvent::Delete(b) => Event::Delete(obj(b)?),
+            RawEvent::Delete(b) => match serde_json::from_slice::<K>(&b) {
+                Ok(k) => Event::Delete(k),
+                Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
+                    Ok(k) => {
+                        tracing::debug!(path = %self.path.display(), object = %k.metadata, error = %e,
+                            "deleted object does not decode; its key is delivered");
+                        Event::DeleteKey(k.metadata)
+                    }
+                    Err(_) => {
+                        tracing::warn!(path = %self.path.display(), error = %e,
+                            "deleted object has no readable metadata, skipped");
+                        return None;
+                    }
+                },
+            },
         }))
     }
 }
@@ -421,8 +488,9 @@ impl Db {
         }
         let (tx, rx) = tokio::sync::watch::channel(Status::default());
         let path = self.path().to_path_buf();
-        let cache = Arc::new(HotCache::new(config.hot_cache_bytes));
+        let cache = self.hot_cache(name, config.hot_cache_bytes);
         let cipher = self.cipher();
+        let closer = opened.lease.closer();
         let writer = Writer::new(
             opened.backend.clone(),
             path.clone(),
@@ -431,6 +499,7 @@ impl Db {
             stats.clone(),
             cache.clone(),
             cipher.clone(),
+            opened.lease,
         );
         let reader = store::reader::Reader::new(
             opened.backend,
@@ -440,9 +509,11 @@ impl Db {
             cache,
             cipher,
         );
+        let mut writer = writer;
+        // A narrowed shard still holding objects it no longer owns is not ready.
+        writer.set_pruning(writer.prune_pending()?.is_some());
         writer.publish();
         // Indexes already built for exactly this configuration are usable at once.
-        let mut writer = writer;
         writer.set_compress(self.compression());
         let built = writer.built_indexes()?;
         if built == config.index_names() {
@@ -462,7 +533,7 @@ impl Db {
             reader,
             Watcher {
                 machine,
-                _lease: opened.lease,
+                _closer: closer,
                 path,
                 _k: PhantomData,
             },

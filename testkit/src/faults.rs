@@ -12,6 +12,12 @@ use crate::status::{ApiError, reason_for};
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
     drop_watch_after: Option<usize>,
+    /// Like `drop_watch_after`, for every watch until cleared.
+    cut_every_watch_after: Option<usize>,
+    /// Every watch answers 410 until cleared.
+    gone_every_watch: bool,
+    /// Continue tokens expire this long after their list's first page.
+    continue_ttl: Option<Duration>,
     error_watch_after: Option<usize>,
     fail_next: HashMap<Verb, PendingFailure>,
     gone_next_watch: bool,
@@ -76,8 +82,10 @@ impl FaultState {
         let error_after = self.error_watch_after.take();
         WatchFaults {
             error_at_drop: error_after.is_some(),
-            drop_after: error_after.or(self.drop_watch_after.take()),
-            gone: std::mem::take(&mut self.gone_next_watch),
+            drop_after: error_after
+                .or(self.drop_watch_after.take())
+                .or(self.cut_every_watch_after),
+            gone: std::mem::take(&mut self.gone_next_watch) || self.gone_every_watch,
             too_large: std::mem::take(&mut self.too_large_next_watch),
             malformed: std::mem::take(&mut self.malformed_next_watch),
             injected: std::mem::take(&mut self.inject_watch),
@@ -97,6 +105,10 @@ impl FaultState {
     /// Current LIST delay.
     pub(crate) fn page_delay(&self) -> Duration {
         self.page_delay
+    }
+
+    pub(crate) fn continue_ttl(&self) -> Option<Duration> {
+        self.continue_ttl
     }
 }
 
@@ -177,6 +189,52 @@ impl Faults {
     /// [`ServerOptions::too_large_wait`](crate::ServerOptions::too_large_wait).
     pub fn too_large_next_watch(&self) {
         self.shared.faults().too_large_next_watch = true;
+    }
+
+    /// End every watch cleanly after `events` events (initial events of a streaming list
+    /// included), until called with `None`: a load balancer's stream lifetime, or a
+    /// `timeoutSeconds` shorter than a streaming list's initial events take.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = kube_persist_testkit::TestServer::start().await;
+    /// server.handle().faults().cut_every_watch_after(Some(100));
+    /// server.handle().faults().cut_every_watch_after(None); // back to normal
+    /// # }
+    /// ```
+    pub fn cut_every_watch_after(&self, events: Option<usize>) {
+        self.shared.faults().cut_every_watch_after = events;
+    }
+
+    /// Answer every watch with `410 Gone` (an `ERROR` event) until called with `false`:
+    /// a server whose watch cache cannot serve the client's version, relist after relist.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = kube_persist_testkit::TestServer::start().await;
+    /// server.handle().faults().gone_every_watch(true);
+    /// server.handle().faults().gone_every_watch(false);
+    /// # }
+    /// ```
+    pub fn gone_every_watch(&self, on: bool) {
+        self.shared.faults().gone_every_watch = on;
+    }
+
+    /// Expire continue tokens `ttl` after the first page of their list was served (as
+    /// kube-apiserver's expire once etcd compacts the list's revision), until called with
+    /// `None`. A list that takes longer gets `410 Expired` for its next page.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = kube_persist_testkit::TestServer::start().await;
+    /// server.handle().faults().continue_ttl(Some(std::time::Duration::from_millis(500)));
+    /// # }
+    /// ```
+    pub fn continue_ttl(&self, ttl: Option<Duration>) {
+        self.shared.faults().continue_ttl = ttl;
     }
 
     /// The next WATCH gets an immediate ERROR event with a 410 Expired `Status`, then ends.

@@ -386,6 +386,16 @@ struct ContinueToken {
     /// Index of the page this token asks for (drives [`crate::ServerOptions::short_pages`]).
     #[serde(default)]
     page: u64,
+    /// When the list's first page was served (unix ms), for [`crate::Faults::continue_ttl`].
+    #[serde(default)]
+    started_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
 }
 
 fn decode_token(s: &str) -> Result<ContinueToken, ApiError> {
@@ -500,13 +510,16 @@ async fn list(
         (f.take_malformed_list(), f.take_injected_list())
     };
 
-    let (page, snapshot, served, page_no, epoch, rt) = {
+    let ttl = shared.faults().continue_ttl();
+    let (page, snapshot, served, page_no, epoch, rt, started_ms) = {
         let st = shared.state();
-        let (snapshot, after, served, page_no) = if let Some(t) = token {
-            if t.epoch != st.compactions || t.rv < st.floor {
+        let (snapshot, after, served, page_no, started_ms) = if let Some(t) = token {
+            let aged = ttl
+                .is_some_and(|ttl| unix_ms().saturating_sub(t.started_ms) > ttl.as_millis() as u64);
+            if t.epoch != st.compactions || t.rv < st.floor || aged {
                 return Err(ApiError::expired(EXPIRED_CONTINUE));
             }
-            (t.rv, Some((t.ns, t.name)), t.served, t.page)
+            (t.rv, Some((t.ns, t.name)), t.served, t.page, t.started_ms)
         } else {
             let snapshot = match rv {
                 RvParam::Unset | RvParam::Any => st.revision,
@@ -528,7 +541,7 @@ async fn list(
                 }
                 RvParam::Rev(_) => st.revision,
             };
-            (snapshot, None, 0, 0)
+            (snapshot, None, 0, 0, unix_ms())
         };
         let page = match (limit, shared.opts.short_pages) {
             // An empty page that still carries a continue token (if anything is left).
@@ -557,6 +570,7 @@ async fn list(
             page_no,
             st.compactions,
             st.resource_type(ty).clone(),
+            started_ms,
         )
     };
 
@@ -574,6 +588,7 @@ async fn list(
             served: served_now,
             epoch,
             page: page_no + 1,
+            started_ms,
         };
         let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
         meta.insert("continue".into(), Value::String(token));

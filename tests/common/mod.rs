@@ -118,6 +118,7 @@ where
                 Ok(Event::InitDone) => Ev::InitDone,
                 Ok(Event::Apply(k)) => Ev::Apply(key(&k)),
                 Ok(Event::Delete(k)) => Ev::Delete(key(&k)),
+                Ok(Event::DeleteKey(k)) => Ev::Delete(k.to_string()),
                 Err(e) => Ev::Error(e.to_string()),
             };
             if tx.send(ev).is_err() {

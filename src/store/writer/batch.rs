@@ -5,9 +5,8 @@
 use std::collections::HashMap;
 
 use super::index::Entries;
-use super::{Change, Op, Writer};
+use super::{Change, Op, Tally, Writer};
 use crate::error::{Error, Result};
-use crate::stats::Counters;
 use crate::store::engine::WriteBatch;
 use crate::store::keys::{self, OBJECT, SEEN};
 use crate::store::record::{self, Phase, Record, State};
@@ -103,21 +102,21 @@ impl Writer {
                 }
             }
         }
-        self.write(batch, next)?;
-        Counters::add(&self.stats.objects_written, written);
-        Counters::add(&self.stats.objects_unchanged, unchanged);
-        Counters::add(&self.stats.objects_deleted, removed);
+        let tally = Tally {
+            written,
+            unchanged,
+            deleted: removed,
+        };
+        self.write(batch, next, tally)?;
         Ok(changes)
     }
 
     /// The stored (resourceVersion, epoch) of the objects `ops` touch, read in one pass
     /// (one read transaction on redb) from the records' heads, without copying bodies.
-    /// Nothing is read when the store is empty, as during a first list.
+    /// Always read, even when the count says the store is empty: what decides whether an
+    /// object is new or a deletion already applied is the record, never the count.
     fn stored_heads(&self, ops: &[Op]) -> Result<HashMap<Vec<u8>, (String, u64)>> {
         let mut heads = HashMap::new();
-        if self.state.count == 0 {
-            return Ok(heads);
-        }
         let keys: Vec<Vec<u8>> = ops
             .iter()
             .map(|op| keys::tagged(OBJECT, op.suffix()))

@@ -19,7 +19,7 @@ use super::record::{self, Phase, Record, State};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
-use crate::store::Compression;
+use crate::store::{Compression, StreamLease};
 
 /// An object as received from the server, reduced to what the store needs.
 #[derive(Debug)]
@@ -71,6 +71,15 @@ pub(crate) enum Change {
     Deleted(Vec<u8>),
 }
 
+/// What a batch did to objects, added to the counters once it is committed and before
+/// readers are told of the state it wrote: whoever sees the new status sees its counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    pub(crate) written: u64,
+    pub(crate) unchanged: u64,
+    pub(crate) deleted: u64,
+}
+
 /// How far a list has got after a page.
 pub(crate) enum ListProgress {
     /// More pages follow; the token (if any) continues the list.
@@ -93,6 +102,12 @@ pub(crate) struct Writer {
     compress: Compression,
     /// Keys-only mode: no bodies stored; (apiVersion, kind) to describe swept objects.
     keys_only: Option<(String, String)>,
+    /// A narrowed shard's prune is pending: the store holds objects it no longer owns and
+    /// is not reported ready until the prune completes.
+    pruning: bool,
+    /// The keyspace's lease: released when the last holder of this writer (the watcher,
+    /// or a job it queued on the disk thread) is gone.
+    _lease: StreamLease,
 }
 
 impl Writer {
@@ -104,6 +119,7 @@ impl Writer {
         stats: Arc<Counters>,
         cache: Arc<HotCache>,
         cipher: Option<Arc<Cipher>>,
+        lease: StreamLease,
     ) -> Self {
         Writer {
             backend,
@@ -116,7 +132,14 @@ impl Writer {
             indexed: false,
             compress: Compression::Lz4,
             keys_only: None,
+            pruning: false,
+            _lease: lease,
         }
+    }
+
+    /// Whether a prune is pending (read from disk when the stream is opened).
+    pub(crate) fn set_pruning(&mut self, pruning: bool) {
+        self.pruning = pruning;
     }
 
     /// Store no bodies from now on; swept objects are described with this (apiVersion, kind).
@@ -148,21 +171,30 @@ impl Writer {
     pub(crate) fn begin_list(&mut self) -> Result<()> {
         let mut next = self.state.clone();
         next.epoch += 1;
+        // Sweep whenever a record exists, whatever the count says.
+        let sweep = self.state.count > 0 || self.holds_objects()?;
         next.phase = Phase::Listing {
             continue_token: None,
-            sweep: self.state.count > 0,
+            sweep,
         };
         // A retry of a list that has not completed is the same relist, not another one.
         let retry = matches!(self.state.phase, Phase::Listing { .. });
         if self.state.last_synced.is_some() && !retry {
             Counters::add(&self.stats.relists, 1);
         }
-        tracing::info!(
-            epoch = next.epoch,
-            sweep = self.state.count > 0,
-            "list started"
-        );
+        tracing::info!(epoch = next.epoch, sweep, "list started");
         self.commit(Vec::new(), next, false).map(|_| ())
+    }
+
+    /// Whether any object record is stored.
+    fn holds_objects(&self) -> Result<bool> {
+        let (start, end) = keys::range(OBJECT, None);
+        Ok(self
+            .backend
+            .range(&start, &end)
+            .next()
+            .transpose()?
+            .is_some())
     }
 
     /// Write one list page (or one batch of streaming-list events) in one atomic batch.
@@ -220,7 +252,7 @@ impl Writer {
         })
     }
 
-    fn write(&mut self, mut batch: WriteBatch, next: State) -> Result<()> {
+    fn write(&mut self, mut batch: WriteBatch, next: State, tally: Tally) -> Result<()> {
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
         // Readers must not keep (or re-insert) cached versions of what this batch changes.
@@ -229,6 +261,9 @@ impl Writer {
         let applied = self.backend.apply(batch);
         self.cache.end_write();
         applied?;
+        Counters::add(&self.stats.objects_written, tally.written);
+        Counters::add(&self.stats.objects_unchanged, tally.unchanged);
+        Counters::add(&self.stats.objects_deleted, tally.deleted);
         Counters::add(&self.stats.batches, 1);
         tracing::trace!(ops, phase = ?next.phase, "batch committed");
         self.state = next;
@@ -243,7 +278,7 @@ impl Writer {
             s.count = state.count;
             s.phase = (&state.phase).into();
             s.checkpoint = state.last_synced.clone();
-            s.ready = state.last_synced.is_some();
+            s.ready = state.last_synced.is_some() && !self.pruning;
         });
     }
 }

@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::Writer;
+use super::{Tally, Writer};
 use crate::error::{Error, Result};
-use crate::stats::Counters;
 use crate::store::engine::WriteBatch;
 use crate::store::keys::{self, OBJECT, PRUNE_KEY, SEEN};
 use crate::store::record;
@@ -63,8 +62,15 @@ impl Writer {
         }
         let mut next = self.state.clone();
         next.count = next.count.saturating_sub(pruned);
-        Counters::add(&self.stats.objects_deleted, pruned);
-        self.write(batch, next)?;
+        if done {
+            // Readers see the store ready again with the batch that completes the prune.
+            self.pruning = false;
+        }
+        let tally = Tally {
+            deleted: pruned,
+            ..Tally::default()
+        };
+        self.write(batch, next, tally)?;
         tracing::debug!(pruned, done, "pruned objects outside the shard");
         Ok(done)
     }

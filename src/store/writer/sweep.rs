@@ -3,9 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::{Change, Writer};
+use super::{Change, Tally, Writer};
 use crate::error::{Error, Result};
-use crate::stats::Counters;
 use crate::store::engine::WriteBatch;
 use crate::store::keys::{self, OBJECT, SEEN};
 use crate::store::record::{Phase, Record};
@@ -81,8 +80,11 @@ impl Writer {
                 after: last,
             };
         }
-        Counters::add(&self.stats.objects_deleted, deleted);
-        self.write(batch, next)?;
+        let tally = Tally {
+            deleted,
+            ..Tally::default()
+        };
+        self.write(batch, next, tally)?;
         Ok((changes, done))
     }
 

@@ -1,0 +1,181 @@
+//! How hard the watcher may press the API server when lists keep failing: relists close
+//! together back off, a streaming list that keeps being cut falls back to paginated LISTs,
+//! and a list slower than its continue tokens live asks for bigger pages.
+//!
+//! client-go's reflector does the same three things: its relists go through a backoff
+//! manager (800 ms to 30 s, reset after two minutes without a relist), a watch-list that
+//! fails falls back to a paginated LIST, and its pager falls back to a full list when a
+//! continue token expires (here: bigger pages, so that memory stays bounded).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+
+/// Streaming lists cut before their end bookmark, in a row, before the watcher falls back
+/// to paginated LISTs for the rest of the process.
+pub(crate) const STREAMING_CUTS_BEFORE_FALLBACK: u32 = 3;
+
+/// Each continue token that expires in a row doubles the next list's page size, up to
+/// this factor of the configured one.
+pub(crate) const MAX_PAGE_GROWTH: u32 = 16;
+
+/// The watcher's pacing state across list attempts (in memory: a restarted process starts
+/// afresh, which its own startup delay already spaces out).
+#[derive(Debug)]
+pub(crate) struct Pacing {
+    relist_backoff: Backoff,
+    /// Relists since the watch was last healthy for `reset_after`.
+    relists: u32,
+    reset_after: Duration,
+    /// Since when the current watch connection has been up without a relist.
+    healthy_since: Option<Instant>,
+    /// Streaming lists cut before their end bookmark, in a row.
+    streaming_cuts: u32,
+    /// Continue tokens expired in a row (page size doubled as many times, capped).
+    expired_tokens: u32,
+}
+
+impl Pacing {
+    pub(crate) fn new(min: Duration, max: Duration, reset_after: Duration) -> Self {
+        Pacing {
+            relist_backoff: Backoff::new(min, max),
+            relists: 0,
+            reset_after,
+            healthy_since: None,
+            streaming_cuts: 0,
+            expired_tokens: 0,
+        }
+    }
+
+    /// The watch is connected and applying events (first call starts the healthy period).
+    pub(crate) fn watch_up(&mut self) {
+        self.healthy_since.get_or_insert_with(Instant::now);
+    }
+
+    /// The extra delay before a relist, on top of its jitter: none for the first relist
+    /// after a watch stayed healthy for `reset_after` (or for the first one ever), then an
+    /// exponential backoff. So a server that answers 410 right after every sync is not
+    /// relisted from scratch every second.
+    pub(crate) fn relist_delay(&mut self) -> Duration {
+        let healthy = self
+            .healthy_since
+            .take()
+            .is_some_and(|t| t.elapsed() >= self.reset_after);
+        if healthy {
+            self.relists = 0;
+            self.relist_backoff.reset();
+        }
+        self.relists += 1;
+        if self.relists == 1 {
+            Duration::ZERO
+        } else {
+            self.relist_backoff.next_delay()
+        }
+    }
+
+    /// Relists since the last healthy period (1 for the first).
+    pub(crate) fn relists_in_a_row(&self) -> u32 {
+        self.relists
+    }
+
+    /// A streaming list ended or failed before its end bookmark; true if the watcher
+    /// should fall back to paginated LISTs now.
+    pub(crate) fn streaming_cut(&mut self) -> bool {
+        self.streaming_cuts += 1;
+        self.streaming_cuts >= STREAMING_CUTS_BEFORE_FALLBACK
+    }
+
+    pub(crate) fn streaming_cuts(&self) -> u32 {
+        self.streaming_cuts
+    }
+
+    /// A list (paginated or streaming) completed.
+    pub(crate) fn list_complete(&mut self) {
+        self.streaming_cuts = 0;
+        self.expired_tokens = 0;
+    }
+
+    /// A continue token expired before the list completed.
+    pub(crate) fn token_expired(&mut self) {
+        self.expired_tokens = self.expired_tokens.saturating_add(1);
+    }
+
+    /// The page size of the next LIST request, from the configured one.
+    pub(crate) fn page_size(&self, configured: u32, max: u32) -> u32 {
+        let growth = 1u32 << self.expired_tokens.min(MAX_PAGE_GROWTH.trailing_zeros());
+        configured.saturating_mul(growth).min(max).max(configured)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relists_back_off_until_a_healthy_watch() {
+        let ms = Duration::from_millis;
+        let mut p = Pacing::new(ms(100), ms(1000), Duration::ZERO);
+        assert_eq!(
+            p.relist_delay(),
+            Duration::ZERO,
+            "the first relist waits its jitter only"
+        );
+        let second = p.relist_delay();
+        let third = p.relist_delay();
+        assert!(second >= ms(100) && second < ms(200), "{second:?}");
+        assert!(third >= ms(200) && third < ms(400), "{third:?}");
+        // A watch that stayed up for `reset_after` (zero here) resets the backoff.
+        p.watch_up();
+        assert_eq!(p.relist_delay(), Duration::ZERO);
+        // Without a healthy watch in between, it keeps growing.
+        assert!(p.relist_delay() >= ms(100));
+        assert_eq!(p.relists_in_a_row(), 2);
+    }
+
+    #[test]
+    fn a_short_healthy_period_does_not_reset() {
+        let mut p = Pacing::new(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        );
+        p.relist_delay();
+        p.watch_up();
+        assert!(p.relist_delay() >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn streaming_cuts_fall_back_after_a_few() {
+        let mut p = Pacing::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+            Duration::ZERO,
+        );
+        assert!(!p.streaming_cut());
+        assert!(!p.streaming_cut());
+        assert!(p.streaming_cut());
+        p.list_complete();
+        assert!(!p.streaming_cut());
+    }
+
+    #[test]
+    fn expired_tokens_grow_the_page_up_to_a_cap() {
+        let mut p = Pacing::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+            Duration::ZERO,
+        );
+        assert_eq!(p.page_size(500, 100_000), 500);
+        p.token_expired();
+        assert_eq!(p.page_size(500, 100_000), 1000);
+        for _ in 0..10 {
+            p.token_expired();
+        }
+        assert_eq!(p.page_size(500, 100_000), 500 * MAX_PAGE_GROWTH);
+        assert_eq!(p.page_size(500, 4000), 4000);
+        p.list_complete();
+        assert_eq!(p.page_size(500, 100_000), 500);
+    }
+}
