@@ -642,7 +642,9 @@ impl Config {
     /// the full objects as the server sends them, and after a restart or a `410` relist it
     /// yields only the real differences (no flood of re-adds); memory stays bounded by one
     /// page. Deletions found by a relist carry an object with only `apiVersion`, `kind`,
-    /// name, namespace, uid and resourceVersion. `Reader::get`/`iter` are not available.
+    /// name, namespace, uid and resourceVersion; for a type that such an object does not
+    /// decode into (required fields, as a kube-derive `spec`) they are
+    /// [`Event::DeleteKey`](crate::Event::DeleteKey). `Reader::get`/`iter` are not available.
     ///
     /// Use it to ship events (audit, sync to another system, triggers) exactly once per
     /// change; use the full store when the controller reads objects back.

@@ -321,6 +321,13 @@ impl Db {
     /// If the stream was stored before with the same identity (kind, URL, selectors,
     /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
     ///
+    /// Opening reads the stream's metadata from disk on the calling thread. A stream is
+    /// open once per process: while its `Watcher` lives, opening it again is
+    /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
+    /// aborted task, a lost leader election), this call waits, blocking, until the writes
+    /// that watcher left queued on the store's disk thread are done (usually milliseconds,
+    /// at most 60 s), so the new watcher starts from the latest checkpoint.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use futures::StreamExt;
