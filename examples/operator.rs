@@ -180,16 +180,7 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = support::runtime_with_logs();
     if let Some(role) = &args.role {
         rt.block_on(child(role, &args));
         return std::process::ExitCode::SUCCESS;

@@ -50,6 +50,22 @@ pub fn pods_arg() -> Option<usize> {
     )
 }
 
+/// Logs to stderr (`RUST_LOG`, default `warn`) and a multi-thread tokio runtime: the start
+/// of the examples' `main`, in the parent and in the processes it re-executes.
+pub fn runtime_with_logs() -> tokio::runtime::Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// A `testkit-server` child process.
 pub struct ServerProc {
     child: Child,
