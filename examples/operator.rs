@@ -6,6 +6,10 @@
 //! cargo run --release --example operator -- --cluster [--dir DIR]  # a real cluster (KUBECONFIG)
 //! ```
 //!
+//! `--cluster` is the mode that runs in a Pod (`deploy/`, the README's *Running in
+//! Kubernetes*): in-cluster config or KUBECONFIG, `--dir`, `--listen` (probes and metrics),
+//! `--shard-index`/`--shards`, graceful shutdown on SIGTERM; see `operator/cluster.rs`.
+//!
 //! Without `--cluster` it starts `testkit-server` (a local Kubernetes API server) with N Pods
 //! and runs the same reconciler, in separate processes, on kube-persist's `Controller` (with
 //! durable reconcile state) and on kube-runtime's `Controller`: a cold start (label every
@@ -19,6 +23,9 @@
 
 #[path = "../benches/support/mod.rs"]
 mod support;
+
+#[path = "operator/cluster.rs"]
+pub mod cluster;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -117,12 +124,21 @@ pub fn persistent_controller(
     db: &kube_persist::Db,
     client: Client,
 ) -> kube_persist::Result<kube_persist::Controller<Pod>> {
+    persistent_controller_with(db, client, kube_persist::Config::default())
+}
+
+/// [`persistent_controller`] with the store's configuration (e.g. its shard).
+pub fn persistent_controller_with(
+    db: &kube_persist::Db,
+    client: Client,
+    store: kube_persist::Config,
+) -> kube_persist::Result<kube_persist::Controller<Pod>> {
     use kube_persist::controller::{Config, Controller};
     Controller::for_store(
         db,
         "pods",
         Api::<Pod>::all(client),
-        kube_persist::Config::default(),
+        store,
         Config::default().concurrency(16),
     )?
     .durable_state(db, CONTROLLER_NAME)
@@ -161,12 +177,27 @@ struct Args {
     /// Pods created on the server while the operator is down.
     #[arg(long, default_value_t = 0)]
     new: usize,
-    /// Run the persistent operator against the cluster of KUBECONFIG until Ctrl-C.
+    /// Run the persistent operator against the cluster (in-cluster config or KUBECONFIG)
+    /// until SIGTERM or Ctrl-C.
     #[arg(long)]
     cluster: bool,
-    /// The store directory with `--cluster`.
-    #[arg(long)]
+    /// The store directory with `--cluster` (default /tmp/kube-persist-operator).
+    #[arg(long, visible_alias = "store-dir")]
     dir: Option<PathBuf>,
+    /// With `--cluster`: the address serving /readyz, /livez and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// With `--cluster`: this replica's shard, a number or a name ending in `-<number>`
+    /// (a StatefulSet Pod's name or its `apps.kubernetes.io/pod-index` label).
+    #[arg(long)]
+    shard_index: Option<String>,
+    /// With `--cluster`: the number of replicas (shards); 1 is unsharded.
+    #[arg(long, default_value_t = 1)]
+    shards: u32,
+    /// With `--cluster`: /livez fails once the connected watch has been quiet this many
+    /// seconds (kube-apiserver sends a bookmark about every minute).
+    #[arg(long, default_value_t = 300)]
+    stale_after_secs: u64,
     /// Internal: run as a measured operator process (`persist` or `runtime`).
     #[arg(long, hide = true)]
     role: Option<String>,
@@ -186,35 +217,27 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     if args.cluster {
-        return rt.block_on(cluster(args.dir));
+        let opts = cluster::ClusterOpts {
+            dir: args
+                .dir
+                .clone()
+                .unwrap_or_else(|| "/tmp/kube-persist-operator".into()),
+            listen: args.listen,
+            shard_index: args.shard_index.clone(),
+            shards: args.shards,
+            stale_after: Duration::from_secs(args.stale_after_secs),
+        };
+        return rt.block_on(async move {
+            match Client::try_default().await {
+                Ok(client) => cluster::run(client, opts).await,
+                Err(e) => {
+                    eprintln!("no cluster: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        });
     }
     rt.block_on(compare(args.pods, args.changed, args.new))
-}
-
-/// Runs the persistent operator against a real cluster until Ctrl-C.
-async fn cluster(dir: Option<PathBuf>) -> std::process::ExitCode {
-    let dir = dir.unwrap_or_else(|| "/tmp/kube-persist-operator".into());
-    let client = match Client::try_default().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("no cluster: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let db = kube_persist::Db::open(&dir).expect("open the store");
-    let ctx = Ctx::new(client.clone());
-    persistent_controller(&db, client)
-        .expect("open the pods stream")
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                eprintln!("{e}");
-            }
-        })
-        .await;
-    println!("labeled {} pods", ctx.writes.load(Ordering::Relaxed));
-    std::process::ExitCode::SUCCESS
 }
 
 /// A measured operator process: runs until every Pod in its cache carries the right label

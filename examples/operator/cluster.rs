@@ -1,0 +1,249 @@
+//! `--cluster` mode of the example operator: the persistent operator against a real cluster,
+//! as it runs in a Pod (see `deploy/` and the README's *Running in Kubernetes*).
+//!
+//! - The store lives in `--dir` (a volume), the shard comes from `--shard-index` (the
+//!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`.
+//! - One HTTP port (`--listen`) serves `/readyz` (200 once [`Reader::is_ready`] and
+//!   [`Reader::is_live`], 503 while syncing, reconnecting or shutting down), `/livez` (200
+//!   unless the watch is connected but [`Reader::last_watch_activity`] is older than
+//!   `--stale-after`: a stuck connection, which a restart cures) and `/metrics` (the
+//!   `metrics` feature: `kube_persist_*` read from [`Reader::stats`] at scrape time).
+//! - SIGTERM (or SIGINT) stops the controller gracefully (no new reconcile, running ones
+//!   finish, the last reconcile-state batch is written), then the store is flushed and
+//!   closed and the process exits 0. The next start resumes the watch: no LIST.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube_persist::Reader;
+use tokio::sync::watch;
+
+use super::{Ctx, error_policy, persistent_controller_with, reconcile};
+
+/// What `--cluster` mode needs from the command line.
+#[derive(Debug, Clone)]
+pub struct ClusterOpts {
+    /// The store directory (a volume in a Pod).
+    pub dir: PathBuf,
+    /// Address of the probe and metrics port.
+    pub listen: SocketAddr,
+    /// This replica's shard: a number, or a name ending in `-<number>` (a StatefulSet
+    /// Pod's name); `None` for replica 0.
+    pub shard_index: Option<String>,
+    /// Replicas (shards) in total; 1 for an unsharded store.
+    pub shards: u32,
+    /// `/livez` fails once the connected watch has been quiet this long.
+    pub stale_after: Duration,
+}
+
+/// The shard index from `0`, `3` or `my-operator-3` (a StatefulSet Pod's name).
+pub fn parse_shard_index(s: &str) -> Option<u32> {
+    let digits = s.rsplit_once('-').map_or(s, |(_, n)| n);
+    digits.parse().ok()
+}
+
+/// Shared with the HTTP handlers.
+#[derive(Clone)]
+struct Probes {
+    reader: Reader<Pod>,
+    stopping: watch::Receiver<bool>,
+    stale_after: Duration,
+    #[cfg(feature = "metrics")]
+    registry: std::sync::Arc<prometheus_client::registry::Registry>,
+}
+
+fn text(code: StatusCode, body: String) -> Response {
+    (code, body + "\n").into_response()
+}
+
+async fn readyz(State(p): State<Probes>) -> Response {
+    let why = if *p.stopping.borrow() {
+        Some("shutting down")
+    } else if !p.reader.is_ready() {
+        Some("store not synced yet")
+    } else if !p.reader.is_live() {
+        Some("watch not connected")
+    } else {
+        None
+    };
+    match why {
+        None => text(StatusCode::OK, "ready".into()),
+        Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
+    }
+}
+
+async fn livez(State(p): State<Probes>) -> Response {
+    let quiet = p
+        .reader
+        .last_watch_activity()
+        .and_then(|t| t.elapsed().ok());
+    match quiet {
+        Some(q) if p.reader.is_live() && q > p.stale_after => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("watch connected but quiet for {} s", q.as_secs()),
+        ),
+        _ => text(StatusCode::OK, "live".into()),
+    }
+}
+
+#[cfg(feature = "metrics")]
+async fn metrics(State(p): State<Probes>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &p.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding: {e}")),
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn metrics(State(_): State<Probes>) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain")],
+        "built without the metrics feature\n",
+    )
+        .into_response()
+}
+
+/// Sets `stopping` on SIGTERM or SIGINT.
+async fn on_signal(stopping: watch::Sender<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+    let _ = stopping.send(true);
+}
+
+/// Runs the operator until SIGTERM, then shuts down gracefully (see the module docs).
+/// Prints `operator listening on <addr>` once the probes answer and the signal handler is
+/// installed, and `operator stopped: ...` after the store is closed.
+pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
+    let index = match opts.shard_index.as_deref().map(parse_shard_index) {
+        None => 0,
+        Some(Some(i)) => i,
+        Some(None) => {
+            eprintln!("--shard-index takes a number or a name ending in -<number>");
+            return ExitCode::from(2);
+        }
+    };
+    if opts.shards == 0 || index >= opts.shards {
+        eprintln!("shard index {index} is not below --shards {}", opts.shards);
+        return ExitCode::from(2);
+    }
+    let db = match kube_persist::Db::open(&opts.dir) {
+        Ok(db) => db,
+        Err(e) => {
+            eprintln!("cannot open the store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut store = kube_persist::Config::default();
+    if opts.shards > 1 {
+        store = store.shards(index, opts.shards);
+    }
+    let controller = match persistent_controller_with(&db, client.clone(), store) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot open the pods stream: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let reader = controller.reader();
+    let (stop_tx, stopping) = watch::channel(false);
+    let mut stop_wait = stopping.clone();
+    let controller = controller.graceful_shutdown_on(async move {
+        let _ = stop_wait.wait_for(|s| *s).await;
+    });
+
+    let probes = Probes {
+        reader: reader.clone(),
+        stopping: stopping.clone(),
+        stale_after: opts.stale_after,
+        #[cfg(feature = "metrics")]
+        registry: {
+            let mut registry = prometheus_client::registry::Registry::default();
+            kube_persist::metrics::Metrics::register(&mut registry).add("pods", &reader);
+            std::sync::Arc::new(registry)
+        },
+    };
+    let app = axum::Router::new()
+        .route("/readyz", axum::routing::get(readyz))
+        .route("/livez", axum::routing::get(livez))
+        .route("/metrics", axum::routing::get(metrics))
+        .with_state(probes);
+    let listener = match tokio::net::TcpListener::bind(opts.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cannot listen on {}: {e}", opts.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().expect("bound address");
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = http_stopped.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::warn!(error = %e, "probe server failed");
+        }
+    });
+    tokio::spawn(on_signal(stop_tx));
+    println!(
+        "operator listening on {addr} (shard {index}/{}, store {})",
+        opts.shards,
+        opts.dir.display()
+    );
+
+    let ctx = Ctx::new(client);
+    controller
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "reconcile");
+            }
+        })
+        .await;
+    // The run stream ends after a graceful shutdown: no reconcile is running and the last
+    // reconcile-state batch is written. Stop the probes, then flush and close the store.
+    let since = Instant::now();
+    let _ = http_stop.send(());
+    let _ = http.await;
+    drop(reader);
+    let closed = tokio::task::spawn_blocking(move || {
+        let res = db.flush();
+        drop(db);
+        res
+    })
+    .await
+    .expect("the closing task");
+    if let Err(e) = closed {
+        eprintln!("flushing the store: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "operator stopped: {} pods labeled, {} reconciles; store closed {} ms after the controller stopped",
+        ctx.writes.load(Ordering::Relaxed),
+        ctx.reconciles.load(Ordering::Relaxed),
+        since.elapsed().as_millis()
+    );
+    ExitCode::SUCCESS
+}
