@@ -88,6 +88,11 @@ pub fn wanted_owner(pod: &Pod) -> String {
         .map_or_else(|| "none".to_string(), |o| o.name.clone())
 }
 
+/// Whether the Pod carries the label the operator maintains, with the right value.
+pub fn is_labeled(pod: &Pod) -> bool {
+    pod.labels().get(OWNER_LABEL) == Some(&wanted_owner(pod))
+}
+
 /// Labels the Pod with its owner. Idempotent: a labeled Pod is left alone.
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, OperatorError> {
     ctx.reconciles.fetch_add(1, Ordering::Relaxed);
@@ -312,8 +317,7 @@ async fn child(role: &str, args: &Args) {
 fn converged<P: std::borrow::Borrow<Pod>>(pods: impl Iterator<Item = P>, expect: usize) -> bool {
     let mut n = 0;
     for p in pods {
-        let p = p.borrow();
-        if p.labels().get(OWNER_LABEL) != Some(&wanted_owner(p)) {
+        if !is_labeled(p.borrow()) {
             return false;
         }
         n += 1;
