@@ -35,10 +35,7 @@ pub fn documents(dir: &Path) -> Result<Vec<(String, Value)>, String> {
             let path = entry.map_err(|e| format!("{}: {e}", d.display()))?.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path
-                .extension()
-                .is_some_and(|x| x == "yaml" || x == "yml")
-            {
+            } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
                 files.push(path);
             }
         }
@@ -50,7 +47,11 @@ pub fn documents(dir: &Path) -> Result<Vec<(String, Value)>, String> {
             std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .map_err(|e| format!("{}: not YAML: {e}", file.display()))?;
-        let name = file.strip_prefix(dir).unwrap_or(&file).display().to_string();
+        let name = file
+            .strip_prefix(dir)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
         for (i, doc) in docs.into_iter().enumerate() {
             if !doc.is_null() {
                 out.push((format!("{name}#{i}"), doc));
@@ -116,7 +117,10 @@ pub async fn documents_accepted(
                 other => format!("{what}: {other}"),
             })?;
         if back.metadata.name.as_deref() != Some(name) {
-            return Err(format!("{what}: the server answered {:?}", back.metadata.name));
+            return Err(format!(
+                "{what}: the server answered {:?}",
+                back.metadata.name
+            ));
         }
         accepted += 1;
     }
