@@ -172,46 +172,62 @@ struct Report {
 /// The operator's command line.
 #[derive(Debug, Parser)]
 #[command(about = "An example operator on kube-persist, compared with kube-runtime's Controller")]
-struct Args {
+pub struct Args {
     /// Pods on the local API server.
     #[arg(long, default_value_t = 20_000)]
-    pods: usize,
+    pub pods: usize,
     /// Pods changed on the server (their owner label removed) while the operator is down.
     #[arg(long, default_value_t = 500)]
-    changed: usize,
+    pub changed: usize,
     /// Pods created on the server while the operator is down.
     #[arg(long, default_value_t = 0)]
-    new: usize,
+    pub new: usize,
     /// Run the persistent operator against the cluster (in-cluster config or KUBECONFIG)
     /// until SIGTERM or Ctrl-C.
     #[arg(long)]
-    cluster: bool,
+    pub cluster: bool,
     /// The store directory with `--cluster` (default /tmp/kube-persist-operator).
     #[arg(long, visible_alias = "store-dir")]
-    dir: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
     /// With `--cluster`: the address serving /readyz, /livez and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
-    listen: std::net::SocketAddr,
+    pub listen: std::net::SocketAddr,
     /// With `--cluster`: this replica's shard, a number or a name ending in `-<number>`
     /// (a StatefulSet Pod's name or its `apps.kubernetes.io/pod-index` label).
     #[arg(long)]
-    shard_index: Option<String>,
+    pub shard_index: Option<String>,
     /// With `--cluster`: the number of replicas (shards); 1 is unsharded.
     #[arg(long, default_value_t = 1)]
-    shards: u32,
+    pub shards: u32,
     /// With `--cluster`: /livez fails once the connected watch has been quiet this many
     /// seconds (kube-apiserver sends a bookmark about every minute).
     #[arg(long, default_value_t = 300)]
-    stale_after_secs: u64,
+    pub stale_after_secs: u64,
     /// Internal: run as a measured operator process (`persist` or `runtime`).
     #[arg(long, hide = true)]
-    role: Option<String>,
+    pub role: Option<String>,
     /// Internal: the API server of a measured process.
     #[arg(long, hide = true)]
-    url: Option<String>,
+    pub url: Option<String>,
     /// Internal: the Pods a measured process waits for.
     #[arg(long, hide = true)]
-    expect: Option<usize>,
+    pub expect: Option<usize>,
+}
+
+impl Args {
+    /// What `--cluster` mode runs with.
+    pub fn cluster_opts(&self) -> cluster::ClusterOpts {
+        cluster::ClusterOpts {
+            dir: self
+                .dir
+                .clone()
+                .unwrap_or_else(|| "/tmp/kube-persist-operator".into()),
+            listen: self.listen,
+            shard_index: self.shard_index.clone(),
+            shards: self.shards,
+            stale_after: Duration::from_secs(self.stale_after_secs),
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -222,16 +238,7 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     if args.cluster {
-        let opts = cluster::ClusterOpts {
-            dir: args
-                .dir
-                .clone()
-                .unwrap_or_else(|| "/tmp/kube-persist-operator".into()),
-            listen: args.listen,
-            shard_index: args.shard_index.clone(),
-            shards: args.shards,
-            stale_after: Duration::from_secs(args.stale_after_secs),
-        };
+        let opts = args.cluster_opts();
         return rt.block_on(async move {
             match Client::try_default().await {
                 Ok(client) => cluster::run(client, opts).await,
