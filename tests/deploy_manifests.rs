@@ -11,9 +11,7 @@
 #[allow(dead_code)]
 mod deploy;
 
-#[path = "../examples/operator.rs"]
-#[allow(dead_code)]
-mod operator;
+use deploy::operator;
 
 use clap::Parser;
 use serde_json::Value;

@@ -4,9 +4,12 @@
 //! validation and admission on it (RBAC included) and refuses unknown or misspelled fields,
 //! without persisting anything.
 //!
-//! The only real write: a namespace the manifests put objects in is created when it does
-//! not exist, because the server refuses a namespaced object in a missing namespace even in
-//! dry run (and a dry-run Namespace is not persisted).
+//! The only real write of [`manifests_accepted`]: a namespace the manifests put objects in
+//! is created when it does not exist, because the server refuses a namespaced object in a
+//! missing namespace even in dry run (and a dry-run Namespace is not persisted).
+//!
+//! [`rbac_suffices`] applies the RBAC for real and runs the example operator as its
+//! ServiceAccount: the least RBAC is also enough.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +18,11 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams, ValidationDi
 use kube::core::GroupVersionKind;
 use kube::discovery::{Discovery, Scope};
 use serde_json::Value;
+
+/// The example operator the manifests run.
+#[path = "../../examples/operator.rs"]
+#[allow(dead_code)]
+pub mod operator;
 
 /// The field manager of the dry-run applies.
 const MANAGER: &str = "kube-persist-e2e";
@@ -77,11 +85,21 @@ pub async fn documents_accepted(
     client: kube::Client,
     docs: &[(String, Value)],
 ) -> Result<usize, String> {
+    apply(client, docs, true).await
+}
+
+/// Server-side apply of `docs` in order, strict field validation, in dry run or for real.
+async fn apply(
+    client: kube::Client,
+    docs: &[(String, Value)],
+    dry_run: bool,
+) -> Result<usize, String> {
     let discovery = Discovery::new(client.clone())
         .run()
         .await
         .map_err(|e| format!("API discovery: {e}"))?;
-    let mut params = PatchParams::apply(MANAGER).dry_run();
+    let mut params = PatchParams::apply(MANAGER);
+    params.dry_run = dry_run;
     params.field_validation = Some(ValidationDirective::Strict);
     let mut accepted = 0;
     for (at, doc) in docs {
@@ -143,5 +161,110 @@ async fn ensure_namespace(client: &kube::Client, ns: &str) -> Result<(), String>
             }
         }
         Err(e) => Err(format!("reading namespace {ns}: {e}")),
+    }
+}
+
+/// The RBAC of `deploy/rbac.yaml` is enough for the operator: applies `namespace.yaml` and
+/// `rbac.yaml` for real, creates two Pods in that namespace, and runs the example operator's
+/// persistent controller (`examples/operator.rs`) as the ServiceAccount (impersonated from
+/// `admin`, a configuration allowed to impersonate) until it has labeled both; the
+/// ServiceAccount's `get` of a Pod must be refused (403), a verb the operator does not use.
+/// Returns a summary line, or what failed. Leaves the namespace and the RBAC objects (a
+/// namespace never finishes terminating without a controller-manager) and deletes the Pods.
+pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let client = kube::Client::try_from(admin.clone()).map_err(|e| format!("client: {e}"))?;
+    let docs: Vec<_> = documents(&deploy_dir())?
+        .into_iter()
+        .filter(|(at, _)| at.starts_with("namespace.yaml") || at.starts_with("rbac.yaml"))
+        .collect();
+    apply(client.clone(), &docs, false).await?;
+    let sa = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "ServiceAccount")
+        .map(|(_, d)| serde_json::from_value::<ServiceAccount>(d.clone()))
+        .ok_or("no ServiceAccount in rbac.yaml")?
+        .map_err(|e| format!("ServiceAccount: {e}"))?;
+    let ns = sa.metadata.namespace.clone().unwrap_or_default();
+    let user = format!(
+        "system:serviceaccount:{ns}:{}",
+        sa.metadata.name.unwrap_or_default()
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    for (name, owner) in [("rbac-owned", Some("web-1")), ("rbac-bare", None)] {
+        let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]}});
+        if let Some(owner) = owner {
+            pod["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "apps/v1",
+                "kind": "ReplicaSet", "name": owner, "controller": true,
+                "uid": "0b1c2d3e-0000-4000-8000-000000000001"}]);
+        }
+        let pod: Pod = serde_json::from_value(pod).map_err(|e| e.to_string())?;
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| format!("creating pod {name}: {e}"))?;
+    }
+    let mut as_sa = admin;
+    as_sa.auth_info.impersonate = Some(user.clone());
+    let as_sa = kube::Client::try_from(as_sa).map_err(|e| format!("client: {e}"))?;
+    let get = Api::<Pod>::namespaced(as_sa.clone(), &ns)
+        .get("rbac-bare")
+        .await;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let db = kube_persist::Db::open(dir.path().join("store")).map_err(|e| e.to_string())?;
+    let ctx = operator::Ctx::new(as_sa.clone());
+    let controller =
+        operator::persistent_controller(&db, as_sa).map_err(|e| format!("controller: {e}"))?;
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = errors.clone();
+    let run = controller.run(operator::reconcile, operator::error_policy, ctx.clone());
+    let task = tokio::spawn(run.for_each(move |r| {
+        if let Err(e) = r {
+            sink.lock().unwrap().push(e.to_string());
+        }
+        async {}
+    }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let outcome = loop {
+        let list = pods
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mine: Vec<&Pod> = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("rbac-"))
+            })
+            .collect();
+        if mine.len() == 2 && mine.iter().all(|p| operator::is_labeled(p)) {
+            break Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(format!(
+                "as {user}, the operator did not label both pods in 60 s; its errors: {:?}",
+                errors.lock().unwrap().iter().take(3).collect::<Vec<_>>()
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    task.abort();
+    for name in ["rbac-owned", "rbac-bare"] {
+        let _ = pods.delete(name, &Default::default()).await;
+    }
+    outcome?;
+    match get {
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(format!(
+            "as {user}: both pods labeled with list/watch/update ({} writes); get refused (403)",
+            ctx.writes.load(std::sync::atomic::Ordering::Relaxed)
+        )),
+        other => Err(format!(
+            "as {user}, get of a pod was not refused: {other:?}"
+        )),
     }
 }
