@@ -25,7 +25,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::{Config, Controller, ControllerError};
 use kube_persist::{Db, Reader};
-use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer, Verb};
+use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, Verb};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -1029,13 +1029,8 @@ fn labeled(h: &ServerHandle) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_converges_after_sigkill_without_list() {
     common::init_tracing();
-    let server = TestServer::start_with(ServerOptions {
-        history: 100_000,
-        ..ServerOptions::default()
-    })
-    .await;
+    let server = common::pod_server(PODS).await;
     let h = server.handle();
-    h.seed_pods(PODS, 10);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube_persist::Db;
-use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer};
+use kube_persist_testkit::{ResourceType, ServerHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PODS: usize = 3000;
@@ -192,13 +192,8 @@ fn writes(stopped: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
     common::init_tracing();
-    let server = TestServer::start_with(ServerOptions {
-        history: 100_000,
-        ..ServerOptions::default()
-    })
-    .await;
+    let server = common::pod_server(PODS).await;
     let h = server.handle();
-    h.seed_pods(PODS, 10);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
 

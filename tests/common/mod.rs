@@ -488,3 +488,16 @@ pub fn wait_unlocked(dir: &std::path::Path) {
         }
     }
 }
+
+/// A testkit server holding `pods` Pods over 10 namespaces, with a watch history long
+/// enough (100,000 events) for a restarted client to resume through what it missed.
+pub async fn pod_server(pods: usize) -> kube_persist_testkit::TestServer {
+    let server =
+        kube_persist_testkit::TestServer::start_with(kube_persist_testkit::ServerOptions {
+            history: 100_000,
+            ..Default::default()
+        })
+        .await;
+    server.handle().seed_pods(pods, 10);
+    server
+}
