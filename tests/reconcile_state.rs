@@ -191,18 +191,11 @@ impl Running {
 
     /// (name, resourceVersion) of each reconcile so far, in order.
     fn reconciles(&self) -> Vec<(String, String)> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.strip_prefix("reconciled "))
-            .filter_map(|l| l.split_once(' '))
-            .map(|(n, rv)| (n.to_string(), rv.to_string()))
-            .collect()
+        common::reconciled_lines(&self.lines)
     }
 
     fn saw(&self, line: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l == line)
+        common::printed(&self.lines, line)
     }
 
     fn kill(mut self) {

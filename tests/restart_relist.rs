@@ -124,18 +124,11 @@ impl Run {
 
     /// (name, resourceVersion) of every reconcile so far.
     fn reconciles(&self) -> BTreeSet<(String, String)> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.strip_prefix("reconciled "))
-            .filter_map(|l| l.split_once(' '))
-            .map(|(n, rv)| (n.to_string(), rv.to_string()))
-            .collect()
+        common::reconciled_lines(&self.lines).into_iter().collect()
     }
 
     fn saw(&self, line: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l == line)
+        common::printed(&self.lines, line)
     }
 
     /// SIGTERM: the controller stops gracefully (its last state batch written).

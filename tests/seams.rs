@@ -24,6 +24,29 @@ fn cfg() -> Config {
         .relist_jitter(Duration::from_millis(10))
 }
 
+/// Sync a Pod store with `config` in a fresh directory (the watcher runs on a task), then
+/// check it equals the server; `what` says what reaching ready proves.
+async fn sync_within(
+    engine: Engine,
+    server: &TestServer,
+    config: Config,
+    limit: Duration,
+    what: &str,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), config)
+        .unwrap();
+    let task = tokio::spawn(watcher.run());
+    tokio::time::timeout(limit, reader.wait_until_ready())
+        .await
+        .expect(what)
+        .unwrap();
+    assert_matches(&reader, &server.handle(), &ResourceType::pods());
+    task.abort();
+}
+
 /// A watcher dropped (a lost leader election) right after the server sent it a burst,
 /// while another stream keeps the disk thread busy, and the stream reopened at once in the
 /// same `Db`: the new watcher must start from the state after the dropped one's last
@@ -62,7 +85,7 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
             while !stop.load(Ordering::Relaxed) {
                 v += 1;
                 h.apply(&cms, cm((v % 200) as usize, v));
-                if v % 20 == 0 {
+                if v.is_multiple_of(20) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
@@ -140,28 +163,15 @@ async fn streaming_list_cut_every_time_falls_back_to_pages(engine: Engine) {
     h.seed_pods(1000, 2);
     h.faults().cut_every_watch_after(Some(150));
     h.reset_counts();
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg().streaming_lists().page_size(100),
-        )
-        .unwrap();
-    let task = tokio::spawn(watcher.run());
-    tokio::time::timeout(Duration::from_secs(30), reader.wait_until_ready())
-        .await
-        .expect("synced through the paginated fallback")
-        .unwrap();
+    let config = cfg().streaming_lists().page_size(100);
+    let what = "synced through the paginated fallback";
+    sync_within(engine, &server, config, Duration::from_secs(30), what).await;
     let counts = h.counts();
     assert!(counts.list >= 10, "paginated fallback: {counts:?}");
     assert!(
         counts.watch <= 5,
-        "three cut streaming lists, then the watch after the LIST: {counts:?}"
+        "three cut streaming lists, then the watches after the LIST: {counts:?}"
     );
-    assert_matches(&reader, &h, &ResourceType::pods());
-    task.abort();
 }
 
 /// A server that answers `410` right after every sync: relists in a row wait the
@@ -202,22 +212,15 @@ async fn list_slower_than_its_continue_tokens_converges(engine: Engine) {
     h.seed_pods(3000, 3);
     h.faults().page_delay(Duration::from_millis(30));
     h.faults().continue_ttl(Some(Duration::from_millis(400)));
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg().page_size(100),
-        )
-        .unwrap();
-    let task = tokio::spawn(watcher.run());
-    tokio::time::timeout(Duration::from_secs(40), reader.wait_until_ready())
-        .await
-        .expect("the list completed despite expiring continue tokens")
-        .unwrap();
-    assert_matches(&reader, &h, &ResourceType::pods());
-    task.abort();
+    let what = "the list completed despite expiring continue tokens";
+    sync_within(
+        engine,
+        &server,
+        cfg().page_size(100),
+        Duration::from_secs(40),
+        what,
+    )
+    .await;
 }
 
 /// A store reopened with a narrower shard is not ready, and gives no start signal, until
@@ -351,17 +354,14 @@ async fn keys_only_relist_deletions_of_a_strict_type_are_delivered(engine: Engin
     // Events are ordered: once the sentinel's Apply arrives, the sweep's deletions did.
     h.apply(&rt, widget(1000));
     let evs = w.until(|e| *e == Ev::Apply("ns/w-1000".into())).await;
-    let mut deleted: Vec<&str> = evs
-        .iter()
-        .filter_map(|e| match e {
-            Ev::Delete(k) => Some(k.as_str()),
-            _ => None,
-        })
-        .collect();
-    deleted.sort_unstable();
-    let mut want = gone.to_vec();
+    let mut want: Vec<String> = gone.iter().map(|k| k.to_string()).collect();
     want.sort_unstable();
-    assert_eq!(deleted, want, "{}", common::summary(&evs));
+    assert_eq!(
+        common::deleted_keys(&evs),
+        want,
+        "{}",
+        common::summary(&evs)
+    );
     w.stop().await;
 }
 

@@ -164,17 +164,14 @@ async fn relist_after_gone(engine: Engine, streaming: bool) {
     evs.extend(until_apply(&mut w, "ns-0/sentinel").await);
     evs.pop(); // the sentinel's own Apply
     assert_eq!(reader.checkpoint(), Some(h.resource_version()));
-    let mut got_deleted: Vec<_> = evs
-        .iter()
-        .filter_map(|e| match e {
-            Ev::Delete(k) => Some(k.clone()),
-            _ => None,
-        })
-        .collect();
-    got_deleted.sort();
     let mut want = deleted.clone();
     want.sort();
-    assert_eq!(got_deleted, want, "exact deletions: {}", summary(&evs));
+    assert_eq!(
+        common::deleted_keys(&evs),
+        want,
+        "exact deletions: {}",
+        summary(&evs)
+    );
     let applies = evs.iter().filter(|e| matches!(e, Ev::Apply(_))).count();
     assert_eq!(
         applies,

@@ -308,6 +308,13 @@ impl Config {
     /// `1..=`[`Config::MAX_PAGE_SIZE`]: `0` would mean "no limit" to the API server (the
     /// whole collection in one response), which this store exists to avoid.
     ///
+    /// A list slower than the server keeps its continue tokens (kube-apiserver's expire
+    /// when etcd compacts the list's revision, every 5 minutes by default) gets `410` for
+    /// its next page: the store lists again in a new epoch (objects it already wrote are
+    /// kept, unchanged ones are only marked), and each expiry in a row doubles the page
+    /// size of the next attempt, up to 16 times this one (memory grows with it), so the
+    /// list completes; the page size returns to this one after a complete list.
+    ///
     /// ```
     /// use kube_persist::Config;
     /// assert_eq!(Config::default().page_size(100).get_page_size(), 100);
@@ -323,7 +330,10 @@ impl Config {
     ///
     /// A server that rejects streaming lists (the `WatchList` gate off, or a storage
     /// without the feature it needs) or ignores them (older servers) is detected, logged
-    /// once, and the stream falls back to paginated LISTs, as client-go does.
+    /// once, and the stream falls back to paginated LISTs, as client-go does. So does a
+    /// stream whose streaming lists are cut before their end bookmark three times in a
+    /// row (a `timeoutSeconds` or a load balancer's stream lifetime shorter than the
+    /// initial events take); each cut waits the [`Config::backoff`] first.
     ///
     /// ```
     /// let cfg = kube_persist::Config::default().streaming_lists();

@@ -387,6 +387,36 @@ pub fn collect_stdout(
     lines
 }
 
+/// The keys of the `Delete` events among `evs`, sorted.
+pub fn deleted_keys(evs: &[Ev]) -> Vec<String> {
+    let mut keys: Vec<String> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Delete(k) => Some(k.clone()),
+            _ => None,
+        })
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// `(name, resourceVersion)` of each `reconciled <name> <rv>` line a child printed, in order.
+pub fn reconciled_lines(lines: &std::sync::Mutex<Vec<String>>) -> Vec<(String, String)> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.strip_prefix("reconciled "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, rv)| (n.to_string(), rv.to_string()))
+        .collect()
+}
+
+/// Whether a child printed exactly `line`.
+pub fn printed(lines: &std::sync::Mutex<Vec<String>>, line: &str) -> bool {
+    lines.lock().unwrap().iter().any(|l| l == line)
+}
+
 /// The last line `collect_stdout` kept (empty before the first): for failure messages.
 pub fn last_line(lines: &std::sync::Mutex<Vec<String>>) -> String {
     lines.lock().unwrap().last().cloned().unwrap_or_default()

@@ -111,6 +111,7 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         backend: Arc<dyn Backend>,
         path: PathBuf,
