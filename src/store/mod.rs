@@ -172,6 +172,9 @@ impl Db {
                 "store files are readable by group or others; tightening to 0700/0600");
         }
         perms::create_private_dir(&path)?;
+        // Before the engine creates its files: a directory this process cannot make private
+        // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
+        perms::tighten(&path)?;
         let storage = open_after_close(&path, || engine::open(&path, &config))?;
         perms::tighten(&path)?;
         let engine = storage.engine();
