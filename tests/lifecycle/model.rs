@@ -1,0 +1,527 @@
+//! The lifecycle model: random operations on the server, the store and the controller's
+//! process, each followed by the invariant checks of `checks.rs`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube_persist::{Db, Engine, Reader};
+use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::app::{self, NS, RunCfg};
+use crate::checks::{self, Found, Log, Rec, RunChecks};
+
+const OBJECTS: usize = 100;
+const BUSY_PODS: usize = 300;
+
+/// A change of configuration between two runs.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Nothing,
+    Streaming,
+    Narrow,
+    Widen,
+    Index,
+    Page,
+}
+
+/// Where a child process is SIGKILLed.
+#[derive(Debug, Clone, Copy)]
+enum KillAt {
+    /// While a relist (after a 410 on resume, pages slowed) is in `Listing`.
+    List,
+    /// Once `Sweeping` is seen (or `Synced`, if the sweep was too quick to see).
+    Sweep,
+    /// `ms` after start, with the shard narrowed: during or right after the prune.
+    Prune(u64),
+    /// After this many reconciles of the child.
+    Reconcile(usize),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Churn { creates: usize, updates: usize, deletes: usize },
+    /// Compaction and the watches cut: the reconnect gets 410 and relists.
+    Compact,
+    /// The next watch answers 410 at once, the watches cut.
+    Gone,
+    /// The next watch fails with an ERROR event after some events.
+    WatchError(usize),
+    /// The API server restarts, down for `ms`.
+    ServerRestart(u64),
+    /// A graceful stop and a new run (optionally in a new `Db`, with the server compacted
+    /// and changed while down).
+    Stop { new_db: bool, change: Change, compact: bool, churn: bool },
+    /// A burst, then the controller's task aborted and a new run started at once, same `Db`.
+    AbortReopen { burst: usize },
+    /// A child process runs the controller on the store and is SIGKILLed; then a new run.
+    Kill { at: KillAt, change: Change },
+}
+
+struct Live {
+    reader: Reader<ConfigMap>,
+    task: JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// What one engine's run found.
+pub struct Outcome {
+    pub steps: usize,
+    pub restarts: usize,
+    pub violations: usize,
+    pub kills: String,
+}
+
+pub struct Model {
+    engine: Engine,
+    seed: u64,
+    rng: StdRng,
+    server: TestServer,
+    h: ServerHandle,
+    dir: tempfile::TempDir,
+    log: Log,
+    cfg: RunCfg,
+    run: usize,
+    db: Option<(Db, JoinHandle<()>)>,
+    live: Option<Live>,
+    rc: RunChecks,
+    created: usize,
+    restarts: usize,
+    history: Vec<String>,
+    run_started_at_step: usize,
+    violations: usize,
+    reported: HashSet<(usize, &'static str)>,
+    kills: BTreeMap<String, (usize, usize)>,
+}
+
+fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NS, "labels": {"mode": mode}},
+        "data": {"value": value},
+    })
+}
+
+impl Model {
+    pub async fn run(engine: Engine, seed: u64, steps: usize) -> Outcome {
+        let server = TestServer::start_with(ServerOptions {
+            bookmark_interval: Duration::from_millis(100),
+            ..ServerOptions::default()
+        })
+        .await;
+        let h = server.handle();
+        h.seed_pods(BUSY_PODS, 3);
+        let mut m = Model {
+            engine,
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            server,
+            h,
+            dir: tempfile::tempdir().unwrap(),
+            log: Arc::default(),
+            cfg: RunCfg { streaming: false, shard: None, index: false, page: 20 },
+            run: 0,
+            db: None,
+            live: None,
+            rc: RunChecks::default(),
+            created: 0,
+            restarts: 0,
+            history: Vec::new(),
+            run_started_at_step: 0,
+            violations: 0,
+            reported: HashSet::new(),
+            kills: BTreeMap::new(),
+        };
+        for _ in 0..OBJECTS {
+            m.create();
+        }
+        m.start_run().await;
+        m.check(0).await;
+        for step in 1..=steps {
+            let op = m.pick(steps - step);
+            m.history.push(format!("{step}:{op:?}"));
+            m.apply(step, op).await;
+            m.check(step).await;
+        }
+        if let Some(live) = m.live.take() {
+            live.task.abort();
+            let _ = live.task.await;
+        }
+        m.close_db().await;
+        let kills = m
+            .kills
+            .iter()
+            .map(|(k, (hit, n))| format!("{k} {hit}/{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if m.violations > 0 {
+            println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
+        }
+        Outcome { steps, restarts: m.restarts, violations: m.violations, kills }
+    }
+
+    fn pick(&mut self, left: usize) -> Op {
+        let r = &mut self.rng;
+        // Enough restarts whatever the draw: at least one in every five steps.
+        let restart = left % 5 == 0 || r.random_bool(0.15);
+        let change = |r: &mut StdRng| match r.random_range(0..8) {
+            0 => Change::Streaming,
+            1 | 2 => Change::Narrow,
+            3 => Change::Widen,
+            4 => Change::Index,
+            5 => Change::Page,
+            _ => Change::Nothing,
+        };
+        if restart {
+            return match r.random_range(0..10) {
+                0..=2 => Op::Stop {
+                    new_db: r.random_bool(0.5),
+                    change: change(r),
+                    compact: r.random_bool(0.4),
+                    churn: r.random_bool(0.5),
+                },
+                3 | 4 => Op::AbortReopen { burst: r.random_range(5..40) },
+                _ => {
+                    let at = match r.random_range(0..4) {
+                        0 => KillAt::List,
+                        1 => KillAt::Sweep,
+                        2 => KillAt::Prune(r.random_range(0..40)),
+                        _ => KillAt::Reconcile(r.random_range(1..40)),
+                    };
+                    let change = if matches!(at, KillAt::Prune(_)) { Change::Narrow } else { change(r) };
+                    Op::Kill { at, change }
+                }
+            };
+        }
+        match r.random_range(0..10) {
+            0..=4 => Op::Churn {
+                creates: r.random_range(0..6),
+                updates: r.random_range(0..10),
+                deletes: r.random_range(0..6),
+            },
+            5 => Op::Compact,
+            6 => Op::Gone,
+            7 => Op::WatchError(r.random_range(0..5)),
+            _ => Op::ServerRestart(r.random_range(10..300)),
+        }
+    }
+
+    async fn apply(&mut self, step: usize, op: Op) {
+        let faults = self.h.faults();
+        match op {
+            Op::Churn { creates, updates, deletes } => self.churn(creates, updates, deletes),
+            Op::Compact => {
+                self.h.compact();
+                faults.close_watches();
+            }
+            Op::Gone => {
+                faults.gone_next_watch();
+                faults.close_watches();
+            }
+            Op::WatchError(n) => {
+                faults.error_watch_after(n);
+                self.churn(0, n + 1, 0);
+                faults.close_watches();
+            }
+            Op::ServerRestart(ms) => {
+                self.churn(0, 2, 0);
+                self.server.restart(Duration::from_millis(ms)).await.expect("rebind");
+            }
+            Op::Stop { new_db, change, compact, churn } => {
+                self.stop_graceful(step).await;
+                if new_db {
+                    self.close_db().await;
+                }
+                if compact {
+                    self.churn(0, 3, 1);
+                    self.h.compact();
+                }
+                if churn {
+                    self.churn(2, 5, 2);
+                }
+                self.change(change);
+                self.restart(step).await;
+            }
+            Op::AbortReopen { burst } => {
+                let live = self.live.take().expect("a run");
+                self.churn(burst / 4, burst, burst / 4);
+                self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
+                live.task.abort();
+                let _ = live.task.await;
+                self.restart(step).await;
+            }
+            Op::Kill { at, change } => self.kill(step, at, change).await,
+        }
+        self.h.faults().clear();
+    }
+
+    fn create(&mut self) {
+        let mode = match self.rng.random_range(0..100) {
+            0..=11 => "short",
+            12..=19 => "fail",
+            _ => "ok",
+        };
+        let name = format!("cm-{}", self.created);
+        self.created += 1;
+        self.h.apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
+    }
+
+    fn churn(&mut self, creates: usize, updates: usize, deletes: usize) {
+        let rt = ResourceType::configmaps();
+        for _ in 0..creates {
+            self.create();
+        }
+        let mut names: Vec<String> = checks::server_objects(&self.h).into_keys().collect();
+        for _ in 0..updates.min(names.len()) {
+            let name = &names[self.rng.random_range(0..names.len())];
+            if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
+                o["data"]["value"] = json!(format!("v{}", self.rng.random::<u32>()));
+                self.h.apply(&rt, o);
+            }
+        }
+        for _ in 0..deletes.min(names.len()) {
+            let name = names.swap_remove(self.rng.random_range(0..names.len()));
+            self.h.delete(&rt, Some(NS), &name);
+        }
+    }
+
+    fn change(&mut self, change: Change) {
+        let cfg = &mut self.cfg;
+        match change {
+            Change::Nothing => {}
+            Change::Streaming => cfg.streaming = !cfg.streaming,
+            Change::Narrow => {
+                cfg.shard = match cfg.shard {
+                    None => Some((self.rng.random_range(0..2), 2)),
+                    Some((i, 2)) => Some((2 * i + self.rng.random_range(0..2), 4)),
+                    other => other,
+                }
+            }
+            Change::Widen => cfg.shard = None,
+            Change::Index => cfg.index = !cfg.index,
+            Change::Page => cfg.page = self.rng.random_range(5..60),
+        }
+    }
+
+    fn report(&mut self, step: usize, f: Found) {
+        if !self.reported.insert((self.run, f.invariant)) {
+            return;
+        }
+        self.violations += 1;
+        let ops = &self.history[self.run_started_at_step.saturating_sub(1).min(self.history.len())..];
+        println!(
+            "VIOLATION engine {} seed {} step {step} run {} ({:?}): {}: {}\n  ops since the run before: {}",
+            self.engine,
+            self.seed,
+            self.run,
+            self.cfg,
+            f.invariant,
+            f.detail,
+            ops.join(" ")
+        );
+    }
+
+    fn sink(&self, run: usize) -> app::Sink {
+        let log = self.log.clone();
+        Arc::new(move |name, rv, uid| {
+            let mut log = log.lock().unwrap();
+            let rec = Rec { at: Instant::now(), run, name: name.into(), rv: rv.into(), uid: uid.into() };
+            log.push(rec);
+        })
+    }
+
+    async fn open_db(&mut self) -> &Db {
+        if self.db.is_none() {
+            let db = crate::common::try_open_db(self.engine, self.dir.path()).expect("open the store");
+            // A second stream on the same Db, so that the disk thread has other work queued.
+            let api = Api::<Pod>::all(self.server.client());
+            let (_, watcher) = db.store("busy", api, kube_persist::Config::default()).unwrap();
+            self.db = Some((db, tokio::spawn(watcher.run())));
+        }
+        &self.db.as_ref().unwrap().0
+    }
+
+    async fn close_db(&mut self) {
+        if let Some((db, busy)) = self.db.take() {
+            busy.abort();
+            let _ = busy.await;
+            db.flush().unwrap();
+        }
+    }
+
+    /// A new run of the controller in this process, at once.
+    async fn start_run(&mut self) {
+        self.run += 1;
+        self.run_started_at_step = self.history.len();
+        self.rc = RunChecks { owned_upto: self.log.lock().unwrap().len(), ..RunChecks::default() };
+        let client = self.server.client();
+        let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
+        let db = self.open_db().await;
+        let c = app::controller(db, client, &cfg).expect("the controller starts");
+        let reader = c.reader();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(app::run(c, sink, async move {
+            let _ = rx.await;
+        }));
+        self.live = Some(Live { reader, task, stop });
+    }
+
+    async fn restart(&mut self, _step: usize) {
+        self.restarts += 1;
+        self.start_run().await;
+    }
+
+    async fn stop_graceful(&mut self, step: usize) {
+        let live = self.live.take().expect("a run");
+        let _ = live.stop.send(());
+        let mut task = live.task;
+        if tokio::time::timeout(Duration::from_secs(20), &mut task).await.is_err() {
+            self.report(step, Found {
+                invariant: "a graceful stop finishes",
+                detail: "the controller still ran 20 s after its shutdown signal".into(),
+            });
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Stops this process's run, lets a child process run the controller on the store and
+    /// SIGKILLs it at `at`; then a new run in this process.
+    async fn kill(&mut self, step: usize, at: KillAt, change: Change) {
+        if self.rng.random_bool(0.5) {
+            self.stop_graceful(step).await;
+        } else if let Some(live) = self.live.take() {
+            live.task.abort();
+            let _ = live.task.await;
+        }
+        self.close_db().await;
+        self.change(change);
+        let faults = self.h.faults();
+        if matches!(at, KillAt::List | KillAt::Sweep) {
+            // The resume gets 410 and relists, slowly; objects deleted meanwhile are swept.
+            self.churn(2, 4, 4);
+            self.h.compact();
+            faults.page_delay(Duration::from_millis(15));
+        }
+        self.run += 1;
+        self.run_started_at_step = self.history.len();
+        self.restarts += 1;
+        let child_run = self.run;
+        let from = self.log.lock().unwrap().len();
+        let mut child = self.spawn_child(child_run);
+        let phases = child.1.clone();
+        let seen = |p: &str| phases.lock().unwrap().iter().any(|l| l == p);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let hit = loop {
+            let reconciles = self.log.lock().unwrap()[from..].len();
+            let hit = match at {
+                KillAt::List => seen("phase Listing").then_some(true),
+                KillAt::Sweep => {
+                    if seen("phase Sweeping") {
+                        Some(true)
+                    } else {
+                        seen("phase Synced").then_some(false)
+                    }
+                }
+                KillAt::Prune(_) => seen("child-started").then_some(true),
+                KillAt::Reconcile(n) => (reconciles >= n).then_some(true),
+            };
+            if let Some(hit) = hit {
+                break hit;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            if matches!(at, KillAt::Reconcile(_)) && self.rng.random_bool(0.05) {
+                self.churn(0, 2, 0);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        match at {
+            KillAt::List => tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..60))).await,
+            KillAt::Prune(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            _ => {}
+        }
+        let last_phase = phases.lock().unwrap().last().cloned().unwrap_or_default();
+        child.0.kill().expect("SIGKILL");
+        child.0.wait().unwrap();
+        let kind = format!("{at:?}").split('(').next().unwrap_or_default().to_lowercase();
+        let e = self.kills.entry(kind).or_default();
+        e.0 += usize::from(hit);
+        e.1 += 1;
+        self.history.push(format!("(killed at {last_phase:?}, target hit {hit})"));
+        faults.clear();
+        let mut rc = RunChecks { owned_upto: from, ..RunChecks::default() };
+        let cfg = self.cfg.clone();
+        for f in checks::owned_only(&self.log, child_run, &cfg, &mut rc) {
+            self.report(step, f);
+        }
+        if self.rng.random_bool(0.5) {
+            self.churn(1, 3, 1);
+        }
+        self.restart(step).await;
+    }
+
+    /// This binary again, as the child process of run `run`: (process, lines other than
+    /// reconciles, which go to the log).
+    fn spawn_child(&self, run: usize) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("/proc/self/exe")
+            .env(app::CHILD_DIR_ENV, self.dir.path())
+            .env(app::CHILD_URL_ENV, self.server.url())
+            .env(app::CHILD_CFG_ENV, self.cfg.encode())
+            .env(crate::common::ENGINE_ENV, self.engine.name())
+            .env("RUST_LOG", "off")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the child process");
+        let out = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (sink, other) = (self.sink(run), lines.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                match line.strip_prefix("reconciled ").map(|l| l.split(' ').collect::<Vec<_>>()) {
+                    Some(f) if f.len() == 3 => sink(f[0], f[1], f[2]),
+                    _ => other.lock().unwrap().push(line),
+                }
+            }
+        });
+        (child, lines)
+    }
+
+    /// The invariants, once the server is quiescent (nothing changes it during the check).
+    async fn check(&mut self, step: usize) {
+        let Some(live) = &self.live else { return };
+        let reader = live.reader.clone();
+        let cfg = self.cfg.clone();
+        match checks::quiesce(&reader, &self.h).await {
+            Err(f) => self.report(step, f),
+            Ok(()) => {
+                let since = Instant::now();
+                let server = checks::server_objects(&self.h);
+                for f in checks::store_matches(&reader, &cfg, &server) {
+                    self.report(step, f);
+                }
+                let log = self.log.clone();
+                let mut rc = std::mem::take(&mut self.rc);
+                let found = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;
+                self.rc = rc;
+                for f in found {
+                    self.report(step, f);
+                }
+            }
+        }
+        let mut rc = std::mem::take(&mut self.rc);
+        let found = checks::owned_only(&self.log, self.run, &cfg, &mut rc);
+        self.rc = rc;
+        for f in found {
+            self.report(step, f);
+        }
+    }
+}
