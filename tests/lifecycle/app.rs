@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube_persist::controller::Controller;
-use kube_persist::{Db, Shard, ShardKey};
+use kube_persist::{Db, Reader, Shard, ShardKey};
 
 /// Namespace of the ConfigMaps the controller reconciles.
 pub const NS: &str = "lc";
@@ -148,16 +148,33 @@ pub async fn run(
         .await;
 }
 
+/// Waits until `reader` reports ready, then counts the stored objects outside `cfg`'s
+/// shard: a store must not be ready while it still holds what a narrowed shard prunes.
+pub async fn outside_at_ready(reader: Reader<ConfigMap>, cfg: RunCfg) -> Option<usize> {
+    reader.wait_until_ready().await.ok()?;
+    let outside = reader
+        .iter()
+        .filter_map(|o| o.ok())
+        .filter(|o| !cfg.owns(o.metadata.uid.as_deref().unwrap_or_default()))
+        .count();
+    Some(outside)
+}
+
 pub const CHILD_DIR_ENV: &str = "KP_LIFECYCLE_CHILD_DIR";
 pub const CHILD_URL_ENV: &str = "KP_LIFECYCLE_CHILD_URL";
 pub const CHILD_CFG_ENV: &str = "KP_LIFECYCLE_CHILD_CFG";
+/// `phase:<SyncPhase>`: the child SIGKILLs itself as soon as it sees the store in that
+/// phase; `after:<ms>`: that long after it opened the store.
+pub const CHILD_KILL_ENV: &str = "KP_LIFECYCLE_CHILD_KILL";
 
 /// The child process: the controller on the store at `dir`, printing `child-started`,
-/// `phase <phase>` at each change of the store's phase and `reconciled <name> <rv> <uid>`,
-/// until it is killed.
+/// `phase <phase>` and `len <n>` at each change of the store's phase and length (watched on
+/// a thread, every 200 µs), `ready-outside <n>` once ready, and `reconciled <name> <rv>
+/// <uid>`, until it is killed (by the test, or by itself as `CHILD_KILL_ENV` says).
 pub fn child_main(dir: String) {
     let url = std::env::var(CHILD_URL_ENV).expect("the server's URL");
     let cfg = RunCfg::decode(&std::env::var(CHILD_CFG_ENV).expect("the run's config"));
+    let kill = std::env::var(CHILD_KILL_ENV).unwrap_or_default();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let client = kube_persist_testkit::client_for(&url, None);
@@ -165,19 +182,49 @@ pub fn child_main(dir: String) {
             .expect("the child opens the store");
         let c = controller(&db, client, &cfg).expect("the child's controller");
         let reader = c.reader();
+        println!("child-started");
+        let watched = reader.clone();
+        std::thread::spawn(move || watch_phases(watched, &kill));
+        let ready = tokio::spawn(outside_at_ready(reader, cfg));
         tokio::spawn(async move {
-            let mut last = None;
-            loop {
-                let phase = reader.phase();
-                if last != Some(phase) {
-                    println!("phase {phase:?}");
-                    last = Some(phase);
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            if let Ok(Some(n)) = ready.await {
+                println!("ready-outside {n}");
             }
         });
-        println!("child-started");
         let sink: Sink = Arc::new(|name, rv, uid| println!("reconciled {name} {rv} {uid}"));
         run(c, sink, futures::future::pending()).await;
     });
+}
+
+fn watch_phases(reader: Reader<ConfigMap>, kill: &str) {
+    let start = std::time::Instant::now();
+    let kill_after = kill.strip_prefix("after:").and_then(|ms| ms.parse().ok());
+    let kill_on = kill.strip_prefix("phase:");
+    let (mut phase, mut len) = (None, None);
+    loop {
+        let p = reader.phase();
+        if phase != Some(p) {
+            println!("phase {p:?}");
+            phase = Some(p);
+            if kill_on == Some(format!("{p:?}").as_str()) {
+                sigkill_self();
+            }
+        }
+        let l = reader.len();
+        if len != Some(l) {
+            println!("len {l}");
+            len = Some(l);
+        }
+        if kill_after.is_some_and(|ms| start.elapsed() >= Duration::from_millis(ms)) {
+            sigkill_self();
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn sigkill_self() {
+    // SAFETY: kill(2) on this process's own pid; it does not return.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
 }

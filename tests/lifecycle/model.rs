@@ -67,6 +67,8 @@ struct Live {
     reader: Reader<ConfigMap>,
     task: JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
+    /// Objects outside the shard when the store first reported ready.
+    outside_at_ready: Option<JoinHandle<Option<usize>>>,
 }
 
 /// What one engine's run found.
@@ -249,8 +251,12 @@ impl Model {
             }
             Op::AbortReopen { burst } => {
                 let live = self.live.take().expect("a run");
-                self.churn(burst / 4, burst, burst / 4);
+                // The other stream's burst keeps the disk thread busy while this stream's
+                // batches queue behind it; the task is aborted a moment later.
                 self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
+                self.churn(burst / 4, burst, burst / 4);
+                let ms = self.rng.random_range(0..25);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
                 live.task.abort();
                 let _ = live.task.await;
                 self.restart(step).await;
@@ -364,11 +370,18 @@ impl Model {
         let db = self.open_db().await;
         let c = app::controller(db, client, &cfg).expect("the controller starts");
         let reader = c.reader();
+        self.history.push(format!(
+            "(run {} opens {:?}, ready {})",
+            self.run,
+            reader.phase(),
+            reader.is_ready()
+        ));
+        let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(app::run(c, sink, async move {
             let _ = rx.await;
         }));
-        self.live = Some(Live { reader, task, stop });
+        self.live = Some(Live { reader, task, stop, outside_at_ready: Some(outside) });
     }
 
     async fn restart(&mut self, _step: usize) {
@@ -403,8 +416,9 @@ impl Model {
         self.change(change);
         let faults = self.h.faults();
         if matches!(at, KillAt::List | KillAt::Sweep) {
-            // The resume gets 410 and relists, slowly; objects deleted meanwhile are swept.
-            self.churn(2, 4, 4);
+            // The resume gets 410 and relists, slowly; what was deleted meanwhile is swept.
+            let n = if matches!(at, KillAt::Sweep) { 15 } else { 3 };
+            self.churn(n, 4, n);
             self.h.compact();
             faults.page_delay(Duration::from_millis(15));
         }
@@ -413,22 +427,38 @@ impl Model {
         self.restarts += 1;
         let child_run = self.run;
         let from = self.log.lock().unwrap().len();
-        let mut child = self.spawn_child(child_run);
-        let phases = child.1.clone();
-        let seen = |p: &str| phases.lock().unwrap().iter().any(|l| l == p);
+        let kill = match at {
+            KillAt::Sweep => "phase:Sweeping".to_string(),
+            KillAt::Prune(ms) => format!("after:{ms}"),
+            _ => String::new(),
+        };
+        let (mut child, lines) = self.spawn_child(child_run, &kill);
+        let seen = |p: &str| lines.lock().unwrap().iter().any(|l| l == p);
+        let last_phase = || {
+            let lines = lines.lock().unwrap();
+            lines.iter().rev().find(|l| l.starts_with("phase ")).cloned().unwrap_or_default()
+        };
+        let synced_after_listing = || {
+            let lines = lines.lock().unwrap();
+            let mut phases = lines.iter().filter(|l| l.starts_with("phase "));
+            phases.any(|l| l == "phase Listing") && phases.any(|l| l == "phase Synced")
+        };
         let deadline = Instant::now() + Duration::from_secs(15);
         let hit = loop {
+            let exited = child.try_wait().unwrap().is_some();
             let reconciles = self.log.lock().unwrap()[from..].len();
             let hit = match at {
                 KillAt::List => seen("phase Listing").then_some(true),
-                KillAt::Sweep => {
-                    if seen("phase Sweeping") {
-                        Some(true)
-                    } else {
-                        seen("phase Synced").then_some(false)
-                    }
-                }
-                KillAt::Prune(_) => seen("child-started").then_some(true),
+                // The child kills itself in the sweep, or missed it (too quick to see).
+                KillAt::Sweep => (exited || synced_after_listing()).then_some(exited),
+                KillAt::Prune(_) => exited.then(|| {
+                    let lines = lines.lock().unwrap();
+                    let lens: Vec<u64> = lines
+                        .iter()
+                        .filter_map(|l| l.strip_prefix("len ")?.parse().ok())
+                        .collect();
+                    lens.first().is_some_and(|f| lens.iter().any(|l| l < f))
+                }),
                 KillAt::Reconcile(n) => (reconciles >= n).then_some(true),
             };
             if let Some(hit) = hit {
@@ -442,19 +472,39 @@ impl Model {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
-        match at {
-            KillAt::List => tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..60))).await,
-            KillAt::Prune(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
-            _ => {}
-        }
-        let last_phase = phases.lock().unwrap().last().cloned().unwrap_or_default();
-        child.0.kill().expect("SIGKILL");
-        child.0.wait().unwrap();
+        let hit = if matches!(at, KillAt::List) {
+            tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..60))).await;
+            last_phase() == "phase Listing"
+        } else {
+            hit
+        };
+        let at_kill = last_phase();
+        let _ = child.kill();
+        child.wait().unwrap();
         let kind = format!("{at:?}").split('(').next().unwrap_or_default().to_lowercase();
         let e = self.kills.entry(kind).or_default();
         e.0 += usize::from(hit);
         e.1 += 1;
-        self.history.push(format!("(killed at {last_phase:?}, target hit {hit})"));
+        let phases: Vec<String> = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.strip_prefix("phase "))
+            .map(String::from)
+            .collect();
+        self.history.push(format!(
+            "(child phases {}, killed in {}, target hit {hit})",
+            phases.join(">"),
+            at_kill.strip_prefix("phase ").unwrap_or_default()
+        ));
+        let outside = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|l| l.strip_prefix("ready-outside ")?.parse::<usize>().ok());
+        if let Some(n) = outside.filter(|n| *n > 0) {
+            self.report(step, ready_outside(n));
+        }
         faults.clear();
         let mut rc = RunChecks { owned_upto: from, ..RunChecks::default() };
         let cfg = self.cfg.clone();
@@ -469,12 +519,13 @@ impl Model {
 
     /// This binary again, as the child process of run `run`: (process, lines other than
     /// reconciles, which go to the log).
-    fn spawn_child(&self, run: usize) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
+    fn spawn_child(&self, run: usize, kill: &str) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
         use std::io::BufRead;
         let mut child = std::process::Command::new("/proc/self/exe")
             .env(app::CHILD_DIR_ENV, self.dir.path())
             .env(app::CHILD_URL_ENV, self.server.url())
             .env(app::CHILD_CFG_ENV, self.cfg.encode())
+            .env(app::CHILD_KILL_ENV, kill)
             .env(crate::common::ENGINE_ENV, self.engine.name())
             .env("RUST_LOG", "off")
             .stdout(std::process::Stdio::piped())
@@ -497,8 +548,15 @@ impl Model {
 
     /// The invariants, once the server is quiescent (nothing changes it during the check).
     async fn check(&mut self, step: usize) {
-        let Some(live) = &self.live else { return };
+        let Some(live) = &mut self.live else { return };
         let reader = live.reader.clone();
+        let at_ready = match live.outside_at_ready.take_if(|t| t.is_finished()) {
+            Some(t) => t.await.ok().flatten(),
+            None => None,
+        };
+        if let Some(n) = at_ready.filter(|n| *n > 0) {
+            self.report(step, ready_outside(n));
+        }
         let cfg = self.cfg.clone();
         match checks::quiesce(&reader, &self.h).await {
             Err(f) => self.report(step, f),
@@ -523,5 +581,12 @@ impl Model {
         for f in found {
             self.report(step, f);
         }
+    }
+}
+
+fn ready_outside(n: usize) -> Found {
+    Found {
+        invariant: "a ready store holds nothing outside its shard",
+        detail: format!("{n} objects outside the shard when the store first reported ready"),
     }
 }
