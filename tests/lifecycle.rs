@@ -24,11 +24,11 @@
 //! the operations since the last restart; the last line is exactly
 //! `lifecycle: <S> steps, <R> restarts, <V> violations`, and the test fails unless V is 0.
 
-mod common;
 #[path = "lifecycle/app.rs"]
 mod app;
 #[path = "lifecycle/checks.rs"]
 mod checks;
+mod common;
 #[path = "lifecycle/model.rs"]
 mod model;
 
@@ -44,7 +44,9 @@ fn main() {
     }
     let seed = common::test_seed("KP_LIFECYCLE_SEED", DEFAULT_SEED);
     let steps = common::env_num("KP_LIFECYCLE_STEPS").unwrap_or(STEPS_PER_ENGINE);
-    println!("lifecycle: seed {seed} (replay with KP_LIFECYCLE_SEED={seed}), {steps} steps per engine");
+    println!(
+        "lifecycle: seed {seed} (replay with KP_LIFECYCLE_SEED={seed}), {steps} steps per engine"
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -54,7 +56,11 @@ fn main() {
     let (mut s, mut r, mut v) = (0, 0, 0);
     for (i, engine) in [Engine::Redb, Engine::Sled].into_iter().enumerate() {
         let _report = common::SeedReport(format!("KP_LIFECYCLE_SEED={seed} (engine {engine})"));
-        let out = rt.block_on(model::Model::run(engine, seed.wrapping_add(i as u64), steps));
+        let out = rt.block_on(model::Model::run(
+            engine,
+            seed.wrapping_add(i as u64),
+            steps,
+        ));
         println!(
             "lifecycle {engine}: {} steps, {} restarts, {} violations; kills {}",
             out.steps, out.restarts, out.violations, out.kills

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube_persist::controller::Controller;
-use kube_persist::{Db, Reader, Shard, ShardKey};
+use kube_persist::{Db, DbConfig, Durability, Engine, Reader, Shard, ShardKey};
 
 /// Namespace of the ConfigMaps the controller reconciles.
 pub const NS: &str = "lc";
@@ -29,6 +29,8 @@ pub struct RunCfg {
     /// A label index on `mode`.
     pub index: bool,
     pub page: u32,
+    /// The `Db`'s durability: fsync every batch (0) or a background flush every that many ms.
+    pub flush_ms: u64,
 }
 
 impl RunCfg {
@@ -38,7 +40,8 @@ impl RunCfg {
             Some((i, n)) => format!("{i}/{n}"),
             None => "all".into(),
         };
-        format!("{} {shard} {} {}", self.streaming, self.index, self.page)
+        let (s, i, p, f) = (self.streaming, self.index, self.page, self.flush_ms);
+        format!("{s} {shard} {i} {p} {f}")
     }
 
     pub fn decode(s: &str) -> RunCfg {
@@ -51,6 +54,7 @@ impl RunCfg {
             shard,
             index: f[2] == "true",
             page: f[3].parse().unwrap(),
+            flush_ms: f[4].parse().unwrap(),
         }
     }
 
@@ -62,6 +66,18 @@ impl RunCfg {
     /// Whether this run's replica owns the object with this uid.
     pub fn owns(&self, uid: &str) -> bool {
         self.shard().is_none_or(|s| s.contains(Some(uid), Some(NS)))
+    }
+
+    /// Open the `Db` at `dir` with this run's durability.
+    pub fn open_db(&self, engine: Engine, dir: &std::path::Path) -> kube_persist::Result<Db> {
+        let durability = match self.flush_ms {
+            0 => Durability::EveryBatch,
+            ms => Durability::Periodic(Duration::from_millis(ms)),
+        };
+        Db::open_with(
+            dir,
+            DbConfig::default().engine(engine).durability(durability),
+        )
     }
 
     pub fn store_config(&self) -> kube_persist::Config {
@@ -139,11 +155,7 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     c.graceful_shutdown_on(stop)
-        .run(
-            reconcile,
-            |_, _, _| Action::requeue(SHORT),
-            Arc::new(sink),
-        )
+        .run(reconcile, |_, _, _| Action::requeue(SHORT), Arc::new(sink))
         .for_each(|_| async {})
         .await;
 }
@@ -178,7 +190,8 @@ pub fn child_main(dir: String) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let client = kube_persist_testkit::client_for(&url, None);
-        let db = crate::common::try_open_db(crate::common::child_engine(), &dir)
+        let db = cfg
+            .open_db(crate::common::child_engine(), dir.as_ref())
             .expect("the child opens the store");
         let c = controller(&db, client, &cfg).expect("the child's controller");
         let reader = c.reader();

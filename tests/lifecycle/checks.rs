@@ -13,7 +13,7 @@ use crate::app::{NS, RunCfg};
 /// How long the store may take to be `Synced`, live and at the server's resourceVersion.
 const SYNC_WAIT: Duration = Duration::from_secs(20);
 /// How long the controller may take to reconcile what it owes, once the store is synced.
-const RECONCILE_WAIT: Duration = Duration::from_secs(8);
+const RECONCILE_WAIT: Duration = Duration::from_secs(5);
 
 /// One reconcile, as seen by the test process.
 #[derive(Debug, Clone)]
@@ -123,10 +123,18 @@ pub fn store_matches(
     let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
     let have: BTreeMap<String, String> = stored
         .iter()
-        .map(|c| (name(c), c.metadata.resource_version.clone().unwrap_or_default()))
+        .map(|c| {
+            (
+                name(c),
+                c.metadata.resource_version.clone().unwrap_or_default(),
+            )
+        })
         .collect();
     let missing: Vec<_> = want.keys().filter(|k| !have.contains_key(**k)).collect();
-    let extra: Vec<_> = have.keys().filter(|k| !want.contains_key(k.as_str())).collect();
+    let extra: Vec<_> = have
+        .keys()
+        .filter(|k| !want.contains_key(k.as_str()))
+        .collect();
     let stale: Vec<_> = have
         .iter()
         .filter(|(k, v)| want.get(k.as_str()).is_some_and(|w| w != v))
@@ -197,7 +205,9 @@ pub async fn reconciled(
 ) -> Vec<Found> {
     let owed: Vec<(String, String)> = server
         .iter()
-        .filter(|(n, o)| cfg.owns(&o.uid) && !rc.unreconciled.contains(&((*n).clone(), o.rv.clone())))
+        .filter(|(n, o)| {
+            cfg.owns(&o.uid) && !rc.unreconciled.contains(&((*n).clone(), o.rv.clone()))
+        })
         .map(|(n, o)| (n.clone(), o.rv.clone()))
         .collect();
     let requeued: Vec<String> = server
@@ -209,8 +219,10 @@ pub async fn reconciled(
     loop {
         let (missing, lost) = {
             let log = log.lock().unwrap();
-            let done: BTreeSet<(&str, &str)> =
-                log.iter().map(|r| (r.name.as_str(), r.rv.as_str())).collect();
+            let done: BTreeSet<(&str, &str)> = log
+                .iter()
+                .map(|r| (r.name.as_str(), r.rv.as_str()))
+                .collect();
             let again: BTreeSet<&str> = log
                 .iter()
                 .rev()

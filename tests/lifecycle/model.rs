@@ -2,7 +2,7 @@
 //! process, each followed by the invariant checks of `checks.rs`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 use crate::app::{self, NS, RunCfg};
 use crate::checks::{self, Found, Log, Rec, RunChecks};
 
+mod kill;
+
 const OBJECTS: usize = 100;
 const BUSY_PODS: usize = 300;
 
@@ -28,6 +30,8 @@ enum Change {
     Widen,
     Index,
     Page,
+    /// Another durability for the next `Db` opened.
+    Durability,
 }
 
 /// Where a child process is SIGKILLed.
@@ -45,7 +49,11 @@ enum KillAt {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Churn { creates: usize, updates: usize, deletes: usize },
+    Churn {
+        creates: usize,
+        updates: usize,
+        deletes: usize,
+    },
     /// Compaction and the watches cut: the reconnect gets 410 and relists.
     Compact,
     /// The next watch answers 410 at once, the watches cut.
@@ -56,7 +64,12 @@ enum Op {
     ServerRestart(u64),
     /// A graceful stop and a new run (optionally in a new `Db`, with the server compacted
     /// and changed while down).
-    Stop { new_db: bool, change: Change, compact: bool, churn: bool },
+    Stop {
+        new_db: bool,
+        change: Change,
+        compact: bool,
+        churn: bool,
+    },
     /// A burst, then the controller's task aborted and a new run started at once, same `Db`.
     AbortReopen { burst: usize },
     /// A child process runs the controller on the store and is SIGKILLed; then a new run.
@@ -82,13 +95,17 @@ pub struct Outcome {
 pub struct Model {
     engine: Engine,
     seed: u64,
+    /// Draws the operations: consumed the same way whatever the timing.
     rng: StdRng,
+    /// Draws whose number depends on timing (churn while waiting for a child).
+    jitter: StdRng,
     server: TestServer,
     h: ServerHandle,
     dir: tempfile::TempDir,
     log: Log,
     cfg: RunCfg,
     run: usize,
+    step: usize,
     db: Option<(Db, JoinHandle<()>)>,
     live: Option<Live>,
     rc: RunChecks,
@@ -122,12 +139,20 @@ impl Model {
             engine,
             seed,
             rng: StdRng::seed_from_u64(seed),
+            jitter: StdRng::seed_from_u64(!seed),
             server,
             h,
             dir: tempfile::tempdir().unwrap(),
             log: Arc::default(),
-            cfg: RunCfg { streaming: false, shard: None, index: false, page: 20 },
+            cfg: RunCfg {
+                streaming: false,
+                shard: None,
+                index: false,
+                page: 20,
+                flush_ms: 100,
+            },
             run: 0,
+            step: 0,
             db: None,
             live: None,
             rc: RunChecks::default(),
@@ -145,6 +170,7 @@ impl Model {
         m.start_run().await;
         m.check(0).await;
         for step in 1..=steps {
+            m.step = step;
             let op = m.pick(steps - step);
             m.history.push(format!("{step}:{op:?}"));
             m.apply(step, op).await;
@@ -164,19 +190,25 @@ impl Model {
         if m.violations > 0 {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
         }
-        Outcome { steps, restarts: m.restarts, violations: m.violations, kills }
+        Outcome {
+            steps,
+            restarts: m.restarts,
+            violations: m.violations,
+            kills,
+        }
     }
 
     fn pick(&mut self, left: usize) -> Op {
         let r = &mut self.rng;
         // Enough restarts whatever the draw: at least one in every five steps.
-        let restart = left % 5 == 0 || r.random_bool(0.15);
-        let change = |r: &mut StdRng| match r.random_range(0..8) {
+        let restart = left.is_multiple_of(5) || r.random_bool(0.15);
+        let change = |r: &mut StdRng| match r.random_range(0..9) {
             0 => Change::Streaming,
             1 | 2 => Change::Narrow,
             3 => Change::Widen,
             4 => Change::Index,
             5 => Change::Page,
+            6 => Change::Durability,
             _ => Change::Nothing,
         };
         if restart {
@@ -187,7 +219,9 @@ impl Model {
                     compact: r.random_bool(0.4),
                     churn: r.random_bool(0.5),
                 },
-                3 | 4 => Op::AbortReopen { burst: r.random_range(5..40) },
+                3 | 4 => Op::AbortReopen {
+                    burst: r.random_range(5..40),
+                },
                 _ => {
                     let at = match r.random_range(0..4) {
                         0 => KillAt::List,
@@ -195,7 +229,11 @@ impl Model {
                         2 => KillAt::Prune(r.random_range(0..40)),
                         _ => KillAt::Reconcile(r.random_range(1..40)),
                     };
-                    let change = if matches!(at, KillAt::Prune(_)) { Change::Narrow } else { change(r) };
+                    let change = if matches!(at, KillAt::Prune(_)) {
+                        Change::Narrow
+                    } else {
+                        change(r)
+                    };
                     Op::Kill { at, change }
                 }
             };
@@ -216,7 +254,11 @@ impl Model {
     async fn apply(&mut self, step: usize, op: Op) {
         let faults = self.h.faults();
         match op {
-            Op::Churn { creates, updates, deletes } => self.churn(creates, updates, deletes),
+            Op::Churn {
+                creates,
+                updates,
+                deletes,
+            } => self.churn(creates, updates, deletes),
             Op::Compact => {
                 self.h.compact();
                 faults.close_watches();
@@ -232,9 +274,17 @@ impl Model {
             }
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
-                self.server.restart(Duration::from_millis(ms)).await.expect("rebind");
+                self.server
+                    .restart(Duration::from_millis(ms))
+                    .await
+                    .expect("rebind");
             }
-            Op::Stop { new_db, change, compact, churn } => {
+            Op::Stop {
+                new_db,
+                change,
+                compact,
+                churn,
+            } => {
                 self.stop_graceful(step).await;
                 if new_db {
                     self.close_db().await;
@@ -252,18 +302,23 @@ impl Model {
             Op::AbortReopen { burst } => {
                 let live = self.live.take().expect("a run");
                 // The other stream's burst keeps the disk thread busy while this stream's
-                // batches queue behind it; the task is aborted a moment later.
-                self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
+                // batches queue behind it; the task is aborted as soon as the first of them
+                // was applied.
+                let applied = live.reader.stats().watch_events;
+                for _ in 0..2 {
+                    self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
+                }
                 self.churn(burst / 4, burst, burst / 4);
-                let ms = self.rng.random_range(0..25);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while live.reader.stats().watch_events == applied && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 live.task.abort();
                 let _ = live.task.await;
                 self.restart(step).await;
             }
             Op::Kill { at, change } => self.kill(step, at, change).await,
         }
-        self.h.faults().clear();
     }
 
     fn create(&mut self) {
@@ -274,7 +329,17 @@ impl Model {
         };
         let name = format!("cm-{}", self.created);
         self.created += 1;
-        self.h.apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
+        self.h
+            .apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
+    }
+
+    /// A new version of `name`, if it exists.
+    fn touch(&mut self, name: &str) {
+        let rt = ResourceType::configmaps();
+        if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
+            o["data"]["value"] = json!(format!("v{}", self.jitter.random::<u32>()));
+            self.h.apply(&rt, o);
+        }
     }
 
     fn churn(&mut self, creates: usize, updates: usize, deletes: usize) {
@@ -311,6 +376,9 @@ impl Model {
             Change::Widen => cfg.shard = None,
             Change::Index => cfg.index = !cfg.index,
             Change::Page => cfg.page = self.rng.random_range(5..60),
+            Change::Durability => {
+                cfg.flush_ms = [0, 20, 100, 500][self.rng.random_range(0..4)];
+            }
         }
     }
 
@@ -319,7 +387,10 @@ impl Model {
             return;
         }
         self.violations += 1;
-        let ops = &self.history[self.run_started_at_step.saturating_sub(1).min(self.history.len())..];
+        let ops = &self.history[self
+            .run_started_at_step
+            .saturating_sub(1)
+            .min(self.history.len())..];
         println!(
             "VIOLATION engine {} seed {} step {step} run {} ({:?}): {}: {}\n  ops since the run before: {}",
             self.engine,
@@ -336,17 +407,28 @@ impl Model {
         let log = self.log.clone();
         Arc::new(move |name, rv, uid| {
             let mut log = log.lock().unwrap();
-            let rec = Rec { at: Instant::now(), run, name: name.into(), rv: rv.into(), uid: uid.into() };
+            let rec = Rec {
+                at: Instant::now(),
+                run,
+                name: name.into(),
+                rv: rv.into(),
+                uid: uid.into(),
+            };
             log.push(rec);
         })
     }
 
     async fn open_db(&mut self) -> &Db {
         if self.db.is_none() {
-            let db = crate::common::try_open_db(self.engine, self.dir.path()).expect("open the store");
+            let db = self
+                .cfg
+                .open_db(self.engine, self.dir.path())
+                .expect("open the store");
             // A second stream on the same Db, so that the disk thread has other work queued.
             let api = Api::<Pod>::all(self.server.client());
-            let (_, watcher) = db.store("busy", api, kube_persist::Config::default()).unwrap();
+            let (_, watcher) = db
+                .store("busy", api, kube_persist::Config::default())
+                .unwrap();
             self.db = Some((db, tokio::spawn(watcher.run())));
         }
         &self.db.as_ref().unwrap().0
@@ -364,11 +446,35 @@ impl Model {
     async fn start_run(&mut self) {
         self.run += 1;
         self.run_started_at_step = self.history.len();
-        self.rc = RunChecks { owned_upto: self.log.lock().unwrap().len(), ..RunChecks::default() };
+        self.rc = RunChecks {
+            owned_upto: self.log.lock().unwrap().len(),
+            ..RunChecks::default()
+        };
         let client = self.server.client();
         let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
-        let db = self.open_db().await;
-        let c = app::controller(db, client, &cfg).expect("the controller starts");
+        self.open_db().await;
+        let db = &self.db.as_ref().expect("open").0;
+        let mut refused = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            match app::controller(db, client.clone(), &cfg) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    refused.get_or_insert(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("the controller does not open: {e}"),
+            }
+        };
+        if let Some(e) = refused {
+            self.report(
+                self.step,
+                Found {
+                    invariant: "a stream and controller reopen in the same Db at once",
+                    detail: format!("refused at first (then opened on a retry): {e}"),
+                },
+            );
+        }
         let reader = c.reader();
         self.history.push(format!(
             "(run {} opens {:?}, ready {})",
@@ -381,7 +487,12 @@ impl Model {
         let task = tokio::spawn(app::run(c, sink, async move {
             let _ = rx.await;
         }));
-        self.live = Some(Live { reader, task, stop, outside_at_ready: Some(outside) });
+        self.live = Some(Live {
+            reader,
+            task,
+            stop,
+            outside_at_ready: Some(outside),
+        });
     }
 
     async fn restart(&mut self, _step: usize) {
@@ -393,157 +504,20 @@ impl Model {
         let live = self.live.take().expect("a run");
         let _ = live.stop.send(());
         let mut task = live.task;
-        if tokio::time::timeout(Duration::from_secs(20), &mut task).await.is_err() {
-            self.report(step, Found {
-                invariant: "a graceful stop finishes",
-                detail: "the controller still ran 20 s after its shutdown signal".into(),
-            });
+        if tokio::time::timeout(Duration::from_secs(20), &mut task)
+            .await
+            .is_err()
+        {
+            self.report(
+                step,
+                Found {
+                    invariant: "a graceful stop finishes",
+                    detail: "the controller still ran 20 s after its shutdown signal".into(),
+                },
+            );
             task.abort();
             let _ = task.await;
         }
-    }
-
-    /// Stops this process's run, lets a child process run the controller on the store and
-    /// SIGKILLs it at `at`; then a new run in this process.
-    async fn kill(&mut self, step: usize, at: KillAt, change: Change) {
-        if self.rng.random_bool(0.5) {
-            self.stop_graceful(step).await;
-        } else if let Some(live) = self.live.take() {
-            live.task.abort();
-            let _ = live.task.await;
-        }
-        self.close_db().await;
-        self.change(change);
-        let faults = self.h.faults();
-        if matches!(at, KillAt::List | KillAt::Sweep) {
-            // The resume gets 410 and relists, slowly; what was deleted meanwhile is swept.
-            let n = if matches!(at, KillAt::Sweep) { 15 } else { 3 };
-            self.churn(n, 4, n);
-            self.h.compact();
-            faults.page_delay(Duration::from_millis(15));
-        }
-        self.run += 1;
-        self.run_started_at_step = self.history.len();
-        self.restarts += 1;
-        let child_run = self.run;
-        let from = self.log.lock().unwrap().len();
-        let kill = match at {
-            KillAt::Sweep => "phase:Sweeping".to_string(),
-            KillAt::Prune(ms) => format!("after:{ms}"),
-            _ => String::new(),
-        };
-        let (mut child, lines) = self.spawn_child(child_run, &kill);
-        let seen = |p: &str| lines.lock().unwrap().iter().any(|l| l == p);
-        let last_phase = || {
-            let lines = lines.lock().unwrap();
-            lines.iter().rev().find(|l| l.starts_with("phase ")).cloned().unwrap_or_default()
-        };
-        let synced_after_listing = || {
-            let lines = lines.lock().unwrap();
-            let mut phases = lines.iter().filter(|l| l.starts_with("phase "));
-            phases.any(|l| l == "phase Listing") && phases.any(|l| l == "phase Synced")
-        };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let hit = loop {
-            let exited = child.try_wait().unwrap().is_some();
-            let reconciles = self.log.lock().unwrap()[from..].len();
-            let hit = match at {
-                KillAt::List => seen("phase Listing").then_some(true),
-                // The child kills itself in the sweep, or missed it (too quick to see).
-                KillAt::Sweep => (exited || synced_after_listing()).then_some(exited),
-                KillAt::Prune(_) => exited.then(|| {
-                    let lines = lines.lock().unwrap();
-                    let lens: Vec<u64> = lines
-                        .iter()
-                        .filter_map(|l| l.strip_prefix("len ")?.parse().ok())
-                        .collect();
-                    lens.first().is_some_and(|f| lens.iter().any(|l| l < f))
-                }),
-                KillAt::Reconcile(n) => (reconciles >= n).then_some(true),
-            };
-            if let Some(hit) = hit {
-                break hit;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            if matches!(at, KillAt::Reconcile(_)) && self.rng.random_bool(0.05) {
-                self.churn(0, 2, 0);
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        let hit = if matches!(at, KillAt::List) {
-            tokio::time::sleep(Duration::from_millis(self.rng.random_range(0..60))).await;
-            last_phase() == "phase Listing"
-        } else {
-            hit
-        };
-        let at_kill = last_phase();
-        let _ = child.kill();
-        child.wait().unwrap();
-        let kind = format!("{at:?}").split('(').next().unwrap_or_default().to_lowercase();
-        let e = self.kills.entry(kind).or_default();
-        e.0 += usize::from(hit);
-        e.1 += 1;
-        let phases: Vec<String> = lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.strip_prefix("phase "))
-            .map(String::from)
-            .collect();
-        self.history.push(format!(
-            "(child phases {}, killed in {}, target hit {hit})",
-            phases.join(">"),
-            at_kill.strip_prefix("phase ").unwrap_or_default()
-        ));
-        let outside = lines
-            .lock()
-            .unwrap()
-            .iter()
-            .find_map(|l| l.strip_prefix("ready-outside ")?.parse::<usize>().ok());
-        if let Some(n) = outside.filter(|n| *n > 0) {
-            self.report(step, ready_outside(n));
-        }
-        faults.clear();
-        let mut rc = RunChecks { owned_upto: from, ..RunChecks::default() };
-        let cfg = self.cfg.clone();
-        for f in checks::owned_only(&self.log, child_run, &cfg, &mut rc) {
-            self.report(step, f);
-        }
-        if self.rng.random_bool(0.5) {
-            self.churn(1, 3, 1);
-        }
-        self.restart(step).await;
-    }
-
-    /// This binary again, as the child process of run `run`: (process, lines other than
-    /// reconciles, which go to the log).
-    fn spawn_child(&self, run: usize, kill: &str) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new("/proc/self/exe")
-            .env(app::CHILD_DIR_ENV, self.dir.path())
-            .env(app::CHILD_URL_ENV, self.server.url())
-            .env(app::CHILD_CFG_ENV, self.cfg.encode())
-            .env(app::CHILD_KILL_ENV, kill)
-            .env(crate::common::ENGINE_ENV, self.engine.name())
-            .env("RUST_LOG", "off")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn the child process");
-        let out = child.stdout.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (sink, other) = (self.sink(run), lines.clone());
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                match line.strip_prefix("reconciled ").map(|l| l.split(' ').collect::<Vec<_>>()) {
-                    Some(f) if f.len() == 3 => sink(f[0], f[1], f[2]),
-                    _ => other.lock().unwrap().push(line),
-                }
-            }
-        });
-        (child, lines)
     }
 
     /// The invariants, once the server is quiescent (nothing changes it during the check).
