@@ -20,7 +20,7 @@
 //! or a child, reconciles an object outside its shard.
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`
-//! sets the steps per engine. Each broken invariant is printed with the engine, seed, step and
+//! sets the steps per engine, `KP_LIFECYCLE_ENGINE` runs one engine only. Each broken invariant is printed with the engine, seed, step and
 //! the operations since the last restart; the last line is exactly
 //! `lifecycle: <S> steps, <R> restarts, <V> violations`, and the test fails unless V is 0.
 
@@ -54,13 +54,9 @@ fn main() {
         .unwrap();
     let started = std::time::Instant::now();
     let (mut s, mut r, mut v) = (0, 0, 0);
-    for (i, engine) in [Engine::Redb, Engine::Sled].into_iter().enumerate() {
+    for engine in engines() {
         let _report = common::SeedReport(format!("KP_LIFECYCLE_SEED={seed} (engine {engine})"));
-        let out = rt.block_on(model::Model::run(
-            engine,
-            seed.wrapping_add(i as u64),
-            steps,
-        ));
+        let out = rt.block_on(model::Model::run(engine, seed, steps));
         println!(
             "lifecycle {engine}: {} steps, {} restarts, {} violations; kills {}",
             out.steps, out.restarts, out.violations, out.kills
@@ -73,5 +69,13 @@ fn main() {
     println!("lifecycle: {s} steps, {r} restarts, {v} violations");
     if v > 0 {
         std::process::exit(1);
+    }
+}
+
+/// Both engines, or the one `KP_LIFECYCLE_ENGINE` names (to replay one engine's run).
+fn engines() -> Vec<Engine> {
+    match std::env::var("KP_LIFECYCLE_ENGINE") {
+        Ok(e) => vec![e.parse().expect("KP_LIFECYCLE_ENGINE names an engine")],
+        Err(_) => vec![Engine::Redb, Engine::Sled],
     }
 }

@@ -7,9 +7,15 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use std::os::unix::process::ExitStatusExt;
+use std::process::Child;
+use std::thread::JoinHandle;
+
 use super::{Change, KillAt, Model, ready_outside};
 use crate::app;
-use crate::checks::{self, RunChecks};
+use crate::checks::{self, Found, RunChecks};
+
+type Lines = Arc<Mutex<Vec<String>>>;
 
 impl Model {
     /// Stops this process's run, lets a child process run the controller on the store and
@@ -41,7 +47,7 @@ impl Model {
             KillAt::Prune(ms) => format!("after:{ms}"),
             _ => String::new(),
         };
-        let (mut child, lines) = self.spawn_child(child_run, &kill);
+        let (mut child, lines, readers) = self.spawn_child(child_run, &kill);
         let seen = |p: &str| lines.lock().unwrap().iter().any(|l| l == p);
         let last_phase = || {
             let lines = lines.lock().unwrap();
@@ -95,7 +101,17 @@ impl Model {
         };
         let at_kill = last_phase();
         let _ = child.kill();
-        child.wait().unwrap();
+        let status = child.wait().unwrap();
+        // Every line the child wrote is read (and its reconciles logged) before the checks.
+        let stderr = readers.0.join().unwrap();
+        readers.1.join().unwrap();
+        if status.signal() != Some(libc::SIGKILL) {
+            let f = Found {
+                invariant: "the child process runs until it is killed",
+                detail: format!("it exited with {status}: {stderr}"),
+            };
+            self.report(step, f);
+        }
         let kind = format!("{at:?}")
             .split('(')
             .next()
@@ -139,13 +155,14 @@ impl Model {
         self.restart(step).await;
     }
 
-    /// This binary again, as the child process of run `run`: (process, lines other than
-    /// reconciles, which go to the log).
+    /// This binary again, as the child process of run `run`: the process, its lines other
+    /// than reconciles (which go to the log), and the threads reading its stderr (the last
+    /// 10 lines) and stdout.
     fn spawn_child(
         &self,
         run: usize,
         kill: &str,
-    ) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
+    ) -> (Child, Lines, (JoinHandle<String>, JoinHandle<()>)) {
         use std::io::BufRead;
         let mut child = std::process::Command::new("/proc/self/exe")
             .env(app::CHILD_DIR_ENV, self.dir.path())
@@ -155,13 +172,20 @@ impl Model {
             .env(crate::common::ENGINE_ENV, self.engine.name())
             .env("RUST_LOG", "off")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the child process");
         let out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let errors = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut text);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(10)..].join(" | ")
+        });
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (sink, other) = (self.sink(run), lines.clone());
-        std::thread::spawn(move || {
+        let output = std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 match line
                     .strip_prefix("reconciled ")
@@ -172,6 +196,6 @@ impl Model {
                 }
             }
         });
-        (child, lines)
+        (child, lines, (errors, output))
     }
 }

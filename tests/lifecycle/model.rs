@@ -127,7 +127,10 @@ fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
 }
 
 impl Model {
+    /// Runs `steps` operations on `engine` from the test's `seed` (each engine draws its own
+    /// sequence from it).
     pub async fn run(engine: Engine, seed: u64, steps: usize) -> Outcome {
+        let own = seed.wrapping_add(if engine == Engine::Redb { 0 } else { 1 });
         let server = TestServer::start_with(ServerOptions {
             bookmark_interval: Duration::from_millis(100),
             ..ServerOptions::default()
@@ -138,8 +141,8 @@ impl Model {
         let mut m = Model {
             engine,
             seed,
-            rng: StdRng::seed_from_u64(seed),
-            jitter: StdRng::seed_from_u64(!seed),
+            rng: StdRng::seed_from_u64(own),
+            jitter: StdRng::seed_from_u64(!own),
             server,
             h,
             dir: tempfile::tempdir().unwrap(),
@@ -169,12 +172,15 @@ impl Model {
         }
         m.start_run().await;
         m.check(0).await;
+        let mut slowest = (Duration::ZERO, 0);
         for step in 1..=steps {
             m.step = step;
             let op = m.pick(steps - step);
             m.history.push(format!("{step}:{op:?}"));
+            let started = Instant::now();
             m.apply(step, op).await;
             m.check(step).await;
+            slowest = slowest.max((started.elapsed(), step));
         }
         if let Some(live) = m.live.take() {
             live.task.abort();
@@ -187,6 +193,11 @@ impl Model {
             .map(|(k, (hit, n))| format!("{k} {hit}/{n}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let kills = format!(
+            "{kills}; slowest step {} ({:.1} s)",
+            slowest.1,
+            slowest.0.as_secs_f64()
+        );
         if m.violations > 0 {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
         }
@@ -392,9 +403,9 @@ impl Model {
             .saturating_sub(1)
             .min(self.history.len())..];
         println!(
-            "VIOLATION engine {} seed {} step {step} run {} ({:?}): {}: {}\n  ops since the run before: {}",
-            self.engine,
+            "VIOLATION KP_LIFECYCLE_SEED={} engine {} step {step} run {} ({:?}): {}: {}\n  ops since the run started: {}",
             self.seed,
+            self.engine,
             self.run,
             self.cfg,
             f.invariant,
