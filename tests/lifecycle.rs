@@ -9,7 +9,8 @@
 //! keeping the disk thread busy), SIGKILL of a child process (this binary, re-executed) in the
 //! middle of a relist, a sweep, a prune or a reconcile batch, and between runs: streaming
 //! lists on or off, the shard narrowed (or widened again), a label index added or dropped,
-//! another page size.
+//! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
+//! then loses the last commits and the store reopens in an older phase).
 //!
 //! Invariants, checked in this process once the server is quiescent and the store reports
 //! `Synced`, live and a checkpoint equal to the server's resourceVersion: the store equals the
@@ -17,7 +18,10 @@
 //! nothing outside it, `len()` equals the records, the index equals the records; every owned
 //! object has been reconciled at its current version; every owned object that requeues (or
 //! fails and is retried) is reconciled again (no due requeue is lost); no run, in this process
-//! or a child, reconciles an object outside its shard.
+//! or a child, reconciles an object outside its shard; a store that reports ready holds nothing
+//! outside its shard (a narrowed store is pruned first); a stream and its controller reopen in
+//! the same `Db` at once after an abort; a child process runs until it is killed.
+//! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`
 //! sets the steps per engine, `KP_LIFECYCLE_ENGINE` runs one engine only. Each broken invariant is printed with the engine, seed, step and

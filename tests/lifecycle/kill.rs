@@ -108,7 +108,16 @@ impl Model {
         if status.signal() != Some(libc::SIGKILL) {
             let f = Found {
                 invariant: "the child process runs until it is killed",
-                detail: format!("it exited with {status}: {stderr}"),
+                detail: format!(
+                    "it exited with {status}; stderr: {stderr}; last lines: {:?}",
+                    lines
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .rev()
+                        .take(3)
+                        .collect::<Vec<_>>()
+                ),
             };
             self.report(step, f);
         }
