@@ -28,6 +28,17 @@ impl Model {
             let _ = live.task.await;
         }
         self.close_db().await;
+        // The engine frees its file lock a moment after the last handle is dropped: another
+        // process opens the store once it is free (as the other crash tests do).
+        let dir = self.dir.path().to_path_buf();
+        let unlocked = tokio::task::spawn_blocking(move || crate::common::wait_unlocked(&dir));
+        if unlocked.await.is_err() {
+            let f = Found {
+                invariant: "a closed store is unlocked",
+                detail: "still locked 10 s after its Db was dropped".into(),
+            };
+            self.report(step, f);
+        }
         self.change(change);
         let faults = self.h.faults();
         if matches!(at, KillAt::List | KillAt::Sweep) {
