@@ -192,6 +192,8 @@ pub struct TestServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// The serving task (ends once the listener is closed and every connection is done).
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for TestServer {
@@ -246,22 +248,71 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind(opts.addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::new(opts));
-        let app = http::router(shared.clone());
+        let mut server = TestServer {
+            addr,
+            shared,
+            shutdown: None,
+            task: None,
+        };
+        server.serve(listener);
+        Ok(server)
+    }
+
+    /// Serves on `listener` on a new task until the shutdown signal.
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let app = http::router(self.shared.clone());
         let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(async move {
+        self.task = Some(tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
                 let _ = rx.await;
             });
             if let Err(e) = serve.await {
                 tracing::warn!(error = %e, "testkit server stopped with an error");
             }
-        });
-        tracing::debug!(%addr, "testkit server listening");
-        Ok(TestServer {
-            addr,
-            shared,
-            shutdown: Some(tx),
-        })
+        }));
+        self.shutdown = Some(tx);
+        tracing::debug!(addr = %self.addr, "testkit server listening");
+    }
+
+    /// Restarts the server as its clients see an API server restart: every open watch
+    /// ends, the listener closes and open connections are shut down (new connections are
+    /// refused), and after `down` the server listens again on the same address. Objects,
+    /// history, counters and pending faults are kept, as an API server restarted on the
+    /// same etcd keeps them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let mut server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// let addr = server.addr();
+    /// server.restart(std::time::Duration::from_millis(50)).await?;
+    /// assert_eq!(server.addr(), addr);
+    /// assert_eq!(server.handle().list(&kube_persist_testkit::ResourceType::pods()).len(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// If the address cannot be bound again (another process took the port meanwhile).
+    pub async fn restart(&mut self, down: Duration) -> std::io::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(mut task) = self.task.take() {
+            // Graceful shutdown waits for the requests in flight (a slow LIST page ends
+            // within its `Faults::page_delay`); a watch that a kept-alive connection started
+            // after the signal is ended too, until the last connection is gone.
+            loop {
+                self.shared.close_watches();
+                let wait = tokio::time::timeout(Duration::from_millis(50), &mut task);
+                if wait.await.is_ok() {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(down).await;
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        self.serve(listener);
+        Ok(())
     }
 
     /// The base URL, `http://127.0.0.1:PORT`.

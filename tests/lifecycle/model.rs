@@ -1,0 +1,577 @@
+//! The lifecycle model: random operations on the server, the store and the controller's
+//! process, each followed by the invariant checks of `checks.rs`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube_persist::{Db, Engine, Reader};
+use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::app::{self, NS, RunCfg};
+use crate::checks::{self, Found, Log, Rec, RunChecks};
+
+mod kill;
+
+const OBJECTS: usize = 100;
+const BUSY_PODS: usize = 300;
+
+/// A change of configuration between two runs.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Nothing,
+    Streaming,
+    Narrow,
+    Widen,
+    Index,
+    Page,
+    /// Another durability for the next `Db` opened.
+    Durability,
+}
+
+/// Where a child process is SIGKILLed.
+#[derive(Debug, Clone, Copy)]
+enum KillAt {
+    /// While a relist (after a 410 on resume, pages slowed) is in `Listing`.
+    List,
+    /// Once `Sweeping` is seen (or `Synced`, if the sweep was too quick to see).
+    Sweep,
+    /// `ms` after start, with the shard narrowed: during or right after the prune.
+    Prune(u64),
+    /// After this many reconciles of the child.
+    Reconcile(usize),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Churn {
+        creates: usize,
+        updates: usize,
+        deletes: usize,
+    },
+    /// Compaction and the watches cut: the reconnect gets 410 and relists.
+    Compact,
+    /// The next watch answers 410 at once, the watches cut.
+    Gone,
+    /// The next watch fails with an ERROR event after some events.
+    WatchError(usize),
+    /// The API server restarts, down for `ms`.
+    ServerRestart(u64),
+    /// A graceful stop and a new run (optionally in a new `Db`, with the server compacted
+    /// and changed while down).
+    Stop {
+        new_db: bool,
+        change: Change,
+        compact: bool,
+        churn: bool,
+    },
+    /// A burst, then the controller's task aborted and a new run started at once, same `Db`.
+    AbortReopen { burst: usize },
+    /// A child process runs the controller on the store and is SIGKILLed; then a new run.
+    Kill { at: KillAt, change: Change },
+}
+
+struct Live {
+    reader: Reader<ConfigMap>,
+    task: JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    /// Objects outside the shard when the store first reported ready.
+    outside_at_ready: Option<JoinHandle<Option<usize>>>,
+}
+
+/// What one engine's run found.
+pub struct Outcome {
+    pub steps: usize,
+    pub restarts: usize,
+    pub violations: usize,
+    pub kills: String,
+}
+
+pub struct Model {
+    engine: Engine,
+    seed: u64,
+    /// Draws the operations: consumed the same way whatever the timing.
+    rng: StdRng,
+    /// Draws whose number depends on timing (churn while waiting for a child).
+    jitter: StdRng,
+    server: TestServer,
+    h: ServerHandle,
+    dir: tempfile::TempDir,
+    log: Log,
+    cfg: RunCfg,
+    run: usize,
+    step: usize,
+    db: Option<(Db, JoinHandle<()>)>,
+    live: Option<Live>,
+    rc: RunChecks,
+    created: usize,
+    restarts: usize,
+    history: Vec<String>,
+    run_started_at_step: usize,
+    violations: usize,
+    reported: HashSet<(usize, &'static str)>,
+    kills: BTreeMap<String, (usize, usize)>,
+}
+
+fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NS, "labels": {"mode": mode}},
+        "data": {"value": value},
+    })
+}
+
+impl Model {
+    /// Runs `steps` operations on `engine` from the test's `seed` (each engine draws its own
+    /// sequence from it).
+    pub async fn run(engine: Engine, seed: u64, steps: usize) -> Outcome {
+        let own = seed.wrapping_add(if engine == Engine::Redb { 0 } else { 1 });
+        let server = TestServer::start_with(ServerOptions {
+            bookmark_interval: Duration::from_millis(100),
+            ..ServerOptions::default()
+        })
+        .await;
+        let h = server.handle();
+        h.seed_pods(BUSY_PODS, 3);
+        let mut m = Model {
+            engine,
+            seed,
+            rng: StdRng::seed_from_u64(own),
+            jitter: StdRng::seed_from_u64(!own),
+            server,
+            h,
+            dir: tempfile::tempdir().unwrap(),
+            log: Arc::default(),
+            cfg: RunCfg {
+                streaming: false,
+                shard: None,
+                index: false,
+                page: 20,
+                flush_ms: 100,
+            },
+            run: 0,
+            step: 0,
+            db: None,
+            live: None,
+            rc: RunChecks::default(),
+            created: 0,
+            restarts: 0,
+            history: Vec::new(),
+            run_started_at_step: 0,
+            violations: 0,
+            reported: HashSet::new(),
+            kills: BTreeMap::new(),
+        };
+        for _ in 0..OBJECTS {
+            m.create();
+        }
+        m.start_run().await;
+        m.check(0).await;
+        let mut slowest = (Duration::ZERO, 0);
+        for step in 1..=steps {
+            m.step = step;
+            let op = m.pick(steps - step);
+            m.history.push(format!("{step}:{op:?}"));
+            let started = Instant::now();
+            m.apply(step, op).await;
+            m.check(step).await;
+            slowest = slowest.max((started.elapsed(), step));
+        }
+        if let Some(live) = m.live.take() {
+            live.task.abort();
+            let _ = live.task.await;
+        }
+        m.close_db().await;
+        let kills = m
+            .kills
+            .iter()
+            .map(|(k, (hit, n))| format!("{k} {hit}/{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let kills = format!(
+            "{kills}; slowest step {} ({:.1} s)",
+            slowest.1,
+            slowest.0.as_secs_f64()
+        );
+        if m.violations > 0 {
+            println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
+        }
+        Outcome {
+            steps,
+            restarts: m.restarts,
+            violations: m.violations,
+            kills,
+        }
+    }
+
+    fn pick(&mut self, left: usize) -> Op {
+        let r = &mut self.rng;
+        // Enough restarts whatever the draw: at least one in every five steps.
+        let restart = left.is_multiple_of(5) || r.random_bool(0.15);
+        let change = |r: &mut StdRng| match r.random_range(0..9) {
+            0 => Change::Streaming,
+            1 | 2 => Change::Narrow,
+            3 => Change::Widen,
+            4 => Change::Index,
+            5 => Change::Page,
+            6 => Change::Durability,
+            _ => Change::Nothing,
+        };
+        if restart {
+            return match r.random_range(0..10) {
+                0..=2 => Op::Stop {
+                    new_db: r.random_bool(0.5),
+                    change: change(r),
+                    compact: r.random_bool(0.4),
+                    churn: r.random_bool(0.5),
+                },
+                3 | 4 => Op::AbortReopen {
+                    burst: r.random_range(5..40),
+                },
+                _ => {
+                    let at = match r.random_range(0..4) {
+                        0 => KillAt::List,
+                        1 => KillAt::Sweep,
+                        2 => KillAt::Prune(r.random_range(0..40)),
+                        _ => KillAt::Reconcile(r.random_range(1..40)),
+                    };
+                    let change = if matches!(at, KillAt::Prune(_)) {
+                        Change::Narrow
+                    } else {
+                        change(r)
+                    };
+                    Op::Kill { at, change }
+                }
+            };
+        }
+        match r.random_range(0..10) {
+            0..=4 => Op::Churn {
+                creates: r.random_range(0..6),
+                updates: r.random_range(0..10),
+                deletes: r.random_range(0..6),
+            },
+            5 => Op::Compact,
+            6 => Op::Gone,
+            7 => Op::WatchError(r.random_range(0..5)),
+            _ => Op::ServerRestart(r.random_range(10..300)),
+        }
+    }
+
+    async fn apply(&mut self, step: usize, op: Op) {
+        let faults = self.h.faults();
+        match op {
+            Op::Churn {
+                creates,
+                updates,
+                deletes,
+            } => self.churn(creates, updates, deletes),
+            Op::Compact => {
+                self.h.compact();
+                faults.close_watches();
+            }
+            Op::Gone => {
+                faults.gone_next_watch();
+                faults.close_watches();
+            }
+            Op::WatchError(n) => {
+                faults.error_watch_after(n);
+                self.churn(0, n + 1, 0);
+                faults.close_watches();
+            }
+            Op::ServerRestart(ms) => {
+                self.churn(0, 2, 0);
+                self.server
+                    .restart(Duration::from_millis(ms))
+                    .await
+                    .expect("rebind");
+            }
+            Op::Stop {
+                new_db,
+                change,
+                compact,
+                churn,
+            } => {
+                self.stop_graceful(step).await;
+                if new_db {
+                    self.close_db().await;
+                }
+                if compact {
+                    self.churn(0, 3, 1);
+                    self.h.compact();
+                }
+                if churn {
+                    self.churn(2, 5, 2);
+                }
+                self.change(change);
+                self.restart(step).await;
+            }
+            Op::AbortReopen { burst } => {
+                let live = self.live.take().expect("a run");
+                // The other stream's burst keeps the disk thread busy while this stream's
+                // batches queue behind it; the task is aborted as soon as the first of them
+                // was applied.
+                let applied = live.reader.stats().watch_events;
+                for _ in 0..2 {
+                    self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
+                }
+                self.churn(burst / 4, burst, burst / 4);
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while live.reader.stats().watch_events == applied && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                live.task.abort();
+                let _ = live.task.await;
+                self.restart(step).await;
+            }
+            Op::Kill { at, change } => self.kill(step, at, change).await,
+        }
+    }
+
+    fn create(&mut self) {
+        let mode = match self.rng.random_range(0..100) {
+            0..=11 => "short",
+            12..=19 => "fail",
+            _ => "ok",
+        };
+        let name = format!("cm-{}", self.created);
+        self.created += 1;
+        self.h
+            .apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
+    }
+
+    /// A new version of `name`, if it exists.
+    fn touch(&mut self, name: &str) {
+        let rt = ResourceType::configmaps();
+        if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
+            o["data"]["value"] = json!(format!("v{}", self.jitter.random::<u32>()));
+            self.h.apply(&rt, o);
+        }
+    }
+
+    fn churn(&mut self, creates: usize, updates: usize, deletes: usize) {
+        let rt = ResourceType::configmaps();
+        for _ in 0..creates {
+            self.create();
+        }
+        let mut names: Vec<String> = checks::server_objects(&self.h).into_keys().collect();
+        for _ in 0..updates.min(names.len()) {
+            let name = &names[self.rng.random_range(0..names.len())];
+            if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
+                o["data"]["value"] = json!(format!("v{}", self.rng.random::<u32>()));
+                self.h.apply(&rt, o);
+            }
+        }
+        for _ in 0..deletes.min(names.len()) {
+            let name = names.swap_remove(self.rng.random_range(0..names.len()));
+            self.h.delete(&rt, Some(NS), &name);
+        }
+    }
+
+    fn change(&mut self, change: Change) {
+        let cfg = &mut self.cfg;
+        match change {
+            Change::Nothing => {}
+            Change::Streaming => cfg.streaming = !cfg.streaming,
+            Change::Narrow => {
+                cfg.shard = match cfg.shard {
+                    None => Some((self.rng.random_range(0..2), 2)),
+                    Some((i, 2)) => Some((2 * i + self.rng.random_range(0..2), 4)),
+                    other => other,
+                }
+            }
+            Change::Widen => cfg.shard = None,
+            Change::Index => cfg.index = !cfg.index,
+            Change::Page => cfg.page = self.rng.random_range(5..60),
+            Change::Durability => {
+                cfg.flush_ms = [0, 20, 100, 500][self.rng.random_range(0..4)];
+            }
+        }
+    }
+
+    fn report(&mut self, step: usize, f: Found) {
+        if !self.reported.insert((self.run, f.invariant)) {
+            return;
+        }
+        self.violations += 1;
+        let ops = &self.history[self
+            .run_started_at_step
+            .saturating_sub(1)
+            .min(self.history.len())..];
+        println!(
+            "VIOLATION KP_LIFECYCLE_SEED={} engine {} step {step} run {} ({:?}): {}: {}\n  ops since the run started: {}",
+            self.seed,
+            self.engine,
+            self.run,
+            self.cfg,
+            f.invariant,
+            f.detail,
+            ops.join(" ")
+        );
+    }
+
+    fn sink(&self, run: usize) -> app::Sink {
+        let log = self.log.clone();
+        Arc::new(move |name, rv, uid| {
+            let mut log = log.lock().unwrap();
+            let rec = Rec {
+                at: Instant::now(),
+                run,
+                name: name.into(),
+                rv: rv.into(),
+                uid: uid.into(),
+            };
+            log.push(rec);
+        })
+    }
+
+    async fn open_db(&mut self) -> &Db {
+        if self.db.is_none() {
+            let db = self
+                .cfg
+                .open_db(self.engine, self.dir.path())
+                .expect("open the store");
+            // A second stream on the same Db, so that the disk thread has other work queued.
+            let api = Api::<Pod>::all(self.server.client());
+            let (_, watcher) = db
+                .store("busy", api, kube_persist::Config::default())
+                .unwrap();
+            self.db = Some((db, tokio::spawn(watcher.run())));
+        }
+        &self.db.as_ref().unwrap().0
+    }
+
+    async fn close_db(&mut self) {
+        if let Some((db, busy)) = self.db.take() {
+            busy.abort();
+            let _ = busy.await;
+            db.flush().unwrap();
+        }
+    }
+
+    /// A new run of the controller in this process, at once.
+    async fn start_run(&mut self) {
+        self.run += 1;
+        self.run_started_at_step = self.history.len();
+        self.rc = RunChecks {
+            owned_upto: self.log.lock().unwrap().len(),
+            ..RunChecks::default()
+        };
+        let client = self.server.client();
+        let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
+        self.open_db().await;
+        let db = &self.db.as_ref().expect("open").0;
+        let mut refused = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            match app::controller(db, client.clone(), &cfg) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    refused.get_or_insert(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("the controller does not open: {e}"),
+            }
+        };
+        if let Some(e) = refused {
+            self.report(
+                self.step,
+                Found {
+                    invariant: "a stream and controller reopen in the same Db at once",
+                    detail: format!("refused at first (then opened on a retry): {e}"),
+                },
+            );
+        }
+        let reader = c.reader();
+        self.history.push(format!(
+            "(run {} opens {:?}, ready {})",
+            self.run,
+            reader.phase(),
+            reader.is_ready()
+        ));
+        let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(app::run(c, sink, async move {
+            let _ = rx.await;
+        }));
+        self.live = Some(Live {
+            reader,
+            task,
+            stop,
+            outside_at_ready: Some(outside),
+        });
+    }
+
+    async fn restart(&mut self, _step: usize) {
+        self.restarts += 1;
+        self.start_run().await;
+    }
+
+    async fn stop_graceful(&mut self, step: usize) {
+        let live = self.live.take().expect("a run");
+        let _ = live.stop.send(());
+        let mut task = live.task;
+        if tokio::time::timeout(Duration::from_secs(20), &mut task)
+            .await
+            .is_err()
+        {
+            self.report(
+                step,
+                Found {
+                    invariant: "a graceful stop finishes",
+                    detail: "the controller still ran 20 s after its shutdown signal".into(),
+                },
+            );
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// The invariants, once the server is quiescent (nothing changes it during the check).
+    async fn check(&mut self, step: usize) {
+        let Some(live) = &mut self.live else { return };
+        let reader = live.reader.clone();
+        let at_ready = match live.outside_at_ready.take_if(|t| t.is_finished()) {
+            Some(t) => t.await.ok().flatten(),
+            None => None,
+        };
+        if let Some(n) = at_ready.filter(|n| *n > 0) {
+            self.report(step, ready_outside(n));
+        }
+        let cfg = self.cfg.clone();
+        match checks::quiesce(&reader, &self.h).await {
+            Err(f) => self.report(step, f),
+            Ok(()) => {
+                let since = Instant::now();
+                let server = checks::server_objects(&self.h);
+                for f in checks::store_matches(&reader, &cfg, &server) {
+                    self.report(step, f);
+                }
+                let log = self.log.clone();
+                let mut rc = std::mem::take(&mut self.rc);
+                let found = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;
+                self.rc = rc;
+                for f in found {
+                    self.report(step, f);
+                }
+            }
+        }
+        let mut rc = std::mem::take(&mut self.rc);
+        let found = checks::owned_only(&self.log, self.run, &cfg, &mut rc);
+        self.rc = rc;
+        for f in found {
+            self.report(step, f);
+        }
+    }
+}
+
+fn ready_outside(n: usize) -> Found {
+    Found {
+        invariant: "a ready store holds nothing outside its shard",
+        detail: format!("{n} objects outside the shard when the store first reported ready"),
+    }
+}
