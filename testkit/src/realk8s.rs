@@ -8,9 +8,9 @@
 //!
 //! [`RealK8s::start`] runs `start.sh` in a temporary directory (with the test process as the
 //! watchdog's owner, so that nothing outlives a killed test), and its `Drop` runs
-//! `stop.sh DIR --wipe`. [`RealK8s::stop`] and [`RealK8s::restart`] keep the data; [`RealK8s::compact`]
-//! compacts etcd to its current revision. [`RealK8s::request_count`] reads the server's own
-//! `apiserver_request_total` from `/metrics`.
+//! `stop.sh DIR --wipe`. [`RealK8s::stop`] and [`RealK8s::restart`] keep the data;
+//! [`RealK8s::compact`] compacts etcd to its current revision. [`request_count`] reads the
+//! server's own `apiserver_request_total` from `/metrics`.
 //!
 //! The start, stop and compact calls wait for child processes: call them from a blocking
 //! context (`tokio::task::block_in_place` or `spawn_blocking`) when other tasks must keep
@@ -29,7 +29,7 @@
 //! };
 //! let client = server.client().await?;
 //! println!("kube-apiserver {}", realk8s::git_version(&client).await?);
-//! let lists = server.request_count(&client, "pods", "LIST").await?;
+//! let lists = realk8s::request_count(&client, "pods", "LIST").await?;
 //! # let _ = lists;
 //! # Ok(()) }
 //! ```
@@ -243,31 +243,6 @@ impl RealK8s {
             .map_err(|e| err(what(), e))?;
         kube::Client::try_from(config).map_err(|e| err(what(), e))
     }
-
-    /// The number of requests the server has counted for `resource` (plural, e.g. `pods`)
-    /// with `verb` as `/metrics` labels it (`LIST`, `WATCH`, `GET`, `POST`, ...), summed
-    /// over response codes, scopes and clients. kube-apiserver counts a WATCH (a streaming
-    /// list too) when it ends, a LIST when it is answered: read it just before and after
-    /// the client being measured, since every client of the server adds to it.
-    pub async fn request_count(
-        &self,
-        client: &kube::Client,
-        resource: &str,
-        verb: &str,
-    ) -> Result<u64, Error> {
-        let text = metrics(client).await?;
-        Ok(count_requests(&text, resource, verb))
-    }
-
-    /// The value of `kubernetes_feature_enabled` for feature gate `name`, if listed.
-    pub async fn feature_enabled(&self, client: &kube::Client, name: &str) -> Result<bool, Error> {
-        let text = metrics(client).await?;
-        let needle = format!("name=\"{name}\"");
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with("kubernetes_feature_enabled{") && l.contains(&needle))
-            .any(|l| l.trim_end().ends_with(" 1")))
-    }
 }
 
 impl Drop for RealK8s {
@@ -279,6 +254,25 @@ impl Drop for RealK8s {
             }
         }
     }
+}
+
+/// The number of requests the server has counted for `resource` (plural, e.g. `pods`)
+/// with `verb` as `/metrics` labels it (`LIST`, `WATCH`, `GET`, `POST`, ...), summed over
+/// response codes, scopes and clients. kube-apiserver counts a LIST when it is answered and
+/// a WATCH (a streaming list too) only when it ends: read it just before and after the
+/// client being measured, since every client of the server adds to it.
+pub async fn request_count(client: &kube::Client, resource: &str, verb: &str) -> Result<u64, Error> {
+    Ok(count_requests(&metrics(client).await?, resource, verb))
+}
+
+/// Whether `/metrics` reports feature gate `name` enabled (`kubernetes_feature_enabled`).
+pub async fn feature_enabled(client: &kube::Client, name: &str) -> Result<bool, Error> {
+    let text = metrics(client).await?;
+    let needle = format!("name=\"{name}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("kubernetes_feature_enabled{") && l.contains(&needle))
+        .any(|l| l.trim_end().ends_with(" 1")))
 }
 
 /// The server's `/metrics` text.

@@ -1,0 +1,210 @@
+//! SIGKILL of a child process mid-list and mid-watch with changes while it is down, and a
+//! durable controller killed and restarted: it reconciles only what changed, with 0 LIST.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube_persist::SyncPhase;
+
+use crate::child::{CONTROLLER, Child, PROBE, store_config};
+use crate::common;
+use crate::support::*;
+
+/// Open the store a killed child left (the kernel released its lock).
+fn inspect(dir: &Path, server: &Server) -> Result<(kube_persist::Db, kube_persist::Reader<Pod>), Fail> {
+    let db = common::try_open_db(common::child_engine(), dir)?;
+    let (reader, _watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), store_config(false))?;
+    Ok((db, reader))
+}
+
+/// Changes while the child is down: creates, updates and deletes (`base` keeps the new
+/// names apart between scenarios).
+async fn changes(server: &Server, base: usize) -> Outcome {
+    let now = server_now(&server.client).await?;
+    let victims: Vec<String> = pick(&now, base % 37, 50, 30)
+        .into_iter()
+        .filter(|k| k != PROBE)
+        .collect();
+    let updated: Vec<String> = pick(&now, base % 37 + 1, 50, 30)
+        .into_iter()
+        .filter(|k| k != PROBE)
+        .collect();
+    delete_pods(&server.client, &victims).await?;
+    update_pods(&server.client, &updated).await?;
+    create_pods(&server.client, base..base + 30).await?;
+    Ok(())
+}
+
+/// Restart the store child, change the probe, wait until the child has made that change
+/// durable; returns the LIST calls made meanwhile and the child's lines.
+async fn restart_until_probe(server: &Server, dir: &Path) -> Result<(u64, Vec<String>), Fail> {
+    let before = server.lists().await?;
+    let child = Child::spawn("store", dir, &server.kubeconfig, false);
+    if !child.wait_for(WAIT, |l| l == "state phase=Synced live=true").await {
+        return Err(error(format!("restarted child not live: {}", child.last_line())));
+    }
+    let probe = touch_probe(&server.client).await?;
+    let want = format!("durable applied {PROBE} {probe}");
+    if !child.wait_for(WAIT, |l| l == want).await {
+        return Err(error(format!("the child did not apply the probe: {}", child.last_line())));
+    }
+    let lists = server.lists().await? - before;
+    let lines = child.lines();
+    child.kill();
+    Ok((lists, lines))
+}
+
+/// The killed child's store equals the server now (no change is under way) and at its
+/// checkpoint.
+async fn check_store(server: &Server, dir: &Path) -> Outcome {
+    let (_db, reader) = inspect(dir, server)?;
+    ensure(reader.phase() == SyncPhase::Synced, || format!("phase {:?}", reader.phase()))?;
+    same_as(&common::store_versions(&reader), &server_now(&server.client).await?)?;
+    at_checkpoint(&reader, &server.client).await
+}
+
+/// Killed 100 ms into its first (paginated) list; the store left on disk is not ready.
+pub async fn mid_list(server: Arc<Server>) -> Outcome {
+    let dir = tempfile::tempdir()?;
+    let child = Child::spawn("store", dir.path(), &server.kubeconfig, false);
+    if !child.wait_for(WAIT, |l| l.starts_with("state phase=Listing")).await {
+        return Err(error(format!("child never listed: {}", child.last_line())));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    child.kill();
+    {
+        let (_db, reader) = inspect(dir.path(), &server)?;
+        if reader.phase() == SyncPhase::Synced {
+            return Err(error("the first list finished before the kill: not mid-list"));
+        }
+        ensure(!reader.is_ready(), || "a half-listed store says it is ready".into())?;
+    }
+    changes(&server, 10_000).await?;
+    restart_until_probe(&server, dir.path()).await?;
+    check_store(&server, dir.path()).await
+}
+
+/// Killed while watch events flow (a stream of updates); more changes while it is down;
+/// the restart resumes with 0 LIST.
+pub async fn mid_watch(server: Arc<Server>) -> Outcome {
+    let dir = tempfile::tempdir()?;
+    let child = Child::spawn("store", dir.path(), &server.kubeconfig, false);
+    if !child.wait_for(WAIT, |l| l == "state phase=Synced live=true").await {
+        return Err(error(format!("child never live: {}", child.last_line())));
+    }
+    let keys: Vec<String> = server_now(&server.client).await?.into_keys().filter(|k| k != PROBE).collect();
+    let churning = Arc::new(AtomicBool::new(true));
+    let churn = tokio::spawn({
+        let (client, churning) = (server.client.clone(), churning.clone());
+        async move {
+            let mut i = 0;
+            while churning.load(Ordering::Relaxed) {
+                let batch: Vec<String> = keys.iter().skip(i * 7 % keys.len()).take(10).cloned().collect();
+                update_pods(&client, &batch).await?;
+                i += 1;
+            }
+            Ok::<_, Fail>(())
+        }
+    });
+    // Kill once the child has applied watch events of the churn.
+    let applied = child.wait_for(WAIT, |l| l == "event apply").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    child.kill();
+    churning.store(false, Ordering::Relaxed);
+    churn.await.map_err(|e| error(e.to_string()))??;
+    if !applied {
+        return Err(error("the child saw no watch event before the kill"));
+    }
+    changes(&server, 20_000).await?;
+    let (lists, lines) = restart_until_probe(&server, dir.path()).await?;
+    ensure(lists == 0, || format!("the restart after a kill mid-watch made {lists} LIST calls"))?;
+    ensure(lines.iter().any(|l| l == "event resumed"), || "the restart did not resume".into())?;
+    check_store(&server, dir.path()).await
+}
+
+/// `(name, resourceVersion)` of each reconcile a controller child printed.
+fn reconciles(lines: &[String]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("reconciled "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, rv)| (k.to_string(), rv.to_string()))
+        .collect()
+}
+
+/// A durable controller over all Pods reconciles each once, is SIGKILLed, Pods change while
+/// it is down; the restart reconciles exactly the Pods whose version differs from the one
+/// its state on disk recorded (each once), and makes no LIST.
+pub async fn controller(server: Arc<Server>) -> Outcome {
+    let dir = tempfile::tempdir()?;
+    let all = server_now(&server.client).await?;
+    let child = Child::spawn("controller", dir.path(), &server.kubeconfig, false);
+    let every = |lines: &[String]| {
+        let done: std::collections::BTreeSet<String> = reconciles(lines).into_iter().map(|(k, _)| k).collect();
+        all.keys().all(|k| done.contains(k))
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !every(&child.lines()) {
+        if tokio::time::Instant::now() > deadline {
+            return Err(error(format!("first run did not reconcile all: {}", child.last_line())));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill();
+    changes(&server, 30_000).await?;
+
+    // What the state on disk says was reconciled, at which version.
+    let recorded: BTreeMap<String, Option<String>> = {
+        let db = common::try_open_db(common::child_engine(), dir.path())?;
+        let states = db.reconcile_states(CONTROLLER)?;
+        states
+            .map(|s| s.map(|s| (format!("{}/{}", s.namespace.unwrap_or_default(), s.name), s.resource_version)))
+            .collect::<Result<_, _>>()?
+    };
+    common::wait_unlocked(dir.path());
+    let now = server_now(&server.client).await?;
+    let mut expected: Vec<String> = now
+        .iter()
+        .filter(|(k, rv)| recorded.get(*k).and_then(|r| r.as_ref()) != Some(*rv))
+        .map(|(k, _)| k.clone())
+        .filter(|k| k != PROBE)
+        .collect();
+    expected.sort();
+
+    let before = server.lists().await?;
+    let child = Child::spawn("controller", dir.path(), &server.kubeconfig, false);
+    let probe = touch_probe(&server.client).await?;
+    let want = format!("reconciled {PROBE} {probe}");
+    let seen_all = |lines: &[String]| {
+        let r = reconciles(lines);
+        lines.iter().any(|l| *l == want) && expected.iter().all(|k| r.iter().any(|(n, _)| n == k))
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !seen_all(&child.lines()) {
+        if tokio::time::Instant::now() > deadline {
+            return Err(error(format!("restart did not reconcile the changes: {}", child.last_line())));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lists = server.lists().await? - before;
+    let lines = child.lines();
+    child.kill();
+    let mut got: Vec<String> = reconciles(&lines).into_iter().map(|(k, _)| k).filter(|k| k != PROBE).collect();
+    got.sort();
+    ensure(lists == 0, || format!("the controller's restart made {lists} LIST calls"))?;
+    ensure(got == expected, || {
+        format!(
+            "restart reconciled {} (expected {} changed): first {:?} vs {:?}",
+            got.len(),
+            expected.len(),
+            got.iter().take(5).collect::<Vec<_>>(),
+            expected.iter().take(5).collect::<Vec<_>>()
+        )
+    })?;
+    ensure(expected.len() >= 45, || format!("only {} changes to reconcile", expected.len()))
+}
