@@ -193,10 +193,23 @@ impl RealK8s {
     }
 
     /// Starts the server again in the same directory after [`stop`](Self::stop): the data
-    /// (and, where the ports are still free, the URL) is kept. Blocks until it is ready.
+    /// and the URL (the same ports) are kept. Blocks until it is ready.
     pub fn restart(&mut self) -> Result<(), Error> {
         let (mut cmd, dir) = self.script("start.sh")?;
         let ready = format!("realk8s ready: {}", dir.join("kubeconfig").display());
+        // Keep the previous ports: start.sh takes them again only if no socket (other than
+        // TIME_WAIT) uses them, and a client's connections to the stopped server can hold
+        // the server's side in FIN_WAIT2 for a minute; the servers bind with SO_REUSEADDR.
+        // Clients then follow the restart, as they would a real API server's.
+        if let Ok(ports) = std::fs::read_to_string(dir.join("run").join("ports")) {
+            for line in ports.lines() {
+                if let Some((k, v)) = line.split_once('=')
+                    && ["APISERVER_PORT", "ETCD_PORT", "ETCD_PEER_PORT"].contains(&k)
+                {
+                    cmd.env(k, v);
+                }
+            }
+        }
         cmd.env("REALK8S_OWNER_PID", std::process::id().to_string())
             .env("REALK8S_BIN_CACHE", bin_cache())
             .env("EXTRA_APISERVER_FLAGS", &self.extra_flags);
@@ -221,10 +234,11 @@ impl RealK8s {
         Ok(())
     }
 
-    /// Compacts etcd physically to its current revision (`compact.sh`).
-    pub fn compact(&self) -> Result<(), Error> {
+    /// Compacts etcd physically to its current revision (`compact.sh`); returns what the
+    /// script printed (`compacted to revision N`).
+    pub fn compact(&self) -> Result<String, Error> {
         let (cmd, _) = self.script("compact.sh")?;
-        Self::run("compact.sh", cmd).map(drop)
+        Self::run("compact.sh", cmd).map(|out| out.trim().to_string())
     }
 
     /// The kubeconfig file of this server.

@@ -63,7 +63,23 @@ pub fn run(role: &str) {
     });
 }
 
+/// Flush on request (the parent creates the file): the store on disk then holds everything
+/// the child printed before "flushed".
+fn serve_flush_requests(db: kube_persist::Db) {
+    let request = flush_request(std::path::Path::new(&std::env::var(DIR_ENV).unwrap()));
+    tokio::spawn(async move {
+        loop {
+            if std::fs::remove_file(&request).is_ok() {
+                db.flush().expect("flush");
+                println!("flushed");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}
+
 async fn store(db: kube_persist::Db, client: kube::Client) {
+    serve_flush_requests(db.clone());
     let streaming = std::env::var(STREAMING_ENV).is_ok_and(|v| v == "1");
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(client), store_config(streaming))
@@ -121,11 +137,17 @@ async fn controller(db: kube_persist::Db, client: kube::Client) {
     .unwrap()
     .durable_state(&db, CONTROLLER)
     .unwrap();
+    serve_flush_requests(db.clone());
     println!("child-started");
     controller
         .run(reconcile, error_policy, Arc::new(()))
         .for_each(|_| async {})
         .await;
+}
+
+/// The file whose creation asks a controller child to flush its store.
+pub fn flush_request(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.with_extension("flush")
 }
 
 /// A running child process and the lines it printed.
@@ -167,6 +189,22 @@ impl Child {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// Ask the child to flush its store; wait until it says it did.
+    pub async fn flush(&self, dir: &std::path::Path) -> bool {
+        let flushed = self.lines.lock().unwrap().iter().filter(|l| *l == "flushed").count();
+        if std::fs::write(flush_request(dir), b"").is_err() {
+            return false;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.lines.lock().unwrap().iter().filter(|l| *l == "flushed").count() == flushed {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
     }
 
     /// The last line, for messages.

@@ -89,13 +89,18 @@ pub async fn mid_list(server: Arc<Server>) -> Outcome {
     check_store(&server, dir.path()).await
 }
 
-/// Killed while watch events flow (a stream of updates); more changes while it is down;
-/// the restart resumes with 0 LIST.
+/// Synced and flushed, then killed while watch events flow (a stream of updates); more
+/// changes while it is down; the restart resumes with 0 LIST.
 pub async fn mid_watch(server: Arc<Server>) -> Outcome {
     let dir = tempfile::tempdir()?;
     let child = Child::spawn("store", dir.path(), &server.kubeconfig, false);
     if !child.wait_for(WAIT, |l| l == "state phase=Synced live=true").await {
         return Err(error(format!("child never live: {}", child.last_line())));
+    }
+    // The synced store made durable (else a kill within the periodic flush interval may
+    // leave nothing on disk: the restart would list again, as documented).
+    if !child.flush(dir.path()).await {
+        return Err(error(format!("the child did not flush: {}", child.last_line())));
     }
     let keys: Vec<String> = server_now(&server.client).await?.into_keys().filter(|k| k != PROBE).collect();
     let churning = Arc::new(AtomicBool::new(true));
@@ -122,7 +127,10 @@ pub async fn mid_watch(server: Arc<Server>) -> Outcome {
     }
     changes(&server, 20_000).await?;
     let (lists, lines) = restart_until_probe(&server, dir.path()).await?;
-    ensure(lists == 0, || format!("the restart after a kill mid-watch made {lists} LIST calls"))?;
+    ensure(lists == 0, || {
+        let said: Vec<&String> = lines.iter().filter(|l| !l.starts_with("event apply")).take(12).collect();
+        format!("the restart after a kill mid-watch made {lists} LIST calls; the child said {said:?}")
+    })?;
     ensure(lines.iter().any(|l| l == "event resumed"), || "the restart did not resume".into())?;
     check_store(&server, dir.path()).await
 }
@@ -137,7 +145,8 @@ fn reconciles(lines: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A durable controller over all Pods reconciles each once, is SIGKILLed, Pods change while
+/// A durable controller over all Pods reconciles each once, flushes its store, is SIGKILLed
+/// (what it did after the flush may be lost: the expectation is read from disk), Pods change while
 /// it is down; the restart reconciles exactly the Pods whose version differs from the one
 /// its state on disk recorded (each once), and makes no LIST.
 pub async fn controller(server: Arc<Server>) -> Outcome {
@@ -154,6 +163,9 @@ pub async fn controller(server: Arc<Server>) -> Outcome {
             return Err(error(format!("first run did not reconcile all: {}", child.last_line())));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !child.flush(dir.path()).await {
+        return Err(error(format!("the controller did not flush: {}", child.last_line())));
     }
     child.kill();
     changes(&server, 30_000).await?;

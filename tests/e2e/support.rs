@@ -72,15 +72,7 @@ impl Server {
             kubeconfig,
         };
         for i in 0..NAMESPACES {
-            let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns(i)}}))?;
-            match Api::<Namespace>::all(server.client.clone())
-                .create(&PostParams::default(), &ns)
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            ensure_namespace(&server.client, &ns(i)).await?;
         }
         Ok(server)
     }
@@ -94,6 +86,16 @@ impl Server {
     /// wait for child processes) while the runtime's other tasks keep running.
     pub fn with_guard<T>(&self, f: impl FnOnce(&mut RealK8s) -> T) -> T {
         tokio::task::block_in_place(|| f(&mut self.guard.lock().unwrap()))
+    }
+}
+
+/// Create namespace `name` unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Outcome {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -119,12 +121,32 @@ pub async fn create_pods(
     client: &Client,
     range: std::ops::Range<usize>,
 ) -> Result<Vec<String>, Fail> {
-    futures::stream::iter(range.map(pod_key))
-        .map(|(ns, name)| {
+    create(client, range.map(pod_key).map(|(ns, name)| pod(&ns, &name))).await
+}
+
+/// Create `n` Pods of about `bytes` each (a large annotation) in namespace `ns`.
+pub async fn create_big_pods(client: &Client, ns: &str, n: usize, bytes: usize) -> Result<Vec<String>, Fail> {
+    ensure_namespace(client, ns).await?;
+    let filler = "x".repeat(bytes);
+    create(
+        client,
+        (0..n).map(|i| {
+            let mut p = pod(ns, &format!("big-{i:05}"));
+            p.metadata.annotations = Some([("e2e/filler".to_string(), filler.clone())].into());
+            p
+        }),
+    )
+    .await
+}
+
+async fn create(client: &Client, pods: impl Iterator<Item = Pod>) -> Result<Vec<String>, Fail> {
+    futures::stream::iter(pods)
+        .map(|p| {
+            let ns = p.metadata.namespace.clone().unwrap_or_default();
             let api = Api::<Pod>::namespaced(client.clone(), &ns);
             async move {
-                api.create(&PostParams::default(), &pod(&ns, &name)).await?;
-                Ok::<_, Fail>(format!("{ns}/{name}"))
+                let p = api.create(&PostParams::default(), &p).await?;
+                Ok::<_, Fail>(format!("{ns}/{}", p.metadata.name.unwrap_or_default()))
             }
         })
         .buffer_unordered(PARALLEL)
