@@ -275,7 +275,11 @@ impl Drop for RealK8s {
 /// response codes, scopes and clients. kube-apiserver counts a LIST when it is answered and
 /// a WATCH (a streaming list too) only when it ends: read it just before and after the
 /// client being measured, since every client of the server adds to it.
-pub async fn request_count(client: &kube::Client, resource: &str, verb: &str) -> Result<u64, Error> {
+pub async fn request_count(
+    client: &kube::Client,
+    resource: &str,
+    verb: &str,
+) -> Result<u64, Error> {
     Ok(count_requests(&metrics(client).await?, resource, verb))
 }
 

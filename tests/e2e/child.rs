@@ -87,11 +87,7 @@ async fn store(db: kube_persist::Db, client: kube::Client) {
     tokio::spawn(async move {
         let mut last = String::new();
         loop {
-            let line = format!(
-                "state phase={:?} live={}",
-                reader.phase(),
-                reader.is_live()
-            );
+            let line = format!("state phase={:?} live={}", reader.phase(), reader.is_live());
             if line != last {
                 println!("{line}");
                 last = line;
@@ -157,7 +153,12 @@ pub struct Child {
 }
 
 impl Child {
-    pub fn spawn(role: &str, dir: &std::path::Path, kubeconfig: &std::path::Path, streaming: bool) -> Child {
+    pub fn spawn(
+        role: &str,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        streaming: bool,
+    ) -> Child {
         let mut child = common::spawn_self(
             role,
             &[
@@ -193,12 +194,26 @@ impl Child {
 
     /// Ask the child to flush its store; wait until it says it did.
     pub async fn flush(&self, dir: &std::path::Path) -> bool {
-        let flushed = self.lines.lock().unwrap().iter().filter(|l| *l == "flushed").count();
+        let flushed = self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| *l == "flushed")
+            .count();
         if std::fs::write(flush_request(dir), b"").is_err() {
             return false;
         }
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self.lines.lock().unwrap().iter().filter(|l| *l == "flushed").count() == flushed {
+        while self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| *l == "flushed")
+            .count()
+            == flushed
+        {
             if Instant::now() > deadline {
                 return false;
             }

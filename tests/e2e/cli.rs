@@ -23,17 +23,23 @@ fn tool() -> Option<PathBuf> {
 /// Runs `verify DIR pods` against the server; returns (exit code, stdout).
 fn verify(bin: &Path, server: &Server, dir: &Path) -> Result<(Option<i32>, String), Fail> {
     let out = Command::new(bin)
-        .args(["verify".as_ref(), dir.as_os_str(), "pods".as_ref(), "--context".as_ref(), "realk8s".as_ref()])
+        .args([
+            "verify".as_ref(),
+            dir.as_os_str(),
+            "pods".as_ref(),
+            "--context".as_ref(),
+            "realk8s".as_ref(),
+        ])
         .env("KUBECONFIG", &server.kubeconfig)
         .env_remove("KUBE_PERSIST_KEY")
         .env("RUST_LOG", "warn")
         .output()?;
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        // For messages: what the tool said on stderr, after its report.
-        text.push_str(&String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.stderr.is_empty() {
+        // Its logs (e.g. a permissions warning), for whoever reads the suite's output.
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok((out.status.code(), text))
+    Ok((out.status.code(), stdout))
 }
 
 fn last_line(out: &str) -> &str {
@@ -43,7 +49,11 @@ fn last_line(out: &str) -> &str {
 /// The checkpoint and object count of the closed store at `dir`.
 fn checkpoint(server: &Server, dir: &Path, engine: Engine) -> Result<(String, u64), Fail> {
     let db = common::try_open_db(engine, dir)?;
-    let (reader, _w) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(false))?;
+    let (reader, _w) = db.store(
+        "pods",
+        Api::<Pod>::all(server.client.clone()),
+        config(false),
+    )?;
     let out = (reader.checkpoint().unwrap_or_default(), reader.len());
     drop((reader, _w, db));
     common::wait_unlocked(dir);
@@ -58,7 +68,9 @@ pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
     };
     let (dir, engine) = {
         let slot = shared.paginated.lock().unwrap();
-        let (d, e) = slot.as_ref().ok_or_else(|| error("no store from cold-sync-paginated"))?;
+        let (d, e) = slot
+            .as_ref()
+            .ok_or_else(|| error("no store from cold-sync-paginated"))?;
         (d.path().to_path_buf(), *e)
     };
     let (cp, n) = checkpoint(&server, &dir, engine)?;
@@ -66,11 +78,17 @@ pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
     // Equal.
     let (code, out) = verify(&bin, &server, &dir)?;
     let want = format!("verify ok: {n} objects equal at resourceVersion {cp}");
-    ensure(code == Some(0) && last_line(&out) == want, || format!("equal: exit {code:?}: {out}"))?;
+    ensure(code == Some(0) && last_line(&out) == want, || {
+        format!("equal: exit {code:?}: {out}")
+    })?;
 
     // Stale: every change is newer than the checkpoint.
     let now = server_now(&server.client).await?;
-    let keys: Vec<String> = now.keys().filter(|k| *k != crate::child::PROBE).cloned().collect();
+    let keys: Vec<String> = now
+        .keys()
+        .filter(|k| *k != crate::child::PROBE)
+        .cloned()
+        .collect();
     update_pods(&server.client, &keys[10..17]).await?;
     delete_pods(&server.client, &keys[20..22]).await?;
     create_pods(&server.client, 40_000..40_003).await?;
@@ -79,22 +97,32 @@ pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
     let want = format!(
         "verify ok: {n} objects equal at resourceVersion {cp}; the store is behind the server only by {changed} changes newer than it"
     );
-    ensure(code == Some(0) && last_line(&out) == want, || format!("stale: exit {code:?}: {out}"))?;
+    ensure(code == Some(0) && last_line(&out) == want, || {
+        format!("stale: exit {code:?}: {out}")
+    })?;
 
     // Damaged: in the streaming cold sync's store, one object removed and one copied under a
     // name the server lacks.
     let (dir, engine) = {
         let slot = shared.streaming.lock().unwrap();
-        let (d, e) = slot.as_ref().ok_or_else(|| error("no store from cold-sync-streaming"))?;
+        let (d, e) = slot
+            .as_ref()
+            .ok_or_else(|| error("no store from cold-sync-streaming"))?;
         (d.path().to_path_buf(), *e)
     };
     let (cp, _) = checkpoint(&server, &dir, engine)?;
     let (ns, name) = keys[500].split_once('/').expect("namespace/name");
     let mut record = None;
-    common::raw_edit(engine, &dir, "stream/pods", format!("o{ns}\0{name}").as_bytes(), |v| {
-        record = v;
-        None
-    });
+    common::raw_edit(
+        engine,
+        &dir,
+        "stream/pods",
+        format!("o{ns}\0{name}").as_bytes(),
+        |v| {
+            record = v;
+            None
+        },
+    );
     if record.is_none() {
         return Err(error(format!("{ns}/{name} is not in the stored keyspace")));
     }

@@ -96,7 +96,11 @@ async fn server_widgets(client: &Client) -> Result<BTreeMap<String, String>, Fai
         .map(|o| {
             let m = o.metadata;
             (
-                format!("{}/{}", m.namespace.unwrap_or_default(), m.name.unwrap_or_default()),
+                format!(
+                    "{}/{}",
+                    m.namespace.unwrap_or_default(),
+                    m.name.unwrap_or_default()
+                ),
                 m.resource_version.unwrap_or_default(),
             )
         })
@@ -112,7 +116,9 @@ async fn retry<T, F: std::future::Future<Output = Result<T, kube::Error>>>(
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(e) if tokio::time::Instant::now() > deadline => return Err(error(format!("{what}: {e}"))),
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(error(format!("{what}: {e}")));
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
@@ -125,7 +131,8 @@ fn key_of(i: usize) -> (String, String) {
 pub async fn schema_change(server: Arc<Server>) -> Outcome {
     let client = server.client.clone();
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    crds.create(&PostParams::default(), &crd("integer")?).await?;
+    crds.create(&PostParams::default(), &crd("integer")?)
+        .await?;
     retry("the new CRD serves", || {
         let api = dynamic(&client, "e2e-0");
         async move { api.list(&ListParams::default().limit(1)).await }
@@ -148,7 +155,11 @@ pub async fn schema_change(server: Arc<Server>) -> Outcome {
 
     let dir = tempfile::tempdir()?;
     let db = try_open_db(common::Engine::Redb, dir.path())?;
-    let (reader, watcher) = db.store("widgets", Api::<Widget>::all(client.clone()), crate::sync::config(false))?;
+    let (reader, watcher) = db.store(
+        "widgets",
+        Api::<Widget>::all(client.clone()),
+        crate::sync::config(false),
+    )?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
         let mut events = std::pin::pin!(watcher.stream());
@@ -171,7 +182,12 @@ pub async fn schema_change(server: Arc<Server>) -> Outcome {
         while !pred(seen) {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(e)) => seen.push(e),
-                _ => return Err(error(format!("timed out; last events {:?}", seen.iter().rev().take(3).collect::<Vec<_>>()))),
+                _ => {
+                    return Err(error(format!(
+                        "timed out; last events {:?}",
+                        seen.iter().rev().take(3).collect::<Vec<_>>()
+                    )));
+                }
             }
         }
         Ok(())
@@ -185,42 +201,72 @@ pub async fn schema_change(server: Arc<Server>) -> Outcome {
     let mut new = crd("string")?;
     let old = crds.get(&format!("widgets.{GROUP}")).await?;
     new.metadata.resource_version = old.metadata.resource_version;
-    crds.replace(&format!("widgets.{GROUP}"), &PostParams::default(), &new).await?;
-    let rejected: BTreeSet<String> = (0..30).map(|i| key_of(i * 7)).map(|(n, m)| format!("{n}/{m}")).collect();
+    crds.replace(&format!("widgets.{GROUP}"), &PostParams::default(), &new)
+        .await?;
+    let rejected: BTreeSet<String> = (0..30)
+        .map(|i| key_of(i * 7))
+        .map(|(n, m)| format!("{n}/{m}"))
+        .collect();
     for k in &rejected {
         let (ns, name) = k.split_once('/').expect("namespace/name");
         let patch = json!({"spec": {"size": format!("big-{name}")}});
         retry("a string size under the new schema", || {
             let (api, patch) = (dynamic(&client, ns), patch.clone());
-            async move { api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await }
+            async move {
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
         })
         .await?;
     }
-    let relabeled: BTreeSet<String> = (0..10).map(|i| key_of(i * 7 + 3)).map(|(n, m)| format!("{n}/{m}")).collect();
+    let relabeled: BTreeSet<String> = (0..10)
+        .map(|i| key_of(i * 7 + 3))
+        .map(|(n, m)| format!("{n}/{m}"))
+        .collect();
     for k in &relabeled {
         let (ns, name) = k.split_once('/').expect("namespace/name");
         let patch = json!({"metadata": {"labels": {"touched": "yes"}}});
-        dynamic(&client, ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        dynamic(&client, ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
     }
     let done = |s: &[String]| {
-        rejected.iter().all(|k| s.contains(&format!("rejected {k}")))
+        rejected
+            .iter()
+            .all(|k| s.contains(&format!("rejected {k}")))
             && relabeled.iter().all(|k| s.contains(&format!("apply {k}")))
     };
     wait(&done, &mut seen).await?;
     task.abort();
 
-    let got: BTreeSet<String> = seen.iter().filter_map(|e| e.strip_prefix("rejected ")).map(str::to_string).collect();
-    ensure(got == rejected, || format!("{} rejected, expected {}: {got:?}", got.len(), rejected.len()))?;
+    let got: BTreeSet<String> = seen
+        .iter()
+        .filter_map(|e| e.strip_prefix("rejected "))
+        .map(str::to_string)
+        .collect();
+    ensure(got == rejected, || {
+        format!(
+            "{} rejected, expected {}: {got:?}",
+            got.len(),
+            rejected.len()
+        )
+    })?;
     let errors: Vec<&String> = seen.iter().filter(|e| e.starts_with("error ")).collect();
-    ensure(errors.is_empty(), || format!("other stream errors: {errors:?}"))?;
+    ensure(errors.is_empty(), || {
+        format!("other stream errors: {errors:?}")
+    })?;
     for k in &rejected {
         let (ns, name) = k.split_once('/').expect("namespace/name");
-        ensure(reader.get_named(Some(ns), name)?.is_none(), || format!("{k} served stale"))?;
+        ensure(reader.get_named(Some(ns), name)?.is_none(), || {
+            format!("{k} served stale")
+        })?;
     }
     let mut want = server_widgets(&client).await?;
     want.retain(|k, _| !rejected.contains(k));
     same_as(&store_widgets(&reader), &want)?;
-    ensure(reader.stats().bad_objects >= rejected.len() as u64, || format!("stats {:?}", reader.stats()))
+    ensure(reader.stats().bad_objects >= rejected.len() as u64, || {
+        format!("stats {:?}", reader.stats())
+    })
 }
 
 fn store_widgets(reader: &kube_persist::Reader<Widget>) -> BTreeMap<String, String> {

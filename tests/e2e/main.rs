@@ -142,7 +142,9 @@ async fn seeded(suite: &mut Suite, target: &Target, flags: &str) -> Option<Arc<S
             None
         }
         None => {
-            println!("e2e: the scenarios that need {flags} skipped: the external cluster is not ours to configure");
+            println!(
+                "e2e: the scenarios that need {flags} skipped: the external cluster is not ours to configure"
+            );
             None
         }
     }
@@ -162,23 +164,46 @@ async fn run(target: Target) -> Suite {
     };
     let state = Arc::new(sync::Shared::default());
     let s = (a.clone(), state.clone());
-    suite.run("cold-sync-paginated", sync::cold_sync(s.0, s.1, false)).await;
+    suite
+        .run("cold-sync-paginated", sync::cold_sync(s.0, s.1, false))
+        .await;
     let s = (a.clone(), state.clone());
-    suite.run("cold-sync-streaming", sync::cold_sync(s.0, s.1, true)).await;
-    suite.run("verify", cli::verify_all(a.clone(), state.clone())).await;
+    suite
+        .run("cold-sync-streaming", sync::cold_sync(s.0, s.1, true))
+        .await;
+    suite
+        .run("verify", cli::verify_all(a.clone(), state.clone()))
+        .await;
     let s = (a.clone(), state.clone());
-    suite.run("warm-restart", sync::warm_restart(s.0, s.1)).await;
-    suite.run("sigkill-mid-list", kill::mid_list(a.clone())).await;
-    suite.run("sigkill-mid-watch", kill::mid_watch(a.clone())).await;
-    suite.run("sharded-client-filters", shard::sharded(a.clone(), false)).await;
-    suite.run("durable-controller", kill::controller(a.clone())).await;
-    suite.run("crd-schema-change", crd::schema_change(a.clone())).await;
+    suite
+        .run("warm-restart", sync::warm_restart(s.0, s.1))
+        .await;
+    suite
+        .run("sigkill-mid-list", kill::mid_list(a.clone()))
+        .await;
+    suite
+        .run("sigkill-mid-watch", kill::mid_watch(a.clone()))
+        .await;
+    suite
+        .run("sharded-client-filters", shard::sharded(a.clone(), false))
+        .await;
+    suite
+        .run("durable-controller", kill::controller(a.clone()))
+        .await;
+    suite
+        .run("crd-schema-change", crd::schema_change(a.clone()))
+        .await;
     if a.guard.lock().unwrap().is_local() {
         suite
-            .run("apiserver-restart-mid-stream", sync::apiserver_restart(a.clone()))
+            .run(
+                "apiserver-restart-mid-stream",
+                sync::apiserver_restart(a.clone()),
+            )
             .await;
     } else {
-        println!("e2e apiserver-restart-mid-stream skipped: the external cluster is not ours to restart");
+        println!(
+            "e2e apiserver-restart-mid-stream skipped: the external cluster is not ours to restart"
+        );
     }
     drop(a);
 
@@ -186,8 +211,12 @@ async fn run(target: Target) -> Suite {
     // without it kube-apiserver v1.36.2 filters LISTs by shardSelector but not WATCH events).
     let flags = "--feature-gates=ShardedListAndWatch=true";
     if let Some(b) = seeded(&mut suite, &target, flags).await {
-        suite.run("sharded-server-filters", shard::sharded(b.clone(), true)).await;
-        suite.run("reshard-narrowing", shard::narrowing(b.clone())).await;
+        suite
+            .run("sharded-server-filters", shard::sharded(b.clone(), true))
+            .await;
+        suite
+            .run("reshard-narrowing", shard::narrowing(b.clone()))
+            .await;
     }
     // A server with the watch cache off for Pods: a resume from a compacted version
     // answers 410 at once.
@@ -221,7 +250,11 @@ pub mod warnings {
     }
 
     impl<S: tracing::Subscriber> Layer<S> for Capture {
-        fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
             if *event.metadata().level() == tracing::Level::WARN {
                 let mut m = Message(String::new());
                 event.record(&mut m);
@@ -234,12 +267,20 @@ pub mod warnings {
         let print = EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into());
         let _ = tracing_subscriber::registry()
             .with(Capture.with_filter(EnvFilter::new("kube_persist=warn")))
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(print))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(print),
+            )
             .try_init();
     }
 
     /// How many warnings containing `needle` were logged so far.
     pub fn count(needle: &str) -> usize {
-        SEEN.lock().unwrap().iter().filter(|m| m.contains(needle)).count()
+        SEEN.lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.contains(needle))
+            .count()
     }
 }

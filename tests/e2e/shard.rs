@@ -19,7 +19,9 @@ const WARNING: &str = "server ignores shardSelector";
 
 /// `namespace/name` → resourceVersion of the server's Pods in `shard` (hashed here).
 async fn expected(server: &Server, shard: &Shard) -> Result<BTreeMap<String, String>, Fail> {
-    let metas = server_metas(&server.client, None).await?.unwrap_or_default();
+    let metas = server_metas(&server.client, None)
+        .await?
+        .unwrap_or_default();
     Ok(metas
         .into_iter()
         .filter(|(_, m)| shard.contains(m.uid.as_deref(), m.namespace.as_deref()))
@@ -35,7 +37,9 @@ async fn echoed(server: &Server, shard: &Shard) -> Result<Option<String>, Fail> 
         .finish();
     let req = http::Request::get(format!("/api/v1/pods?{query}")).body(Vec::new())?;
     let list: serde_json::Value = server.client.request(req).await?;
-    Ok(list["metadata"]["shardInfo"]["selector"].as_str().map(str::to_string))
+    Ok(list["metadata"]["shardInfo"]["selector"]
+        .as_str()
+        .map(str::to_string))
 }
 
 /// Four stores `shards(i, 4)`: each holds exactly its shard, they are disjoint and their
@@ -44,12 +48,16 @@ async fn echoed(server: &Server, shard: &Shard) -> Result<Option<String>, Fail> 
 pub async fn sharded(server: Arc<Server>, gate: bool) -> Outcome {
     let enabled = realk8s::feature_enabled(&server.client, "ShardedListAndWatch").await?;
     if enabled != gate {
-        return Err(error(format!("ShardedListAndWatch enabled: {enabled}, wanted {gate}")));
+        return Err(error(format!(
+            "ShardedListAndWatch enabled: {enabled}, wanted {gate}"
+        )));
     }
     let probe = Shard::even(ShardKey::Uid, 1, SHARDS)?;
     let echo = echoed(&server, &probe).await?;
     let want_echo = gate.then(|| probe.selector());
-    ensure(echo == want_echo, || format!("shardInfo.selector {echo:?}, expected {want_echo:?}"))?;
+    ensure(echo == want_echo, || {
+        format!("shardInfo.selector {echo:?}, expected {want_echo:?}")
+    })?;
 
     let warned = crate::warnings::count(WARNING);
     let tmp = tempfile::tempdir()?;
@@ -78,11 +86,15 @@ pub async fn sharded(server: Arc<Server>, gate: bool) -> Outcome {
         total += have.len();
         union.extend(have);
     }
-    ensure(total == union.len(), || format!("shards overlap: {total} objects, {} keys", union.len()))?;
+    ensure(total == union.len(), || {
+        format!("shards overlap: {total} objects, {} keys", union.len())
+    })?;
     same_as(&union, &server_now(&server.client).await?)?;
     let warnings = crate::warnings::count(WARNING) - warned;
     let want = if gate { 0 } else { SHARDS as usize };
-    ensure(warnings == want, || format!("{warnings} '{WARNING}' warnings, expected {want}"))?;
+    ensure(warnings == want, || {
+        format!("{warnings} '{WARNING}' warnings, expected {want}")
+    })?;
     for (_, _, w, _) in stores {
         w.stop().await;
     }
@@ -104,21 +116,32 @@ pub async fn narrowing(server: Arc<Server>) -> Outcome {
     let narrow = Shard::new(ShardKey::Uid).range(0, 1 << 61);
     {
         let db = try_open_db(common::Engine::Redb, dir.path())?;
-        let (reader, watcher) =
-            db.store("pods", Api::<Pod>::all(server.client.clone()), config(false).shard(wide.clone()))?;
+        let (reader, watcher) = db.store(
+            "pods",
+            Api::<Pod>::all(server.client.clone()),
+            config(false).shard(wide.clone()),
+        )?;
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
-        same_as(&common::store_versions(&reader), &expected(&server, &wide).await?)?;
+        same_as(
+            &common::store_versions(&reader),
+            &expected(&server, &wide).await?,
+        )?;
         w.stop().await;
     }
     let want = expected(&server, &narrow).await?;
     let before = server.lists().await?;
     let db = try_open_db(common::Engine::Redb, dir.path())?;
-    let (reader, watcher) =
-        db.store("pods", Api::<Pod>::all(server.client.clone()), config(false).shard(narrow.clone()))?;
+    let (reader, watcher) = db.store(
+        "pods",
+        Api::<Pod>::all(server.client.clone()),
+        config(false).shard(narrow.clone()),
+    )?;
     let mut w = drive(watcher);
     let first = w.until(|e| matches!(e, Ev::Resumed(_) | Ev::Init)).await;
-    ensure(matches!(first.last(), Some(Ev::Resumed(_))), || format!("narrowing did not resume: {first:?}"))?;
+    ensure(matches!(first.last(), Some(Ev::Resumed(_))), || {
+        format!("narrowing did not resume: {first:?}")
+    })?;
     converge_to(&reader, &want).await?;
     let lists = server.lists().await? - before;
     ensure(lists == 0, || format!("narrowing made {lists} LIST calls"))?;

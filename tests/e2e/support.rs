@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::api::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::{Api, Client};
 use kube_persist::Reader;
 use kube_persist_testkit::realk8s::RealK8s;
@@ -92,7 +92,10 @@ impl Server {
 /// Create namespace `name` unless it exists.
 pub async fn ensure_namespace(client: &Client, name: &str) -> Outcome {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
@@ -125,7 +128,12 @@ pub async fn create_pods(
 }
 
 /// Create `n` Pods of about `bytes` each (a large annotation) in namespace `ns`.
-pub async fn create_big_pods(client: &Client, ns: &str, n: usize, bytes: usize) -> Result<Vec<String>, Fail> {
+pub async fn create_big_pods(
+    client: &Client,
+    ns: &str,
+    n: usize,
+    bytes: usize,
+) -> Result<Vec<String>, Fail> {
     ensure_namespace(client, ns).await?;
     let filler = "x".repeat(bytes);
     create(
@@ -159,7 +167,10 @@ fn split(key: &str) -> (&str, &str) {
 }
 
 /// Change a label of each Pod `keys` (a new resourceVersion each); returns the new versions.
-pub async fn update_pods(client: &Client, keys: &[String]) -> Result<BTreeMap<String, String>, Fail> {
+pub async fn update_pods(
+    client: &Client,
+    keys: &[String],
+) -> Result<BTreeMap<String, String>, Fail> {
     futures::stream::iter(keys.iter().cloned())
         .map(|key| {
             let client = client.clone();
@@ -235,7 +246,11 @@ pub async fn server_metas(
         };
         for p in page.items {
             let m = p.metadata;
-            let key = format!("{}/{}", m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default());
+            let key = format!(
+                "{}/{}",
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default()
+            );
             out.insert(key, m);
         }
         match page.metadata.continue_ {
@@ -250,7 +265,9 @@ pub async fn server_metas(
 
 /// The server's Pods now.
 pub async fn server_now(client: &Client) -> Result<BTreeMap<String, String>, Fail> {
-    Ok(server_pods(client, None).await?.expect("a LIST of now is never compacted"))
+    Ok(server_pods(client, None)
+        .await?
+        .expect("a LIST of now is never compacted"))
 }
 
 /// The store equals `want` object by object (keys and resourceVersions), and `get` finds
@@ -291,18 +308,29 @@ pub async fn at_checkpoint(reader: &Reader<Pod>, client: &Client) -> Outcome {
         })?;
     }
     ensure(reader.len() == have.len() as u64, || {
-        format!("Reader::len {} but {} objects iterated", reader.len(), have.len())
+        format!(
+            "Reader::len {} but {} objects iterated",
+            reader.len(),
+            have.len()
+        )
     })?;
     for k in have.keys().step_by(97) {
         let (ns, name) = split(k);
-        ensure(reader.get_named(Some(ns), name)?.is_some(), || format!("get({k}) is None"))?;
+        ensure(reader.get_named(Some(ns), name)?.is_some(), || {
+            format!("get({k}) is None")
+        })?;
     }
     Ok(())
 }
 
 /// The keys of `map` whose index is a multiple of `every`, skipping `offset` first.
 pub fn pick(map: &BTreeMap<String, String>, offset: usize, every: usize, n: usize) -> Vec<String> {
-    map.keys().skip(offset).step_by(every).take(n).cloned().collect()
+    map.keys()
+        .skip(offset)
+        .step_by(every)
+        .take(n)
+        .cloned()
+        .collect()
 }
 
 /// Create (or change) the probe Pod `e2e-0/probe`; returns its new resourceVersion. A store
@@ -314,7 +342,8 @@ pub async fn touch_probe(client: &Client) -> Result<String, Fail> {
         None => api.create(&PostParams::default(), &pod(ns, name)).await?,
         Some(_) => {
             let patch = json!({"metadata": {"labels": {"rev": uniq()}}});
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?
         }
     };
     p.metadata

@@ -46,27 +46,50 @@ fn errors(evs: &[Ev]) -> Vec<&str> {
 /// A fresh store syncs all Pods; paginated with exactly one LIST per page, streaming with
 /// none; the store equals the server at its checkpoint.
 pub async fn cold_sync(server: Arc<Server>, shared: Arc<Shared>, streaming: bool) -> Outcome {
-    let engine = if streaming { Engine::Sled } else { Engine::Redb };
+    let engine = if streaming {
+        Engine::Sled
+    } else {
+        Engine::Redb
+    };
     let dir = tempfile::tempdir()?;
     let want = server_now(&server.client).await?;
     let before = server.lists().await?;
     let db = open(dir.path(), engine)?;
-    let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(streaming))?;
+    let (reader, watcher) = db.store(
+        "pods",
+        Api::<Pod>::all(server.client.clone()),
+        config(streaming),
+    )?;
     let mut w = drive(watcher);
     let evs = w.until(|e| *e == Ev::InitDone).await;
     let lists = server.lists().await? - before;
-    let pages = if streaming { 0 } else { want.len().div_ceil(PAGE as usize) as u64 };
+    let pages = if streaming {
+        0
+    } else {
+        want.len().div_ceil(PAGE as usize) as u64
+    };
     ensure(lists == pages, || {
-        format!("{lists} LIST calls for {} Pods (expected {pages})", want.len())
+        format!(
+            "{lists} LIST calls for {} Pods (expected {pages})",
+            want.len()
+        )
     })?;
     let applied = evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count();
-    ensure(applied == want.len(), || format!("{applied} InitApply for {} Pods", want.len()))?;
-    ensure(errors(&evs).is_empty(), || format!("stream errors: {:?}", errors(&evs)))?;
+    ensure(applied == want.len(), || {
+        format!("{applied} InitApply for {} Pods", want.len())
+    })?;
+    ensure(errors(&evs).is_empty(), || {
+        format!("stream errors: {:?}", errors(&evs))
+    })?;
     same_as(&common::store_versions(&reader), &want)?;
     at_checkpoint(&reader, &server.client).await?;
     w.stop().await;
     drop((reader, db));
-    let slot = if streaming { &shared.streaming } else { &shared.paginated };
+    let slot = if streaming {
+        &shared.streaming
+    } else {
+        &shared.paginated
+    };
     *slot.lock().unwrap() = Some((dir, engine));
     Ok(())
 }
@@ -87,16 +110,28 @@ pub async fn warm_restart(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
 
     let before = server.lists().await?;
     let db = open(dir.path(), engine)?;
-    let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(false))?;
-    ensure(reader.is_ready(), || format!("not ready at open: phase {:?}", reader.phase()))?;
+    let (reader, watcher) = db.store(
+        "pods",
+        Api::<Pod>::all(server.client.clone()),
+        config(false),
+    )?;
+    ensure(reader.is_ready(), || {
+        format!("not ready at open: phase {:?}", reader.phase())
+    })?;
     let mut w = drive(watcher);
     let first = w.until(|_| true).await;
-    ensure(matches!(first[0], Ev::Resumed(_)), || format!("first event {:?}, not Resumed", first[0]))?;
+    ensure(matches!(first[0], Ev::Resumed(_)), || {
+        format!("first event {:?}, not Resumed", first[0])
+    })?;
     let probe = touch_probe(&server.client).await?;
     let evs = common::until_apply(&mut w, crate::child::PROBE).await;
     let lists = server.lists().await? - before;
-    ensure(lists == 0, || format!("warm restart made {lists} LIST calls"))?;
-    ensure(errors(&evs).is_empty(), || format!("stream errors: {:?}", errors(&evs)))?;
+    ensure(lists == 0, || {
+        format!("warm restart made {lists} LIST calls")
+    })?;
+    ensure(errors(&evs).is_empty(), || {
+        format!("stream errors: {:?}", errors(&evs))
+    })?;
     let _ = probe;
     converge(&reader, &server.client).await?;
     w.stop().await;
@@ -109,7 +144,11 @@ pub async fn compaction(server: Arc<Server>) -> Outcome {
     let dir = tempfile::tempdir()?;
     {
         let db = open(dir.path(), Engine::Redb)?;
-        let (_reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(false))?;
+        let (_reader, watcher) = db.store(
+            "pods",
+            Api::<Pod>::all(server.client.clone()),
+            config(false),
+        )?;
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
         w.stop().await;
@@ -124,12 +163,20 @@ pub async fn compaction(server: Arc<Server>) -> Outcome {
 
     let before = server.lists().await?;
     let db = open(dir.path(), Engine::Redb)?;
-    let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(false))?;
+    let (reader, watcher) = db.store(
+        "pods",
+        Api::<Pod>::all(server.client.clone()),
+        config(false),
+    )?;
     let mut w = drive(watcher);
     let first = w.until(|e| matches!(e, Ev::Resumed(_) | Ev::Init)).await;
     let resumed = match first.last() {
         Some(Ev::Resumed(rv)) => rv.clone(),
-        other => return Err(error(format!("the reopened store did not resume: {other:?}"))),
+        other => {
+            return Err(error(format!(
+                "the reopened store did not resume: {other:?}"
+            )));
+        }
     };
     // The relist reports changes as Apply and removals as Delete (no Init). Wait for the
     // deletions, then for the sweep to end (phase Synced): the relist is over, so its LIST
@@ -146,13 +193,23 @@ pub async fn compaction(server: Arc<Server>) -> Outcome {
         })
         .await,
     );
-    common::eventually("the relist's sweep to end", || reader.phase() == SyncPhase::Synced).await;
+    common::eventually("the relist's sweep to end", || {
+        reader.phase() == SyncPhase::Synced
+    })
+    .await;
     let lists = server.lists().await? - before;
-    let pages = server_now(&server.client).await?.len().div_ceil(PAGE as usize) as u64;
+    let pages = server_now(&server.client)
+        .await?
+        .len()
+        .div_ceil(PAGE as usize) as u64;
     ensure(lists == pages, || {
-        format!("the resume at {resumed} after {compacted}: {lists} LIST calls, expected one relist of {pages} pages")
+        format!(
+            "the resume at {resumed} after {compacted}: {lists} LIST calls, expected one relist of {pages} pages"
+        )
     })?;
-    ensure(reader.stats().relists == 1, || format!("stats: {:?}", reader.stats()))?;
+    ensure(reader.stats().relists == 1, || {
+        format!("stats: {:?}", reader.stats())
+    })?;
     converge(&reader, &server.client).await?;
     touch_probe(&server.client).await?;
     evs.extend(common::until_apply(&mut w, crate::child::PROBE).await);
@@ -187,7 +244,8 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
     create_big_pods(&server.client, "e2e-big", 1500, 10_000).await?;
     let dir = tempfile::tempdir()?;
     let db = open(dir.path(), Engine::Redb)?;
-    let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config(true))?;
+    let (reader, watcher) =
+        db.store("pods", Api::<Pod>::all(server.client.clone()), config(true))?;
     let mut events = Box::pin(watcher.stream());
     let mut before_stop = 0usize;
     loop {
@@ -198,7 +256,9 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
                     break;
                 }
             }
-            Ok(Some(Ok(Event::InitDone))) => return Err(error("the initial events ended before 50 arrived")),
+            Ok(Some(Ok(Event::InitDone))) => {
+                return Err(error("the initial events ended before 50 arrived"));
+            }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => return Err(error("no initial events")),
         }
@@ -209,7 +269,9 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
     let kubeconfig = std::fs::read_to_string(&server.kubeconfig)?;
     server.with_guard(|g| g.stop().and_then(|()| g.restart()))?;
     if std::fs::read_to_string(&server.kubeconfig)? != kubeconfig {
-        return Err(error("the restarted server has another URL: the store's client cannot follow"));
+        return Err(error(
+            "the restarted server has another URL: the store's client cannot follow",
+        ));
     }
     let second = pick(&now, 11, 60, 30);
     delete_pods(&server.client, &second).await?;
@@ -233,14 +295,24 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
     while !seen.iter().any(|e: &String| e == "initdone") {
         match tokio::time::timeout(WAIT, rx.recv()).await {
             Ok(Some(e)) => seen.push(e),
-            _ => return Err(error(format!("no InitDone after the restart; saw {seen:?}"))),
+            _ => {
+                return Err(error(format!(
+                    "no InitDone after the restart; saw {seen:?}"
+                )));
+            }
         }
     }
     let result = async {
         converge(&reader, &server.client).await?;
         let store = common::store_versions(&reader);
-        let kept: Vec<&String> = first.iter().chain(&second).filter(|k| store.contains_key(*k)).collect();
-        ensure(kept.is_empty(), || format!("deleted Pods still stored: {kept:?}"))
+        let kept: Vec<&String> = first
+            .iter()
+            .chain(&second)
+            .filter(|k| store.contains_key(*k))
+            .collect();
+        ensure(kept.is_empty(), || {
+            format!("deleted Pods still stored: {kept:?}")
+        })
     }
     .await;
     task.abort();
@@ -255,6 +327,8 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
     if seen.iter().any(|e| e.starts_with("error")) || stats.errors > 0 {
         Ok(())
     } else {
-        Err(error("the initial events were all received before the stop: nothing was interrupted"))
+        Err(error(
+            "the initial events were all received before the stop: nothing was interrupted",
+        ))
     }
 }
