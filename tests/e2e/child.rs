@@ -180,9 +180,15 @@ impl Child {
 
     /// Wait (up to `timeout`) until a printed line satisfies `pred`.
     pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> bool {
+        self.wait_until(timeout, |lines| lines.iter().any(|l| pred(l)))
+            .await
+    }
+
+    /// Wait (up to `timeout`) until the printed lines satisfy `pred`.
+    pub async fn wait_until(&self, timeout: Duration, pred: impl Fn(&[String]) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.lines.lock().unwrap().iter().any(|l| pred(l)) {
+            if pred(&self.lines.lock().unwrap()) {
                 return true;
             }
             if Instant::now() > deadline {

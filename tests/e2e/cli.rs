@@ -5,9 +5,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-
 use crate::common::{self, Engine};
 use crate::support::*;
 use crate::sync::{Shared, config};
@@ -48,16 +45,23 @@ fn last_line(out: &str) -> &str {
 
 /// The checkpoint and object count of the closed store at `dir`.
 fn checkpoint(server: &Server, dir: &Path, engine: Engine) -> Result<(String, u64), Fail> {
-    let db = common::try_open_db(engine, dir)?;
-    let (reader, _w) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
-        config(false),
-    )?;
+    let (db, reader, _w) = open_pods(server, dir, engine, config(false))?;
     let out = (reader.checkpoint().unwrap_or_default(), reader.len());
     drop((reader, _w, db));
     common::wait_unlocked(dir);
     Ok(out)
+}
+
+/// The directory and engine of a store a cold sync left in `slot`.
+fn stored(
+    slot: &std::sync::Mutex<Option<(tempfile::TempDir, Engine)>>,
+    by: &str,
+) -> Result<(PathBuf, Engine), Fail> {
+    let slot = slot.lock().unwrap();
+    let (d, e) = slot
+        .as_ref()
+        .ok_or_else(|| error(format!("no store from {by}")))?;
+    Ok((d.path().to_path_buf(), *e))
 }
 
 pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
@@ -66,13 +70,7 @@ pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
             "no kube-persist binary next to the test (cargo test --workspace builds it)",
         ));
     };
-    let (dir, engine) = {
-        let slot = shared.paginated.lock().unwrap();
-        let (d, e) = slot
-            .as_ref()
-            .ok_or_else(|| error("no store from cold-sync-paginated"))?;
-        (d.path().to_path_buf(), *e)
-    };
+    let (dir, engine) = stored(&shared.paginated, "cold-sync-paginated")?;
     let (cp, n) = checkpoint(&server, &dir, engine)?;
 
     // Equal.
@@ -103,13 +101,7 @@ pub async fn verify_all(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
 
     // Damaged: in the streaming cold sync's store, one object removed and one copied under a
     // name the server lacks.
-    let (dir, engine) = {
-        let slot = shared.streaming.lock().unwrap();
-        let (d, e) = slot
-            .as_ref()
-            .ok_or_else(|| error("no store from cold-sync-streaming"))?;
-        (d.path().to_path_buf(), *e)
-    };
+    let (dir, engine) = stored(&shared.streaming, "cold-sync-streaming")?;
     let (cp, _) = checkpoint(&server, &dir, engine)?;
     let (ns, name) = keys[500].split_once('/').expect("namespace/name");
     let mut record = None;

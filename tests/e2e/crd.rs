@@ -94,14 +94,9 @@ async fn server_widgets(client: &Client) -> Result<BTreeMap<String, String>, Fai
         .items
         .into_iter()
         .map(|o| {
-            let m = o.metadata;
             (
-                format!(
-                    "{}/{}",
-                    m.namespace.unwrap_or_default(),
-                    m.name.unwrap_or_default()
-                ),
-                m.resource_version.unwrap_or_default(),
+                meta_key(&o.metadata),
+                o.metadata.resource_version.unwrap_or_default(),
             )
         })
         .collect())

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube_persist::SyncPhase;
 
 use crate::child::{CONTROLLER, Child, PROBE, store_config};
@@ -20,12 +19,8 @@ fn inspect(
     dir: &Path,
     server: &Server,
 ) -> Result<(kube_persist::Db, kube_persist::Reader<Pod>), Fail> {
-    let db = common::try_open_db(common::child_engine(), dir)?;
-    let (reader, _watcher) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
-        store_config(false),
-    )?;
+    let (db, reader, _watcher) =
+        open_pods(server, dir, common::child_engine(), store_config(false))?;
     Ok((db, reader))
 }
 
@@ -209,15 +204,9 @@ pub async fn controller(server: Arc<Server>) -> Outcome {
             reconciles(lines).into_iter().map(|(k, _)| k).collect();
         all.keys().all(|k| done.contains(k))
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !every(&child.lines()) {
-        if tokio::time::Instant::now() > deadline {
-            return Err(error(format!(
-                "first run did not reconcile all: {}",
-                child.last_line()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if !child.wait_until(WAIT, every).await {
+        let last = child.last_line();
+        return Err(error(format!("first run did not reconcile all: {last}")));
     }
     if !child.flush(dir.path()).await {
         return Err(error(format!(
@@ -261,15 +250,11 @@ pub async fn controller(server: Arc<Server>) -> Outcome {
         let r = reconciles(lines);
         lines.contains(&want) && expected.iter().all(|k| r.iter().any(|(n, _)| n == k))
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !seen_all(&child.lines()) {
-        if tokio::time::Instant::now() > deadline {
-            return Err(error(format!(
-                "restart did not reconcile the changes: {}",
-                child.last_line()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if !child.wait_until(WAIT, seen_all).await {
+        let last = child.last_line();
+        return Err(error(format!(
+            "restart did not reconcile the changes: {last}"
+        )));
     }
     let lists = server.lists().await? - before;
     let lines = child.lines();

@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube_persist::{Reader, Shard, ShardKey};
 use kube_persist_testkit::realk8s;
 
-use crate::common::{self, Ev, drive, try_open_db};
+use crate::common::{self, Ev, drive};
 use crate::support::*;
 use crate::sync::config;
 
@@ -63,10 +62,10 @@ pub async fn sharded(server: Arc<Server>, gate: bool) -> Outcome {
     let tmp = tempfile::tempdir()?;
     let mut stores = Vec::new();
     for i in 0..SHARDS {
-        let db = try_open_db(common::Engine::Redb, tmp.path().join(format!("shard-{i}")))?;
-        let (reader, watcher) = db.store(
-            "pods",
-            Api::<Pod>::all(server.client.clone()),
+        let (db, reader, watcher) = open_pods(
+            &server,
+            tmp.path().join(format!("shard-{i}")),
+            common::Engine::Redb,
             config(i % 2 == 1).shards(i, SHARDS),
         )?;
         let mut w = drive(watcher);
@@ -115,10 +114,10 @@ pub async fn narrowing(server: Arc<Server>) -> Outcome {
     let wide = Shard::even(ShardKey::Uid, 0, SHARDS)?;
     let narrow = Shard::new(ShardKey::Uid).range(0, 1 << 61);
     {
-        let db = try_open_db(common::Engine::Redb, dir.path())?;
-        let (reader, watcher) = db.store(
-            "pods",
-            Api::<Pod>::all(server.client.clone()),
+        let (_db, reader, watcher) = open_pods(
+            &server,
+            dir.path(),
+            common::Engine::Redb,
             config(false).shard(wide.clone()),
         )?;
         let mut w = drive(watcher);
@@ -131,10 +130,10 @@ pub async fn narrowing(server: Arc<Server>) -> Outcome {
     }
     let want = expected(&server, &narrow).await?;
     let before = server.lists().await?;
-    let db = try_open_db(common::Engine::Redb, dir.path())?;
-    let (reader, watcher) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
+    let (_db, reader, watcher) = open_pods(
+        &server,
+        dir.path(),
+        common::Engine::Redb,
         config(false).shard(narrow.clone()),
     )?;
     let mut w = drive(watcher);

@@ -246,12 +246,7 @@ pub async fn server_metas(
         };
         for p in page.items {
             let m = p.metadata;
-            let key = format!(
-                "{}/{}",
-                m.namespace.clone().unwrap_or_default(),
-                m.name.clone().unwrap_or_default()
-            );
-            out.insert(key, m);
+            out.insert(meta_key(&m), m);
         }
         match page.metadata.continue_ {
             Some(c) if !c.is_empty() => {
@@ -349,4 +344,22 @@ pub async fn touch_probe(client: &Client) -> Result<String, Fail> {
     p.metadata
         .resource_version
         .ok_or_else(|| error("the probe Pod has no resourceVersion"))
+}
+
+/// Open (or reopen) the Pod store `pods` at `dir` on `engine`, watching all namespaces.
+pub fn open_pods(
+    server: &Server,
+    dir: impl AsRef<std::path::Path>,
+    engine: kube_persist::Engine,
+    config: kube_persist::Config,
+) -> Result<(kube_persist::Db, Reader<Pod>, kube_persist::Watcher<Pod>), Fail> {
+    let db = common::try_open_db(engine, dir)?;
+    let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config)?;
+    Ok((db, reader, watcher))
+}
+
+/// `namespace/name` of an object.
+pub fn meta_key(m: &ObjectMeta) -> String {
+    let (ns, name) = (m.namespace.as_deref(), m.name.as_deref());
+    format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())
 }

@@ -6,11 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use kube_persist::{Config, Db, Engine, Event, SyncPhase};
+use kube_persist::{Config, Engine, Event, SyncPhase};
 
-use crate::common::{self, Ev, drive, try_open_db};
+use crate::common::{self, Ev, drive};
 use crate::support::*;
 
 /// Stores the cold syncs leave behind (closed) for later scenarios.
@@ -27,10 +25,6 @@ pub fn config(streaming: bool) -> Config {
         .page_size(PAGE)
         .backoff(Duration::from_millis(20), Duration::from_millis(500));
     if streaming { c.streaming_lists() } else { c }
-}
-
-fn open(dir: &std::path::Path, engine: Engine) -> Result<Db, Fail> {
-    Ok(try_open_db(engine, dir)?)
 }
 
 /// Errors the stream reported (there should be none against a healthy server).
@@ -54,12 +48,7 @@ pub async fn cold_sync(server: Arc<Server>, shared: Arc<Shared>, streaming: bool
     let dir = tempfile::tempdir()?;
     let want = server_now(&server.client).await?;
     let before = server.lists().await?;
-    let db = open(dir.path(), engine)?;
-    let (reader, watcher) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
-        config(streaming),
-    )?;
+    let (db, reader, watcher) = open_pods(&server, dir.path(), engine, config(streaming))?;
     let mut w = drive(watcher);
     let evs = w.until(|e| *e == Ev::InitDone).await;
     let lists = server.lists().await? - before;
@@ -109,12 +98,7 @@ pub async fn warm_restart(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
     create_pods(&server.client, crate::PODS..crate::PODS + 10).await?;
 
     let before = server.lists().await?;
-    let db = open(dir.path(), engine)?;
-    let (reader, watcher) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
-        config(false),
-    )?;
+    let (_db, reader, watcher) = open_pods(&server, dir.path(), engine, config(false))?;
     ensure(reader.is_ready(), || {
         format!("not ready at open: phase {:?}", reader.phase())
     })?;
@@ -143,12 +127,7 @@ pub async fn warm_restart(server: Arc<Server>, shared: Arc<Shared>) -> Outcome {
 pub async fn compaction(server: Arc<Server>) -> Outcome {
     let dir = tempfile::tempdir()?;
     {
-        let db = open(dir.path(), Engine::Redb)?;
-        let (_reader, watcher) = db.store(
-            "pods",
-            Api::<Pod>::all(server.client.clone()),
-            config(false),
-        )?;
+        let (_db, _reader, watcher) = open_pods(&server, dir.path(), Engine::Redb, config(false))?;
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
         w.stop().await;
@@ -162,12 +141,7 @@ pub async fn compaction(server: Arc<Server>) -> Outcome {
     let compacted = server.with_guard(|g| g.compact())?;
 
     let before = server.lists().await?;
-    let db = open(dir.path(), Engine::Redb)?;
-    let (reader, watcher) = db.store(
-        "pods",
-        Api::<Pod>::all(server.client.clone()),
-        config(false),
-    )?;
+    let (_db, reader, watcher) = open_pods(&server, dir.path(), Engine::Redb, config(false))?;
     let mut w = drive(watcher);
     let first = w.until(|e| matches!(e, Ev::Resumed(_) | Ev::Init)).await;
     let resumed = match first.last() {
@@ -243,9 +217,7 @@ pub async fn apiserver_restart(server: Arc<Server>) -> Outcome {
     // still sending when it stops.
     create_big_pods(&server.client, "e2e-big", 1500, 10_000).await?;
     let dir = tempfile::tempdir()?;
-    let db = open(dir.path(), Engine::Redb)?;
-    let (reader, watcher) =
-        db.store("pods", Api::<Pod>::all(server.client.clone()), config(true))?;
+    let (_db, reader, watcher) = open_pods(&server, dir.path(), Engine::Redb, config(true))?;
     let mut events = Box::pin(watcher.stream());
     let mut before_stop = 0usize;
     loop {
