@@ -2,9 +2,10 @@
 //! `realk8s` folder, for end-to-end tests and differential checks against the real server.
 //!
 //! [`locate`] finds what to run against: the cluster of `KUBE_PERSIST_E2E_KUBECONFIG` when
-//! that variable is set, otherwise `<workspace root>/../shared/realk8s` (its `start.sh`,
-//! `stop.sh` and `compact.sh`; see that folder's README). When neither exists it says why,
-//! so that the caller can print one line and skip (a fresh clone has no shared folder).
+//! that variable is set, otherwise the realk8s folder `<workspace root>/../shared/realk8s`
+//! (or `KUBE_PERSIST_REALK8S`) with its `start.sh`, `stop.sh` and `compact.sh` (see that
+//! folder's README). When neither exists it says why, so that the caller can print one line
+//! and skip (a fresh clone has no shared folder).
 //!
 //! [`RealK8s::start`] runs `start.sh` in a temporary directory (with the test process as the
 //! watchdog's owner, so that nothing outlives a killed test), and its `Drop` runs
@@ -39,6 +40,8 @@ use std::process::Command;
 
 /// Environment variable naming the kubeconfig of an existing cluster to test against.
 pub const KUBECONFIG_ENV: &str = "KUBE_PERSIST_E2E_KUBECONFIG";
+/// Environment variable naming a realk8s folder other than [`default_folder`].
+pub const FOLDER_ENV: &str = "KUBE_PERSIST_REALK8S";
 
 /// An error starting, stopping or talking to the real server, with what was being done.
 #[derive(Debug)]
@@ -80,8 +83,9 @@ pub fn default_folder() -> PathBuf {
     root.join("..").join("shared").join("realk8s")
 }
 
-/// Finds what to run against: `KUBE_PERSIST_E2E_KUBECONFIG` if set, else the shared folder
-/// if it holds `start.sh`, else [`Target::Missing`] with the reason.
+/// Finds what to run against: `KUBE_PERSIST_E2E_KUBECONFIG` if set, else the realk8s folder
+/// (`KUBE_PERSIST_REALK8S` if set, else [`default_folder`]) if it holds `start.sh`, else
+/// [`Target::Missing`] with the reason.
 ///
 /// ```
 /// match kube_persist_testkit::realk8s::locate() {
@@ -93,7 +97,9 @@ pub fn locate() -> Target {
     if let Some(k) = std::env::var_os(KUBECONFIG_ENV).filter(|k| !k.is_empty()) {
         return Target::Kubeconfig(PathBuf::from(k));
     }
-    let folder = default_folder();
+    let folder = std::env::var_os(FOLDER_ENV)
+        .filter(|f| !f.is_empty())
+        .map_or_else(default_folder, PathBuf::from);
     if folder.join("start.sh").is_file() {
         // Canonical, so that messages and scripts see a plain path.
         Target::Folder(folder.canonicalize().unwrap_or(folder))
