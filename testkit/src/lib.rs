@@ -53,6 +53,7 @@ mod handle;
 mod http;
 mod object;
 mod pods;
+pub mod realk8s;
 mod resource;
 mod rv;
 mod selectors;

@@ -1,0 +1,241 @@
+//! Child processes for the SIGKILL scenarios: this test binary started again with
+//! `KP_E2E_CHILD=store` (a Pod store that reports its state and events on stdout) or
+//! `KP_E2E_CHILD=controller` (a durable controller over Pods that prints each reconcile).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use kube::{Api, Resource};
+use kube_persist::{Config, Event};
+use kube_persist_testkit::realk8s::RealK8s;
+
+use crate::common;
+
+pub const CHILD_ENV: &str = "KP_E2E_CHILD";
+const DIR_ENV: &str = "KP_E2E_DIR";
+const KUBECONFIG_ENV: &str = "KP_E2E_KUBECONFIG";
+const STREAMING_ENV: &str = "KP_E2E_STREAMING";
+/// The key of the Pod whose Apply makes the store child flush and say so.
+pub const PROBE: &str = "e2e-0/probe";
+/// The durable controller's name.
+pub const CONTROLLER: &str = "e2e-pods";
+
+/// The store options of the child processes (small pages: the list takes a while).
+pub fn store_config(streaming: bool) -> Config {
+    let c = Config::default()
+        .page_size(100)
+        .backoff(Duration::from_millis(20), Duration::from_millis(500))
+        .relist_jitter(Duration::from_millis(10));
+    if streaming { c.streaming_lists() } else { c }
+}
+
+pub fn key<K: Resource>(k: &K) -> String {
+    let m = k.meta();
+    format!(
+        "{}/{}",
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default()
+    )
+}
+
+fn rv<K: Resource>(k: &K) -> String {
+    k.meta().resource_version.clone().unwrap_or_default()
+}
+
+pub fn run(role: &str) {
+    let dir = std::env::var(DIR_ENV).expect("KP_E2E_DIR");
+    let kubeconfig = std::env::var(KUBECONFIG_ENV).expect("KP_E2E_KUBECONFIG");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let client = RealK8s::external(kubeconfig.as_ref())
+            .client()
+            .await
+            .expect("child client");
+        let db = common::try_open_db(common::child_engine(), &dir).expect("child opens the store");
+        match role {
+            "store" => store(db, client).await,
+            "controller" => controller(db, client).await,
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+/// Flush on request (the parent creates the file): the store on disk then holds everything
+/// the child printed before "flushed".
+fn serve_flush_requests(db: kube_persist::Db) {
+    let request = flush_request(std::path::Path::new(&std::env::var(DIR_ENV).unwrap()));
+    tokio::spawn(async move {
+        loop {
+            if std::fs::remove_file(&request).is_ok() {
+                db.flush().expect("flush");
+                println!("flushed");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}
+
+async fn store(db: kube_persist::Db, client: kube::Client) {
+    serve_flush_requests(db.clone());
+    let streaming = std::env::var(STREAMING_ENV).is_ok_and(|v| v == "1");
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(client), store_config(streaming))
+        .unwrap();
+    tokio::spawn(async move {
+        let mut last = String::new();
+        loop {
+            let line = format!("state phase={:?} live={}", reader.phase(), reader.is_live());
+            if line != last {
+                println!("{line}");
+                last = line;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let mut events = std::pin::pin!(watcher.stream());
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::Resumed { .. }) => println!("event resumed"),
+            Ok(Event::Init) => println!("event init"),
+            Ok(Event::InitDone) => println!("event initdone"),
+            Ok(Event::Apply(p)) if key(&p) == PROBE => {
+                db.flush().expect("flush");
+                println!("durable applied {} {}", key(&p), rv(&p));
+            }
+            Ok(Event::Apply(_)) => println!("event apply"),
+            Ok(_) => {}
+            Err(e) => println!("error {e}"),
+        }
+    }
+}
+
+async fn reconcile(pod: Arc<Pod>, _: Arc<()>) -> Result<Action, kube::Error> {
+    println!("reconciled {} {}", key(pod.as_ref()), rv(pod.as_ref()));
+    Ok(Action::requeue(Duration::from_secs(3600)))
+}
+
+fn error_policy(_: Arc<Pod>, _: &kube::Error, _: Arc<()>) -> Action {
+    Action::requeue(Duration::from_secs(3600))
+}
+
+async fn controller(db: kube_persist::Db, client: kube::Client) {
+    use kube_persist::controller::{Config as CConfig, Controller};
+    let controller = Controller::for_store(
+        &db,
+        "pods",
+        Api::<Pod>::all(client),
+        store_config(false),
+        CConfig::default().concurrency(8),
+    )
+    .unwrap()
+    .durable_state(&db, CONTROLLER)
+    .unwrap();
+    serve_flush_requests(db.clone());
+    println!("child-started");
+    controller
+        .run(reconcile, error_policy, Arc::new(()))
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The file whose creation asks a controller child to flush its store.
+pub fn flush_request(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.with_extension("flush")
+}
+
+/// A running child process and the lines it printed.
+pub struct Child {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Child {
+    pub fn spawn(
+        role: &str,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        streaming: bool,
+    ) -> Child {
+        let mut child = common::spawn_self(
+            role,
+            &[
+                (CHILD_ENV, role.as_ref()),
+                (common::ENGINE_ENV, common::child_engine().name().as_ref()),
+                (DIR_ENV, dir.as_os_str()),
+                (KUBECONFIG_ENV, kubeconfig.as_os_str()),
+                (STREAMING_ENV, if streaming { "1" } else { "0" }.as_ref()),
+            ],
+        );
+        let lines = common::collect_stdout(&mut child, |_| true);
+        Child { child, lines }
+    }
+
+    /// The lines printed so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Wait (up to `timeout`) until a printed line satisfies `pred`.
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> bool {
+        self.wait_until(timeout, |lines| lines.iter().any(|l| pred(l)))
+            .await
+    }
+
+    /// Wait (up to `timeout`) until the printed lines satisfy `pred`.
+    pub async fn wait_until(&self, timeout: Duration, pred: impl Fn(&[String]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if pred(&self.lines.lock().unwrap()) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Ask the child to flush its store; wait until it says it did.
+    pub async fn flush(&self, dir: &std::path::Path) -> bool {
+        let flushed = self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| *l == "flushed")
+            .count();
+        if std::fs::write(flush_request(dir), b"").is_err() {
+            return false;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| *l == "flushed")
+            .count()
+            == flushed
+        {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+
+    /// The last line, for messages.
+    pub fn last_line(&self) -> String {
+        common::last_line(&self.lines)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
