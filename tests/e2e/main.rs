@@ -18,6 +18,7 @@ mod common;
 mod child;
 mod cli;
 mod crd;
+mod deploy;
 mod kill;
 mod shard;
 mod support;
@@ -205,6 +206,10 @@ async fn run(target: Target) -> Suite {
             "e2e apiserver-restart-mid-stream skipped: the external cluster is not ours to restart"
         );
     }
+    suite
+        .run("deploy-manifests", deploy_manifests(a.clone()))
+        .await;
+    suite.run("deploy-rbac", deploy_rbac(a.clone())).await;
     drop(a);
 
     // A server with sharded list and watch on (and the watch cache, which filters watches:
@@ -224,6 +229,29 @@ async fn run(target: Target) -> Suite {
         suite.run("compaction", sync::compaction(c)).await;
     }
     suite
+}
+
+/// `deploy/`'s manifests, applied with server-side dry run: every object accepted.
+async fn deploy_manifests(s: Arc<Server>) -> Outcome {
+    let n = deploy::manifests_accepted(s.client.clone())
+        .await
+        .map_err(Fail::Diverged)?;
+    println!("e2e deploy-manifests: {n} objects accepted with dryRun=All");
+    Ok(())
+}
+
+/// `deploy/rbac.yaml` applied for real is enough for the example operator, and no more.
+async fn deploy_rbac(s: Arc<Server>) -> Outcome {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&s.kubeconfig)
+        .map_err(|e| Fail::Error(format!("reading {}: {e}", s.kubeconfig.display())))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| Fail::Error(format!("kubeconfig: {e}")))?;
+    let summary = deploy::rbac_suffices(config)
+        .await
+        .map_err(Fail::Diverged)?;
+    println!("e2e deploy-rbac: {summary}");
+    Ok(())
 }
 
 /// Warnings the library logged (tracing WARN events), captured for checks such as "one
