@@ -252,8 +252,8 @@ impl RealK8s {
         &self.kubeconfig
     }
 
-    /// A new [`kube::Client`] from the kubeconfig (after a restart, get a new one: the URL
-    /// may have changed if the old port was taken).
+    /// A new [`kube::Client`] from the kubeconfig (it keeps working across
+    /// [`restart`](Self::restart), which keeps the URL).
     pub async fn client(&self) -> Result<kube::Client, Error> {
         let config = self.config().await?;
         kube::Client::try_from(config).map_err(|e| err("client", e))
