@@ -592,7 +592,7 @@ async fn list(
         };
         let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
         meta.insert("continue".into(), Value::String(token));
-        if filter.namespace.is_none() && filter.is_trivial() {
+        if filter.is_trivial() {
             meta.insert(
                 "remainingItemCount".into(),
                 Value::from(page.total.saturating_sub(served_now)),

@@ -252,16 +252,22 @@ impl RealK8s {
         &self.kubeconfig
     }
 
-    /// A new [`kube::Client`] from the kubeconfig (after a restart, get a new one: the URL
-    /// may have changed if the old port was taken).
+    /// A new [`kube::Client`] from the kubeconfig (it keeps working across
+    /// [`restart`](Self::restart), which keeps the URL).
     pub async fn client(&self) -> Result<kube::Client, Error> {
-        let what = || format!("client for {}", self.kubeconfig.display());
+        let config = self.config().await?;
+        kube::Client::try_from(config).map_err(|e| err("client", e))
+    }
+
+    /// The [`kube::Config`] of the kubeconfig (to change, e.g., `default_retry` before
+    /// building a client).
+    pub async fn config(&self) -> Result<kube::Config, Error> {
+        let what = || format!("config from {}", self.kubeconfig.display());
         let kc =
             kube::config::Kubeconfig::read_from(&self.kubeconfig).map_err(|e| err(what(), e))?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
-            .map_err(|e| err(what(), e))?;
-        kube::Client::try_from(config).map_err(|e| err(what(), e))
+            .map_err(|e| err(what(), e))
     }
 }
 

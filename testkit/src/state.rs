@@ -63,7 +63,8 @@ pub(crate) struct Page {
     pub items: Vec<Arc<StoredObject>>,
     /// Key of the last returned item, when more matching items remain.
     pub next_after: Option<Key>,
-    /// Number of objects of the type at the snapshot (cluster-wide).
+    /// Number of objects of the type at the snapshot in the list's scope (its namespace,
+    /// if any, else cluster-wide).
     pub total: usize,
 }
 
@@ -330,13 +331,29 @@ impl State {
             BTreeMap::new()
         };
         let coll = &self.collections[ty];
-        let total = overlay.iter().fold(coll.len(), |n, (k, then)| {
-            match (then.is_some(), coll.contains_key(k)) {
-                (true, false) => n + 1,
-                (false, true) => n - 1,
-                _ => n,
-            }
-        });
+        // Objects in the list's scope (the namespace, if any) at `snapshot`, for
+        // `remainingItemCount` (kube-apiserver gives it for namespaced lists too).
+        let in_scope = |k: &Key| filter.namespace.as_ref().is_none_or(|ns| *ns == k.0);
+        let now = match &filter.namespace {
+            None => coll.len(),
+            Some(ns) => coll
+                .range::<Key, _>((
+                    Bound::Included((ns.clone(), String::new())),
+                    Bound::Unbounded,
+                ))
+                .take_while(|(k, _)| k.0 == *ns)
+                .count(),
+        };
+        let total = overlay
+            .iter()
+            .filter(|(k, _)| in_scope(k))
+            .fold(now, |n, (k, then)| {
+                match (then.is_some(), coll.contains_key(k)) {
+                    (true, false) => n + 1,
+                    (false, true) => n - 1,
+                    _ => n,
+                }
+            });
         let start: Bound<Key> = match (after, &filter.namespace) {
             (Some(k), _) => Bound::Excluded(k.clone()),
             (None, Some(ns)) => Bound::Included((ns.clone(), String::new())),
