@@ -146,6 +146,14 @@ impl Run {
     }
 }
 
+impl Drop for Run {
+    /// A failed assertion must not leave the child running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn cm(name: &str, value: &str, requeue: bool) -> serde_json::Value {
     let mut data = json!({"value": value});
     if requeue {

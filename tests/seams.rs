@@ -203,6 +203,39 @@ async fn relists_in_a_row_back_off(engine: Engine) {
     task.abort();
 }
 
+/// A watch that fails with the same `ERROR` (500) every time it resumes from the checkpoint
+/// makes the watcher relist after a few attempts instead of resuming forever.
+async fn watch_failing_the_same_way_relists(engine: Engine) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(100, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), cfg())
+        .unwrap();
+    let task = tokio::spawn(watcher.run());
+    reader.wait_until_ready().await.unwrap();
+    // Every watch fails at its first event, before delivering any.
+    h.faults().error_every_watch_after(Some(0));
+    h.faults().close_watches();
+    let mut round = 0;
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while reader.stats().relists == 0 {
+            round += 1;
+            h.churn(1, 0, 0, round);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("relisted after the same watch ERROR in a row");
+    h.faults().error_every_watch_after(None);
+    h.churn(10, 2, 2, 9);
+    common::converge(&reader, &h, &ResourceType::pods()).await;
+    task.abort();
+}
+
 /// A paginated list slower than its continue tokens live: each expiry in a row doubles
 /// the next attempt's page size, so the list completes instead of restarting forever.
 async fn list_slower_than_its_continue_tokens_converges(engine: Engine) {
@@ -407,6 +440,7 @@ engine_tests!(
     streaming_list_cut_every_time_falls_back_to_pages,
     relists_in_a_row_back_off,
     list_slower_than_its_continue_tokens_converges,
+    watch_failing_the_same_way_relists,
     narrowed_shard_is_ready_only_after_its_prune,
     keys_only_relist_deletions_of_a_strict_type_are_delivered;
     sync:

@@ -996,6 +996,7 @@ impl Machine {
             // A healthy connection: later errors start their backoff from the minimum.
             self.backoff.reset();
             self.too_large = 0;
+            self.pacing.watch_progress();
         }
         if let Some(status) = parsed.error {
             if status.code == 410 {
@@ -1003,6 +1004,16 @@ impl Machine {
             }
             if status.is_too_large() {
                 return self.too_large(self.watch_status(status)).await;
+            }
+            if self.pacing.watch_error() {
+                let why = format!(
+                    "watch ERROR {} {} ({}) {} times in a row from the same checkpoint",
+                    status.code,
+                    status.reason,
+                    status.message,
+                    super::pacing::WATCH_ERRORS_BEFORE_RELIST
+                );
+                return self.relist(&why).await;
             }
             return Err(self.watch_status(status));
         }

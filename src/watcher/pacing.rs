@@ -17,6 +17,12 @@ use super::backoff::Backoff;
 /// to paginated LISTs for the rest of the process.
 pub(crate) const STREAMING_CUTS_BEFORE_FALLBACK: u32 = 3;
 
+/// `ERROR` events in a row (other than 410 and `ResourceVersionTooLarge`) on watches from
+/// one checkpoint, with no event delivered in between, before the watcher relists instead
+/// of resuming from that checkpoint again: kube-apiserver without a watch cache answers a
+/// watch from just below its compaction point with `500 PrevKv=nil` every time.
+pub(crate) const WATCH_ERRORS_BEFORE_RELIST: u32 = 5;
+
 /// Each continue token that expires in a row doubles the next list's page size, up to
 /// this factor of the configured one.
 pub(crate) const MAX_PAGE_GROWTH: u32 = 16;
@@ -35,6 +41,8 @@ pub(crate) struct Pacing {
     streaming_cuts: u32,
     /// Continue tokens expired in a row (page size doubled as many times, capped).
     expired_tokens: u32,
+    /// Watch `ERROR` events in a row without an event delivered.
+    watch_errors: u32,
 }
 
 impl Pacing {
@@ -46,6 +54,7 @@ impl Pacing {
             healthy_since: None,
             streaming_cuts: 0,
             expired_tokens: 0,
+            watch_errors: 0,
         }
     }
 
@@ -95,6 +104,22 @@ impl Pacing {
     pub(crate) fn list_complete(&mut self) {
         self.streaming_cuts = 0;
         self.expired_tokens = 0;
+    }
+
+    /// A watch delivered events: its checkpoint is moving.
+    pub(crate) fn watch_progress(&mut self) {
+        self.watch_errors = 0;
+    }
+
+    /// A watch ended with an `ERROR` event; true if the watcher should relist now rather
+    /// than resume from the same checkpoint again.
+    pub(crate) fn watch_error(&mut self) -> bool {
+        self.watch_errors += 1;
+        if self.watch_errors >= WATCH_ERRORS_BEFORE_RELIST {
+            self.watch_errors = 0;
+            return true;
+        }
+        false
     }
 
     /// A continue token expired before the list completed.
@@ -158,6 +183,24 @@ mod tests {
         assert!(p.streaming_cut());
         p.list_complete();
         assert!(!p.streaming_cut());
+    }
+
+    #[test]
+    fn watch_errors_in_a_row_relist() {
+        let mut p = Pacing::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+            Duration::ZERO,
+        );
+        for _ in 1..WATCH_ERRORS_BEFORE_RELIST {
+            assert!(!p.watch_error());
+        }
+        p.watch_progress();
+        for _ in 1..WATCH_ERRORS_BEFORE_RELIST {
+            assert!(!p.watch_error());
+        }
+        assert!(p.watch_error());
+        assert!(!p.watch_error(), "counted afresh after the relist");
     }
 
     #[test]

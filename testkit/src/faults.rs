@@ -19,6 +19,8 @@ pub(crate) struct FaultState {
     /// Continue tokens expire this long after their list's first page.
     continue_ttl: Option<Duration>,
     error_watch_after: Option<usize>,
+    /// Like `error_watch_after`, for every watch until cleared.
+    error_every_watch_after: Option<usize>,
     fail_next: HashMap<Verb, PendingFailure>,
     gone_next_watch: bool,
     too_large_next_watch: bool,
@@ -79,7 +81,10 @@ impl FaultState {
 
     /// Consumes the one-shot watch faults.
     pub(crate) fn take_watch(&mut self) -> WatchFaults {
-        let error_after = self.error_watch_after.take();
+        let error_after = self
+            .error_watch_after
+            .take()
+            .or(self.error_every_watch_after);
         WatchFaults {
             error_at_drop: error_after.is_some(),
             drop_after: error_after
@@ -279,6 +284,23 @@ impl Faults {
     /// watch fails after it was accepted) and ends. Clients see an error, not a clean end.
     pub fn error_watch_after(&self, events: usize) {
         self.shared.faults().error_watch_after = Some(events);
+    }
+
+    /// [`Faults::error_watch_after`] for every watch, until called with `None`: a server
+    /// that fails every watch from the client's version the same way (kube-apiserver
+    /// without a watch cache answers `500 PrevKv=nil` to a watch from just below its
+    /// compaction point).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = kube_persist_testkit::TestServer::start().await;
+    /// server.handle().faults().error_every_watch_after(Some(0));
+    /// server.handle().faults().error_every_watch_after(None);
+    /// # }
+    /// ```
+    pub fn error_every_watch_after(&self, events: Option<usize>) {
+        self.shared.faults().error_every_watch_after = events;
     }
 
     /// Ends every currently open WATCH stream cleanly (clients see end-of-stream and

@@ -65,6 +65,10 @@ impl Out {
     /// Queues an object event; returns false once the drop limit is reached.
     fn event(&mut self, kind: &str, object: &[u8]) -> bool {
         if self.limit.is_some_and(|l| self.events >= l) {
+            // A limit of 0 events: the ERROR takes the place of the first event.
+            if std::mem::take(&mut self.error_at_limit) {
+                self.error();
+            }
             return false;
         }
         self.buf.extend_from_slice(b"{\"type\":\"");
@@ -75,14 +79,19 @@ impl Out {
         self.events += 1;
         let more = self.limit.is_none_or(|l| self.events < l);
         if !more && std::mem::take(&mut self.error_at_limit) {
-            let status = crate::status::status_json(
-                500,
-                "InternalError",
-                "Internal error occurred: injected watch failure",
-            );
-            self.raw(&serde_json::json!({"type": "ERROR", "object": status}));
+            self.error();
         }
         more
+    }
+
+    /// The injected ERROR event (500 `InternalError`).
+    fn error(&mut self) {
+        let status = crate::status::status_json(
+            500,
+            "InternalError",
+            "Internal error occurred: injected watch failure",
+        );
+        self.raw(&serde_json::json!({"type": "ERROR", "object": status}));
     }
 
     fn raw(&mut self, line: &Value) {
