@@ -157,6 +157,31 @@ pub enum Error {
         /// Why.
         detail: String,
     },
+    /// Two resourceVersions were to be ordered but at least one is not of the form
+    /// KEP-5504 makes comparable (a positive decimal integer without leading zeros); see
+    /// [`resource_version::compare`](crate::resource_version::compare).
+    #[error("resourceVersions {a:?} and {b:?} are not comparable (KEP-5504): {reason}")]
+    IncomparableResourceVersions {
+        /// The first resourceVersion.
+        a: String,
+        /// The second resourceVersion.
+        b: String,
+        /// Which one is not comparable, and why.
+        reason: String,
+    },
+    /// A wait on the store ([`Reader::wait_for_resource_version`](crate::Reader::wait_for_resource_version))
+    /// did not end in time.
+    #[error("timed out after {} ms waiting for {what} in the store at {} (its checkpoint: {checkpoint:?})", waited.as_millis(), path.display())]
+    Timeout {
+        /// What was awaited (the object and its resourceVersion).
+        what: String,
+        /// The store.
+        path: PathBuf,
+        /// The store's checkpoint when the wait gave up.
+        checkpoint: Option<String>,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),

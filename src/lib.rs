@@ -61,6 +61,7 @@ mod json;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+pub mod resource_version;
 mod stats;
 mod store;
 mod watcher;
@@ -69,6 +70,7 @@ pub use controller::Controller;
 pub use crypto::EncryptionKey;
 pub use error::{Error, Result};
 pub use stats::Stats;
+pub use store::fresh::{CatchUpRule, Freshness};
 pub use store::inspect::{RawObjects, StreamInfo};
 pub use store::reader::{ByIndex, Iter, Reader};
 pub use store::reconcile::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};

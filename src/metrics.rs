@@ -14,7 +14,9 @@
 //! | `kube_persist_objects` | gauge | objects stored |
 //! | `kube_persist_sync_phase` | gauge | 1 for the stream's [`SyncPhase`] (label `phase`), 0 for the others |
 //! | `kube_persist_ready` | gauge | 1 once a consistent snapshot is on disk |
-//! | `kube_persist_watch_connected` | gauge | 1 while the watch is connected |
+//! | `kube_persist_watch_connected` | gauge | 1 while the watch is connected (not necessarily caught up) |
+//! | `kube_persist_caught_up` | gauge | 1 once the store has applied everything the server had when its watch last (re)connected ([`Reader::is_caught_up`]) |
+//! | `kube_persist_resource_versions_behind` | gauge | revisions the checkpoint is behind the server's resourceVersion read at the last (re)connect (absent where resourceVersions are not comparable) |
 //! | `kube_persist_seconds_since_watch_activity` | gauge | seconds since the last watch event or bookmark (absent before the first) |
 //! | `kube_persist_store_disk_bytes` | gauge | bytes of the store directory's files (shared by its streams) |
 //!
@@ -264,6 +266,8 @@ struct Sample {
     phase: SyncPhase,
     ready: bool,
     live: bool,
+    caught_up: bool,
+    behind: Option<u64>,
     quiet_seconds: Option<f64>,
     disk_bytes: Option<u64>,
 }
@@ -276,6 +280,8 @@ fn sample(source: &Source) -> Sample {
         phase: status.phase,
         ready: status.ready,
         live: status.live,
+        caught_up: status.fresh.caught_up,
+        behind: status.fresh.behind,
         quiet_seconds: source
             .stats
             .last_watch_activity()
@@ -324,7 +330,7 @@ impl Collector for Metrics {
                 ConstCounter::new(field(&s.stats)).encode(family.encode_family(&labels)?)?;
             }
         }
-        let gauges: [Metric<Sample, Option<f64>>; 5] = [
+        let gauges: [Metric<Sample, Option<f64>>; 7] = [
             ("objects", "Objects stored.", |s| Some(s.objects as f64)),
             ("ready", "1 once a consistent snapshot is on disk.", |s| {
                 Some(f64::from(u8::from(s.ready)))
@@ -333,6 +339,16 @@ impl Collector for Metrics {
                 "watch_connected",
                 "1 while the watch is connected and applying events.",
                 |s| Some(f64::from(u8::from(s.live))),
+            ),
+            (
+                "caught_up",
+                "1 once the store has applied everything the server had when its watch last (re)connected.",
+                |s| Some(f64::from(u8::from(s.caught_up))),
+            ),
+            (
+                "resource_versions_behind",
+                "Revisions the checkpoint is behind the server's resourceVersion read at the last (re)connect (comparable resourceVersions only).",
+                |s| s.behind.map(|b| b as f64),
             ),
             (
                 "seconds_since_watch_activity",

@@ -75,6 +75,11 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
         !before.contains_key("kube_persist_seconds_since_watch_activity{stream=\"pods\"}"),
         "no watch activity yet"
     );
+    assert_eq!(before["kube_persist_caught_up{stream=\"pods\"}"], 0.0);
+    assert!(
+        !before.contains_key("kube_persist_resource_versions_behind{stream=\"pods\"}"),
+        "no server resourceVersion read yet"
+    );
 
     let (w_all, w_ns0) = (drive(w_all), drive(w_ns0));
     converge(&all, &h, &ResourceType::pods()).await;
@@ -89,8 +94,20 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
                 .count()
     })
     .await;
+    all.wait_until_caught_up().await.unwrap();
+    let live = scrape(&registry);
+    assert_eq!(live["kube_persist_caught_up{stream=\"pods\"}"], 1.0);
+    assert_eq!(
+        live["kube_persist_resource_versions_behind{stream=\"pods\"}"],
+        0.0
+    );
     w_all.stop().await;
     w_ns0.stop().await;
+    let stopped = scrape(&registry);
+    assert_eq!(
+        stopped["kube_persist_caught_up{stream=\"pods\"}"], 0.0,
+        "a stopped watcher's store is no longer caught up"
+    );
 
     let m = scrape(&registry);
     for (stream, reader) in [("pods", &all), ("ns-0", &ns0)] {

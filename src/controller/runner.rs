@@ -95,6 +95,9 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
+    /// A startup pass (`cold` or not) waiting until the main store has caught up (true)
+    /// or the wait timed out (false).
+    catching_up: Option<(bool, BoxFuture<'static, bool>)>,
     shutting_down: bool,
     out: VecDeque<RunItem<K, E>>,
 }
@@ -126,6 +129,7 @@ where
             sweep: None,
             sweep_outstanding: HashSet::new(),
             ready: false,
+            catching_up: None,
             shutting_down: false,
             out: VecDeque::new(),
         }
@@ -150,6 +154,7 @@ where
             // reconciles finish, nothing new starts.
             self.triggers = None;
             self.sweep = None;
+            self.catching_up = None;
             // Objects still being read are not reconciled.
             self.fetching = FuturesUnordered::new();
         }
@@ -176,7 +181,7 @@ where
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
                     self.sweep_all();
                 }
-                Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.startup(cold),
+                Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.request_startup(cold),
                 Poll::Ready(Some(Err(e))) => self.out.push_back(Err(e.into())),
                 Poll::Ready(None) => {
                     tracing::debug!("every trigger stream ended");
@@ -203,7 +208,53 @@ where
         ));
     }
 
-    /// The main store is ready: reconcile what the startup mode says.
+    /// The main store is consistent: run the startup pass once it has caught up with the
+    /// server too (see `Config::catch_up_before_startup`).
+    fn request_startup(&mut self, cold: bool) {
+        let Some(limit) = self.p.config.startup_catch_up else {
+            return self.startup(cold);
+        };
+        if self.p.reader.is_caught_up() {
+            return self.startup(cold);
+        }
+        tracing::info!(
+            timeout_ms = limit.as_millis() as u64,
+            "startup pass waits until the store has caught up with the server"
+        );
+        let reader = self.p.reader.clone();
+        let wait = async move {
+            matches!(
+                tokio::time::timeout(limit, reader.wait_until_caught_up()).await,
+                Ok(Ok(()))
+            )
+        };
+        self.catching_up = Some((cold, wait.boxed()));
+    }
+
+    /// Runs the startup pass that waited for the store to catch up, once it has (or the
+    /// wait gave up); true if it started.
+    fn poll_catch_up(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((cold, wait)) = self.catching_up.as_mut() else {
+            return false;
+        };
+        let Poll::Ready(caught_up) = wait.poll_unpin(cx) else {
+            return false;
+        };
+        let cold = *cold;
+        self.catching_up = None;
+        if caught_up {
+            tracing::debug!("store caught up: the startup pass starts");
+        } else {
+            tracing::warn!(
+                checkpoint = ?self.p.reader.checkpoint(),
+                "the store did not catch up with the server in time: the startup pass runs on the data it has"
+            );
+        }
+        self.startup(cold);
+        true
+    }
+
+    /// Reconcile what the startup mode says.
     fn startup(&mut self, cold: bool) {
         let mode = self.p.config.startup;
         let Some(d) = self.durable.as_mut() else {
@@ -540,6 +591,7 @@ where
 
             progressed |= this.poll_durable(cx);
             progressed |= this.poll_triggers(cx);
+            progressed |= this.poll_catch_up(cx);
             progressed |= this.poll_sweep(cx);
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
                 tracing::debug!("stores ready, reconciles may start");

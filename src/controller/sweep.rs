@@ -28,6 +28,9 @@ use crate::store::reconcile::{ControllerKeyspace, ReconcileRecord};
 
 /// Reason of a startup-pass reconcile of an object changed (or never reconciled).
 pub(crate) const CHANGED: &str = "changed since its last reconcile (startup pass)";
+/// Why the startup pass of [`StartupMode::ReconcileAll`](super::StartupMode::ReconcileAll)
+/// reconciles an object: every one, never skipped as already reconciled.
+pub(crate) const ALL: &str = "every stored object on start (startup pass)";
 /// Reason of a requeue read back from disk.
 pub(crate) const DUE: &str = "requeue due (durable state)";
 
@@ -281,7 +284,11 @@ where
             None => true,
             Some(rec) => rec.handled_rv() != Some(rv) && !self.same_generation(suffix, rec),
         };
-        if self.pass.mode == PassMode::All || (changed && self.pass.mode == PassMode::Changed) {
+        if self.pass.mode == PassMode::All {
+            self.counts[0] += 1;
+            return now(ALL);
+        }
+        if changed && self.pass.mode == PassMode::Changed {
             self.counts[0] += 1;
             return now(CHANGED);
         }

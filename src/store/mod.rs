@@ -4,6 +4,7 @@
 pub(crate) mod cache;
 mod config;
 mod engine;
+pub(crate) mod fresh;
 pub(crate) mod inspect;
 mod keys;
 mod lease;
@@ -525,6 +526,8 @@ pub(crate) struct Status {
     pub(crate) checkpoint: Option<String>,
     /// Secondary indexes built on disk and ready for `Reader::by_index`.
     pub(crate) indexes: Vec<String>,
+    /// Whether the store has caught up with the server (set by the watcher).
+    pub(crate) fresh: fresh::Freshness,
 }
 
 #[cfg(test)]

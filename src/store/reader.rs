@@ -116,6 +116,31 @@ where
         Ok(())
     }
 
+    pub(super) fn status(&self) -> &watch::Receiver<Status> {
+        &self.status
+    }
+
+    pub(super) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The resourceVersion in the stored record of an object (no body decoded). Blocking.
+    pub(super) fn stored_resource_version(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>> {
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        let Some(value) = self.backend.get(&key)? else {
+            return Ok(None);
+        };
+        let head = record::decode_ref(&value).map_err(|detail| Error::Corrupt {
+            path: (*self.path).clone(),
+            detail: format!("record {}: {detail}", keys::display(&key[1..])),
+        })?;
+        Ok(Some(head.resource_version.to_string()))
+    }
+
     /// The stored object for `obj_ref`, if any.
     ///
     /// ```
@@ -532,7 +557,10 @@ where
         self.stats.last_watch_activity()
     }
 
-    /// Whether the watch is currently connected and applying events.
+    /// Whether the watch is currently connected and applying events. Connected is not
+    /// caught up: right after a warm restart the watch may still be replaying what happened
+    /// while the process was down, or be about to answer `410 Gone` and relist. See
+    /// [`Reader::is_caught_up`] for "the store has applied what the server had".
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -577,10 +605,12 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn wait_until_ready(&self) -> Result<()> {
-        self.wait_for(|s| s.ready).await
+        self.wait_status(|s| s.ready).await
     }
 
-    /// Resolves once the watch is connected (after a resume: the store is up to date again).
+    /// Resolves once the watch is connected and applying events. It does not mean the store
+    /// is up to date: after a restart the replay of missed events (or a relist) may still be
+    /// running. Use [`Reader::wait_until_caught_up`] for that.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -598,17 +628,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn wait_until_live(&self) -> Result<()> {
-        self.wait_for(|s| s.live).await
-    }
-
-    async fn wait_for(&self, f: impl Fn(&Status) -> bool) -> Result<()> {
-        let mut rx = self.status.clone();
-        rx.wait_for(|s| f(s)).await.map(|_| ()).map_err(|_| {
-            Error::Config(format!(
-                "the watcher of the store at {} was dropped before it got there",
-                self.path.display()
-            ))
-        })
+        self.wait_status(|s| s.live).await
     }
 
     /// Counters of the stream's watcher and writer.

@@ -64,6 +64,8 @@ pub(crate) struct Parsed {
     pub(crate) lost: Option<String>,
     /// Events and bookmarks received (the connection is healthy).
     pub(crate) delivered: u64,
+    /// Bookmarks received: the server has sent everything up to theirs.
+    pub(crate) bookmarks: u64,
     pub(crate) rejected: Vec<Rejected>,
 }
 
@@ -315,6 +317,7 @@ impl Ingest {
         }
         Counters::add(&self.stats.watch_events, events);
         Counters::add(&self.stats.bookmarks, bookmarks);
+        p.bookmarks = bookmarks;
         if events + bookmarks > 0 {
             self.stats.watch_activity();
         }

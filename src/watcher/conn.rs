@@ -119,6 +119,8 @@ pub(crate) struct Target<'a> {
     pub(crate) request: &'a Request,
     pub(crate) metadata_only: bool,
     pub(crate) cfg: &'a Config,
+    /// The server-side timeout in seconds, when not the configured one.
+    pub(crate) timeout: Option<u32>,
 }
 
 impl WatchConn {
@@ -133,7 +135,7 @@ impl WatchConn {
         let wp = WatchParams {
             label_selector: cfg.label_selector.clone(),
             field_selector: cfg.field_selector.clone(),
-            timeout: Some(cfg.timeout),
+            timeout: Some(target.timeout.unwrap_or(cfg.timeout)),
             bookmarks: true,
             send_initial_events: initial,
         };

@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use futures::AsyncReadExt;
 use kube::core::Request;
-use kube::core::params::ListParams;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -26,8 +24,12 @@ use super::backoff::{Backoff, jitter};
 use super::batch::{Ingest, Page, Parsed, Rejected};
 use super::config::Config;
 use super::conn::{ConnectFailure, Line, Target, WatchConn, invalid_shard, with_shard};
+use super::fresh::Tracker;
 use super::index::Inspector;
 use super::pacing::Pacing;
+
+mod listing;
+mod watching;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::Status;
@@ -237,6 +239,8 @@ pub(crate) struct Machine {
     pacing: Pacing,
     /// `ResourceVersionTooLarge` answers in a row.
     too_large: u32,
+    /// Whether the store has caught up with the server (not only connected).
+    fresh: Tracker,
     /// A configuration error the server will not accept ended the watcher.
     pub(crate) fatal: bool,
 }
@@ -258,6 +262,7 @@ impl Machine {
         let cfg = Arc::new(cfg);
         let state = writer.state().clone();
         let status = writer.status_sender();
+        let fresh = Tracker::new(status.clone(), &url);
         Machine {
             client,
             ingest: Ingest {
@@ -285,6 +290,7 @@ impl Machine {
             signal: StartSignal::FirstList,
             pacing,
             too_large: 0,
+            fresh,
             fatal: false,
         }
     }
@@ -342,6 +348,7 @@ impl Machine {
             Ok(next) => self.stage = next,
             Err(e) => {
                 Counters::add(&self.stats.errors, 1);
+                self.fresh.lost("list/watch error");
                 if let Error::Config(why) = &e {
                     // Retrying cannot fix a configuration the server refuses.
                     tracing::error!(url = %self.url(), error = %why, "configuration error: the watcher stops");
@@ -363,6 +370,8 @@ impl Machine {
         if !was_synced && self.synced() {
             self.backoff.reset();
             self.pacing.list_complete();
+            let checkpoint = self.disk.state.last_synced.clone().unwrap_or_default();
+            self.fresh.list_done(&checkpoint);
         }
         self.announce();
         Ok(())
@@ -517,6 +526,7 @@ impl Machine {
     /// Start a list with a new epoch (whatever it does not see is swept at its end).
     async fn begin_list(&mut self) -> Result<Stage> {
         self.set_live(false);
+        self.fresh.list_began();
         self.disk.run(|w| w.begin_list()).await?;
         if self.cold() {
             self.push(RawEvent::Init);
@@ -576,294 +586,25 @@ impl Machine {
         }
         Err(e)
     }
-
-    /// What a LIST needs, borrowed from the machine (without the watch connection, which
-    /// is not `Sync`), so that a page can be fetched while another is being committed.
-    fn lister(&self) -> Lister<'_> {
-        Lister {
-            client: &self.client,
-            request: &self.request,
-            metadata_only: self.metadata_only,
-            cfg: &self.cfg,
-            stats: &self.stats,
-            page_size: self
-                .pacing
-                .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
-        }
-    }
 }
 
 impl Drop for Machine {
-    /// Readers of a dropped watcher's store are told it is no longer live.
+    /// Readers of a dropped watcher's store are told it is no longer live (nor caught up).
     fn drop(&mut self) {
         self.set_live(false);
-    }
-}
-
-/// See [`Machine::lister`].
-struct Lister<'a> {
-    client: &'a kube::Client,
-    request: &'a Request,
-    metadata_only: bool,
-    cfg: &'a Config,
-    stats: &'a Counters,
-    /// The configured page size, or more after continue tokens expired (see `Pacing`).
-    page_size: u32,
-}
-
-impl Lister<'_> {
-    fn url(&self) -> &str {
-        &self.request.url_path
-    }
-
-    /// GET one LIST page (network only); `None` when its continue token expired (410).
-    async fn fetch_page(&self, continue_token: Option<&str>) -> Result<Option<Vec<u8>>> {
-        let lp = ListParams {
-            label_selector: self.cfg.label_selector.clone(),
-            field_selector: self.cfg.field_selector.clone(),
-            limit: Some(self.page_size),
-            continue_token: continue_token.map(str::to_string),
-            ..ListParams::default()
-        };
-        let context = || {
-            format!(
-                "LIST {} (continue: {})",
-                self.url(),
-                continue_token.is_some()
-            )
-        };
-        let req = if self.metadata_only {
-            self.request.list_metadata(&lp)
-        } else {
-            self.request.list(&lp)
-        }
-        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
-        let req = with_shard(req, self.cfg)?;
-        let body = match self.client.request_stream(req).await {
-            Ok(b) => b,
-            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
-            Err(source) => {
-                if let Some(e) = invalid_shard(&source) {
-                    return Err(e);
-                }
-                return Err(Error::Kube {
-                    context: context(),
-                    source,
-                });
-            }
-        };
-        let mut bytes = Vec::new();
-        Box::pin(body)
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| Error::Protocol {
-                context: context(),
-                detail: format!("reading the list body: {e}"),
-            })?;
-        Counters::add(&self.stats.list_pages, 1);
-        Ok(Some(bytes))
+        self.fresh.lost("the watcher was dropped");
     }
 }
 
 impl Machine {
-    /// Parse a LIST page on the blocking pool (CPU only, no disk).
-    async fn parse_page(ingest: Ingest, bytes: Vec<u8>, context: String) -> Result<Page> {
-        tokio::task::spawn_blocking(move || ingest.list_page(bytes, &context))
-            .await
-            .map_err(|e| Error::Protocol {
-                context: "LIST".into(),
-                detail: format!("parsing a list page failed: {e}"),
-            })?
-    }
-
-    /// Commit one LIST page on the disk thread while the next page is fetched and parsed
-    /// (its continue token is known once this one is parsed): page N+1 travels and is
-    /// parsed while page N is written (at most two pages in memory).
-    async fn list_page(
-        &mut self,
-        continue_token: Option<String>,
-        prefetched: Option<Box<Page>>,
-    ) -> Result<Stage> {
-        let url = self.url().to_string();
-        let context = |continued: bool| format!("LIST {url} (continue: {continued})");
-        let page = match prefetched {
-            Some(p) => *p,
-            None => match self.lister().fetch_page(continue_token.as_deref()).await? {
-                Some(b) => {
-                    let context = context(continue_token.is_some());
-                    Self::parse_page(self.ingest.clone(), b, context).await?
-                }
-                None => {
-                    self.pacing.token_expired();
-                    return self.relist("continue token expired (410)").await;
-                }
-            },
-        };
-        let next_token = page.continue_token.clone();
-        let emit = self.emit;
-        let last_page_context = context(continue_token.is_some());
-        let commit = self.disk.start(move |w| {
-            let progress = match page.continue_token {
-                Some(t) => ListProgress::More(Some(t)),
-                None => {
-                    ListProgress::Done(page.resource_version.ok_or_else(|| Error::Protocol {
-                        context: last_page_context,
-                        detail: "last page has no metadata.resourceVersion".into(),
-                    })?)
-                }
-            };
-            match &progress {
-                ListProgress::Done(rv) => {
-                    tracing::info!(items = page.items, resource_version = %rv, "last list page")
-                }
-                ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
-            }
-            Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
-        });
-        let (lister, ingest, next_context) = (self.lister(), self.ingest.clone(), context(true));
-        let prefetch = async {
-            let next = next_token?;
-            // A failed prefetch is dropped: the next step fetches (and reports) again.
-            let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
-            Self::parse_page(ingest, bytes, next_context).await.ok()
-        };
-        let (committed, next_page) = tokio::join!(commit, prefetch);
-        let (changes, rejected) = self.disk.finish(committed)?;
-        self.push_changes(changes);
-        self.push_rejected(rejected);
-        Ok(match self.disk.state.phase.clone() {
-            Phase::Listing { continue_token, .. } => Stage::Listing {
-                continue_token,
-                prefetched: next_page.map(Box::new),
-            },
-            Phase::Sweeping { .. } => Stage::Sweeping { then: None },
-            _ => Stage::Watching {
-                conn: None,
-                deferred: Deferred::Nothing,
-            },
-        })
-    }
-
-    fn target(&self) -> Target<'_> {
+    /// Where watches connect; `timeout` overrides the configured server-side timeout.
+    fn target(&self, timeout: Option<u32>) -> Target<'_> {
         Target {
             request: &self.request,
             metadata_only: self.metadata_only,
             cfg: &self.cfg,
+            timeout,
         }
-    }
-
-    async fn connect_initial(&mut self) -> Result<Stage> {
-        match WatchConn::connect(&self.client, self.target(), "", true).await {
-            Ok(conn) => Ok(Stage::StreamingInitial {
-                conn: Some(conn),
-                received: 0,
-            }),
-            Err(ConnectFailure::Gone) => self.relist("streaming list answered 410").await,
-            Err(ConnectFailure::Invalid(e)) => {
-                self.fall_back(&format!("the server refused it: {e}")).await
-            }
-            Err(
-                ConnectFailure::TooLarge(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
-            ) => Err(e),
-        }
-    }
-
-    async fn read_initial(&mut self, mut conn: WatchConn, received: u64) -> Result<Stage> {
-        let timeout = self.cfg.initial_events_timeout;
-        let burst = match conn
-            .burst(self.cfg.page_size as usize, Some(timeout), INITIAL_LINGER)
-            .await
-        {
-            Ok(b) => b,
-            Err(e) => return self.streaming_cut(e).await,
-        };
-        if burst.idle {
-            return self
-                .fall_back(&format!(
-                    "no initial-events-end bookmark and no event for {} ms",
-                    timeout.as_millis()
-                ))
-                .await;
-        }
-        let ended = burst.ended;
-        let (ingest, emit) = (self.ingest.clone(), self.emit);
-        let applied = self
-            .disk
-            .run(move |w| {
-                let mut parsed = ingest.lines(burst.lines, true);
-                let objects: Vec<_> = std::mem::take(&mut parsed.ops)
-                    .into_iter()
-                    .filter_map(|op| match op {
-                        Op::Put(o) => Some(o),
-                        _ => None,
-                    })
-                    .collect();
-                let changes = match &parsed.end {
-                    Some(rv) => w.list_page(objects, ListProgress::Done(rv.clone()), emit)?,
-                    None if !objects.is_empty() => {
-                        w.list_page(objects, ListProgress::More(None), emit)?
-                    }
-                    None => Vec::new(),
-                };
-                Ok(Applied { changes, parsed })
-            })
-            .await?;
-        self.push_changes(applied.changes);
-        let p = applied.parsed;
-        let received = received + p.delivered;
-        self.push_rejected(p.rejected);
-        if let Some(rv) = p.end {
-            tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
-            self.set_live(true);
-            self.pacing.watch_up();
-            return Ok(match self.disk.state.phase {
-                Phase::Sweeping { .. } => Stage::Sweeping {
-                    then: Some((conn, p.rest)),
-                },
-                _ => Stage::Watching {
-                    conn: Some(conn),
-                    deferred: Deferred::Lines(p.rest),
-                },
-            });
-        }
-        if p.plain_bookmark_initial {
-            return self
-                .fall_back("a bookmark without k8s.io/initial-events-end came before the end of the initial events")
-                .await;
-        }
-        if let Some(status) = p.error {
-            if status.code == 410 {
-                return self.relist("streaming list ERROR 410").await;
-            }
-            if status.is_too_large() {
-                return self.too_large(self.watch_status(status)).await;
-            }
-            if received == 0 {
-                // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage
-                // lacks the progress notifications the list needs) with an ERROR event.
-                return self
-                    .fall_back(&format!(
-                        "ERROR event {} {}: {}",
-                        status.code, status.reason, status.message
-                    ))
-                    .await;
-            }
-            return Err(self.watch_status(status));
-        }
-        if ended {
-            // The retry (after a backoff) starts a new list: a new epoch, a sweep at its end.
-            let e = Error::Protocol {
-                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
-                detail: format!(
-                    "the stream ended after {received} initial events, before the end bookmark"
-                ),
-            };
-            return self.streaming_cut(e).await;
-        }
-        Ok(Stage::StreamingInitial {
-            conn: Some(conn),
-            received,
-        })
     }
 
     async fn sweep_chunk(&mut self, then: Option<(WatchConn, Vec<Line>)>) -> Result<Stage> {
@@ -881,155 +622,6 @@ impl Machine {
             None => Stage::Watching {
                 conn: None,
                 deferred: Deferred::Nothing,
-            },
-        })
-    }
-
-    async fn connect_watch(&mut self, deferred: Deferred) -> Result<Stage> {
-        let rv = match &self.disk.state.phase {
-            Phase::Synced { resource_version } => resource_version.clone(),
-            _ => return Ok(Stage::Resume),
-        };
-        match WatchConn::connect(&self.client, self.target(), &rv, false).await {
-            Ok(conn) => {
-                self.set_live(true);
-                self.pacing.watch_up();
-                Ok(Stage::Watching {
-                    conn: Some(conn),
-                    deferred,
-                })
-            }
-            Err(ConnectFailure::Gone) => self.relist("watch resourceVersion expired (410)").await,
-            Err(ConnectFailure::TooLarge(e)) => self.too_large(e).await,
-            Err(
-                ConnectFailure::Invalid(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
-            ) => Err(e),
-        }
-    }
-
-    /// A `ResourceVersionTooLarge` answer (HTTP 504 on connect, or an `ERROR` event): a
-    /// lagging replica; retry with backoff, and relist once the retries are spent.
-    async fn too_large(&mut self, err: Error) -> Result<Stage> {
-        self.too_large += 1;
-        if self.too_large > self.cfg.too_large_retries {
-            return self
-                .relist("resourceVersion too large, retries exhausted")
-                .await;
-        }
-        Err(err)
-    }
-
-    fn watch_status(&self, status: super::raw::StatusBody) -> Error {
-        Error::WatchStatus {
-            url: self.url().to_string(),
-            resource_version: self.disk.state.last_synced.clone().unwrap_or_default(),
-            code: status.code,
-            reason: status.reason,
-            message: status.message,
-        }
-    }
-
-    /// Parse a burst of live watch lines on the blocking pool (CPU only, no disk), so that
-    /// the disk thread only commits and a burst is parsed while the one before is written.
-    async fn parse_watch(ingest: Ingest, lines: Vec<Line>) -> Result<Parsed> {
-        tokio::task::spawn_blocking(move || ingest.lines(lines, false))
-            .await
-            .map_err(|e| Error::Protocol {
-                context: "WATCH".into(),
-                detail: format!("parsing a burst of watch events failed: {e}"),
-            })
-    }
-
-    /// One step of a live watch: commit a burst on the disk thread and, if the next burst
-    /// arrives before that commit ends, parse it meanwhile and carry it to the next step
-    /// (at most two bursts in memory; their events are emitted in order).
-    async fn read_watch(&mut self, mut conn: WatchConn, deferred: Deferred) -> Result<Stage> {
-        let max = self.cfg.page_size as usize;
-        let (mut parsed, ended) = match deferred {
-            Deferred::Parsed(ahead) => (ahead.parsed, ahead.ended),
-            Deferred::Lines(lines) => (Self::parse_watch(self.ingest.clone(), lines).await?, false),
-            Deferred::Nothing => {
-                let burst = conn.burst(max, None, WATCH_LINGER).await?;
-                let parsed = Self::parse_watch(self.ingest.clone(), burst.lines).await?;
-                (parsed, burst.ended)
-            }
-        };
-        if let Some(why) = parsed.lost.take() {
-            // Nothing of this burst is committed: the checkpoint stays before the lost event.
-            return self
-                .relist(&format!("a watch event could not be read ({why})"))
-                .await;
-        }
-        let ops = std::mem::take(&mut parsed.ops);
-        let (last_rv, checkpoint) = (parsed.last_rv.clone(), self.disk.state.last_synced.clone());
-        let emit = self.emit;
-        let commit = self.disk.start(move |w| {
-            let moved = last_rv.is_some();
-            match last_rv.or(checkpoint) {
-                Some(rv) if !ops.is_empty() || moved => w.watch_burst(ops, rv, emit),
-                _ => Ok(Vec::new()),
-            }
-        });
-        let mut commit = std::pin::pin!(commit);
-        let read_on = parsed.error.is_none() && !ended;
-        let ingest = self.ingest.clone();
-        let (done, next) = if read_on {
-            tokio::select! {
-                biased;
-                done = &mut commit => (done, None),
-                // Cancel-safe: if the commit ends first, lines read so far stay in `conn`.
-                burst = conn.burst(max, None, WATCH_LINGER) => match burst {
-                    Ok(b) => {
-                        let (done, next) = tokio::join!(&mut commit, Self::parse_watch(ingest, b.lines));
-                        (done, Some(next.map(|parsed| Ahead { parsed, ended: b.ended })))
-                    }
-                    Err(e) => (commit.await, Some(Err(e))),
-                },
-            }
-        } else {
-            (commit.await, None)
-        };
-        let changes = self.disk.finish(done)?;
-        self.push_changes(changes);
-        self.push_rejected(std::mem::take(&mut parsed.rejected));
-        if parsed.delivered > 0 {
-            // A healthy connection: later errors start their backoff from the minimum.
-            self.backoff.reset();
-            self.too_large = 0;
-            self.pacing.watch_progress();
-        }
-        if let Some(status) = parsed.error {
-            if status.code == 410 {
-                return self.relist("watch ERROR 410 Gone").await;
-            }
-            if status.is_too_large() {
-                return self.too_large(self.watch_status(status)).await;
-            }
-            if self.pacing.watch_error() {
-                let why = format!(
-                    "watch ERROR {} {} ({}) {} times in a row from the same checkpoint",
-                    status.code,
-                    status.reason,
-                    status.message,
-                    super::pacing::WATCH_ERRORS_BEFORE_RELIST
-                );
-                return self.relist(&why).await;
-            }
-            return Err(self.watch_status(status));
-        }
-        if ended {
-            tracing::debug!(url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
-            self.set_live(false);
-            return Ok(Stage::Watching {
-                conn: None,
-                deferred: Deferred::Nothing,
-            });
-        }
-        Ok(Stage::Watching {
-            conn: Some(conn),
-            deferred: match next.transpose()? {
-                Some(ahead) => Deferred::Parsed(Box::new(ahead)),
-                None => Deferred::Nothing,
             },
         })
     }

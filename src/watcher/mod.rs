@@ -4,6 +4,7 @@ mod backoff;
 mod batch;
 mod config;
 mod conn;
+mod fresh;
 mod index;
 mod machine;
 mod pacing;

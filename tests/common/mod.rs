@@ -81,7 +81,7 @@ pub enum Ev {
     Error(String),
 }
 
-fn key<K: Resource>(k: &K) -> String {
+pub fn key<K: Resource>(k: &K) -> String {
     let m = k.meta();
     match &m.namespace {
         Some(ns) => format!("{ns}/{}", m.name.clone().unwrap_or_default()),

@@ -1,0 +1,286 @@
+//! The list stages: paginated LIST pages (fetched ahead while the previous one commits)
+//! and streaming lists (`sendInitialEvents=true`) up to their end bookmark.
+
+use futures::AsyncReadExt;
+use kube::core::Request;
+use kube::core::params::ListParams;
+
+use super::*;
+
+impl Machine {
+    /// What a LIST needs, borrowed from the machine (without the watch connection, which
+    /// is not `Sync`), so that a page can be fetched while another is being committed.
+    fn lister(&self) -> Lister<'_> {
+        Lister {
+            client: &self.client,
+            request: &self.request,
+            metadata_only: self.metadata_only,
+            cfg: &self.cfg,
+            stats: &self.stats,
+            page_size: self
+                .pacing
+                .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
+        }
+    }
+
+    /// Parse a LIST page on the blocking pool (CPU only, no disk).
+    async fn parse_page(ingest: Ingest, bytes: Vec<u8>, context: String) -> Result<Page> {
+        tokio::task::spawn_blocking(move || ingest.list_page(bytes, &context))
+            .await
+            .map_err(|e| Error::Protocol {
+                context: "LIST".into(),
+                detail: format!("parsing a list page failed: {e}"),
+            })?
+    }
+
+    /// Commit one LIST page on the disk thread while the next page is fetched and parsed
+    /// (its continue token is known once this one is parsed): page N+1 travels and is
+    /// parsed while page N is written (at most two pages in memory).
+    pub(super) async fn list_page(
+        &mut self,
+        continue_token: Option<String>,
+        prefetched: Option<Box<Page>>,
+    ) -> Result<Stage> {
+        let url = self.url().to_string();
+        let context = |continued: bool| format!("LIST {url} (continue: {continued})");
+        let page = match prefetched {
+            Some(p) => *p,
+            None => match self.lister().fetch_page(continue_token.as_deref()).await? {
+                Some(b) => {
+                    let context = context(continue_token.is_some());
+                    Self::parse_page(self.ingest.clone(), b, context).await?
+                }
+                None => {
+                    self.pacing.token_expired();
+                    return self.relist("continue token expired (410)").await;
+                }
+            },
+        };
+        let next_token = page.continue_token.clone();
+        let emit = self.emit;
+        let last_page_context = context(continue_token.is_some());
+        let commit = self.disk.start(move |w| {
+            let progress = match page.continue_token {
+                Some(t) => ListProgress::More(Some(t)),
+                None => {
+                    ListProgress::Done(page.resource_version.ok_or_else(|| Error::Protocol {
+                        context: last_page_context,
+                        detail: "last page has no metadata.resourceVersion".into(),
+                    })?)
+                }
+            };
+            match &progress {
+                ListProgress::Done(rv) => {
+                    tracing::info!(items = page.items, resource_version = %rv, "last list page")
+                }
+                ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
+            }
+            Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
+        });
+        let (lister, ingest, next_context) = (self.lister(), self.ingest.clone(), context(true));
+        let prefetch = async {
+            let next = next_token?;
+            // A failed prefetch is dropped: the next step fetches (and reports) again.
+            let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
+            Self::parse_page(ingest, bytes, next_context).await.ok()
+        };
+        let (committed, next_page) = tokio::join!(commit, prefetch);
+        let (changes, rejected) = self.disk.finish(committed)?;
+        self.push_changes(changes);
+        self.push_rejected(rejected);
+        Ok(match self.disk.state.phase.clone() {
+            Phase::Listing { continue_token, .. } => Stage::Listing {
+                continue_token,
+                prefetched: next_page.map(Box::new),
+            },
+            Phase::Sweeping { .. } => Stage::Sweeping { then: None },
+            _ => Stage::Watching {
+                conn: None,
+                deferred: Deferred::Nothing,
+            },
+        })
+    }
+
+    pub(super) async fn connect_initial(&mut self) -> Result<Stage> {
+        match WatchConn::connect(&self.client, self.target(None), "", true).await {
+            Ok(conn) => Ok(Stage::StreamingInitial {
+                conn: Some(conn),
+                received: 0,
+            }),
+            Err(ConnectFailure::Gone) => self.relist("streaming list answered 410").await,
+            Err(ConnectFailure::Invalid(e)) => {
+                self.fall_back(&format!("the server refused it: {e}")).await
+            }
+            Err(
+                ConnectFailure::TooLarge(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
+            ) => Err(e),
+        }
+    }
+
+    pub(super) async fn read_initial(
+        &mut self,
+        mut conn: WatchConn,
+        received: u64,
+    ) -> Result<Stage> {
+        let timeout = self.cfg.initial_events_timeout;
+        let burst = match conn
+            .burst(self.cfg.page_size as usize, Some(timeout), INITIAL_LINGER)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => return self.streaming_cut(e).await,
+        };
+        if burst.idle {
+            return self
+                .fall_back(&format!(
+                    "no initial-events-end bookmark and no event for {} ms",
+                    timeout.as_millis()
+                ))
+                .await;
+        }
+        let ended = burst.ended;
+        let (ingest, emit) = (self.ingest.clone(), self.emit);
+        let applied = self
+            .disk
+            .run(move |w| {
+                let mut parsed = ingest.lines(burst.lines, true);
+                let objects: Vec<_> = std::mem::take(&mut parsed.ops)
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        Op::Put(o) => Some(o),
+                        _ => None,
+                    })
+                    .collect();
+                let changes = match &parsed.end {
+                    Some(rv) => w.list_page(objects, ListProgress::Done(rv.clone()), emit)?,
+                    None if !objects.is_empty() => {
+                        w.list_page(objects, ListProgress::More(None), emit)?
+                    }
+                    None => Vec::new(),
+                };
+                Ok(Applied { changes, parsed })
+            })
+            .await?;
+        self.push_changes(applied.changes);
+        let p = applied.parsed;
+        let received = received + p.delivered;
+        self.push_rejected(p.rejected);
+        if let Some(rv) = p.end {
+            tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
+            self.set_live(true);
+            self.pacing.watch_up();
+            return Ok(match self.disk.state.phase {
+                Phase::Sweeping { .. } => Stage::Sweeping {
+                    then: Some((conn, p.rest)),
+                },
+                _ => Stage::Watching {
+                    conn: Some(conn),
+                    deferred: Deferred::Lines(p.rest),
+                },
+            });
+        }
+        if p.plain_bookmark_initial {
+            return self
+                .fall_back("a bookmark without k8s.io/initial-events-end came before the end of the initial events")
+                .await;
+        }
+        if let Some(status) = p.error {
+            if status.code == 410 {
+                return self.relist("streaming list ERROR 410").await;
+            }
+            if status.is_too_large() {
+                return self.too_large(self.watch_status(status)).await;
+            }
+            if received == 0 {
+                // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage
+                // lacks the progress notifications the list needs) with an ERROR event.
+                return self
+                    .fall_back(&format!(
+                        "ERROR event {} {}: {}",
+                        status.code, status.reason, status.message
+                    ))
+                    .await;
+            }
+            return Err(self.watch_status(status));
+        }
+        if ended {
+            // The retry (after a backoff) starts a new list: a new epoch, a sweep at its end.
+            let e = Error::Protocol {
+                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                detail: format!(
+                    "the stream ended after {received} initial events, before the end bookmark"
+                ),
+            };
+            return self.streaming_cut(e).await;
+        }
+        Ok(Stage::StreamingInitial {
+            conn: Some(conn),
+            received,
+        })
+    }
+}
+
+/// See [`Machine::lister`].
+struct Lister<'a> {
+    client: &'a kube::Client,
+    request: &'a Request,
+    metadata_only: bool,
+    cfg: &'a Config,
+    stats: &'a Counters,
+    /// The configured page size, or more after continue tokens expired (see `Pacing`).
+    page_size: u32,
+}
+
+impl Lister<'_> {
+    fn url(&self) -> &str {
+        &self.request.url_path
+    }
+
+    /// GET one LIST page (network only); `None` when its continue token expired (410).
+    async fn fetch_page(&self, continue_token: Option<&str>) -> Result<Option<Vec<u8>>> {
+        let lp = ListParams {
+            label_selector: self.cfg.label_selector.clone(),
+            field_selector: self.cfg.field_selector.clone(),
+            limit: Some(self.page_size),
+            continue_token: continue_token.map(str::to_string),
+            ..ListParams::default()
+        };
+        let context = || {
+            format!(
+                "LIST {} (continue: {})",
+                self.url(),
+                continue_token.is_some()
+            )
+        };
+        let req = if self.metadata_only {
+            self.request.list_metadata(&lp)
+        } else {
+            self.request.list(&lp)
+        }
+        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        let req = with_shard(req, self.cfg)?;
+        let body = match self.client.request_stream(req).await {
+            Ok(b) => b,
+            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
+            Err(source) => {
+                if let Some(e) = invalid_shard(&source) {
+                    return Err(e);
+                }
+                return Err(Error::Kube {
+                    context: context(),
+                    source,
+                });
+            }
+        };
+        let mut bytes = Vec::new();
+        Box::pin(body)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| Error::Protocol {
+                context: context(),
+                detail: format!("reading the list body: {e}"),
+            })?;
+        Counters::add(&self.stats.list_pages, 1);
+        Ok(Some(bytes))
+    }
+}
