@@ -19,6 +19,7 @@ mod child;
 mod cli;
 mod crd;
 mod deploy;
+mod fresh;
 mod kill;
 mod shard;
 mod support;
@@ -180,6 +181,15 @@ async fn run(target: Target) -> Suite {
         .run("warm-restart", sync::warm_restart(s.0, s.1))
         .await;
     suite
+        .run("fresh-warm-restart", fresh::warm_restart(a.clone()))
+        .await;
+    suite
+        .run("fresh-quiet-collection", fresh::quiet_collection(a.clone()))
+        .await;
+    suite
+        .run("fresh-read-your-writes", fresh::read_your_writes(a.clone()))
+        .await;
+    suite
         .run("sigkill-mid-list", kill::mid_list(a.clone()))
         .await;
     suite
@@ -226,7 +236,10 @@ async fn run(target: Target) -> Suite {
     // A server with the watch cache off for Pods: a resume from a compacted version
     // answers 410 at once.
     if let Some(c) = seeded(&mut suite, &target, "--watch-cache-sizes=pods#0").await {
-        suite.run("compaction", sync::compaction(c)).await;
+        suite.run("compaction", sync::compaction(c.clone())).await;
+        suite
+            .run("fresh-after-compaction", fresh::after_compaction(c))
+            .await;
     }
     suite
 }
