@@ -11,7 +11,7 @@ use kube_persist_testkit::{ResourceType, ServerHandle};
 use crate::app::{NS, RunCfg};
 
 /// How long the store may take to be `Synced`, live and at the server's resourceVersion.
-const SYNC_WAIT: Duration = Duration::from_secs(20);
+pub const SYNC_WAIT: Duration = Duration::from_secs(20);
 /// How long the controller may take to reconcile what it owes, once the store is synced.
 const RECONCILE_WAIT: Duration = Duration::from_secs(5);
 
@@ -61,7 +61,7 @@ pub struct Found {
     pub detail: String,
 }
 
-fn found(invariant: &'static str, detail: String) -> Found {
+pub fn found(invariant: &'static str, detail: String) -> Found {
     Found { invariant, detail }
 }
 
@@ -82,7 +82,11 @@ pub struct RunChecks {
     pub owned_upto: usize,
 }
 
-/// Waits until the store is `Synced`, live and at the server's current resourceVersion.
+/// How long "caught up" may trail the checkpoint reaching the server's resourceVersion.
+const CAUGHT_UP_LAG: Duration = Duration::from_secs(5);
+
+/// Waits until the store is `Synced`, live and at the server's current resourceVersion, and
+/// then reports caught up.
 pub async fn quiesce(reader: &Reader<ConfigMap>, h: &ServerHandle) -> Result<(), Found> {
     let deadline = Instant::now() + SYNC_WAIT;
     loop {
@@ -90,7 +94,15 @@ pub async fn quiesce(reader: &Reader<ConfigMap>, h: &ServerHandle) -> Result<(),
         let at = reader.checkpoint();
         if reader.phase() == SyncPhase::Synced && reader.is_live() && at.as_deref() == Some(&server)
         {
-            return Ok(());
+            // At the server's version and live: caught up too (it may lag the commit that
+            // moved the checkpoint by a moment, not more).
+            return match tokio::time::timeout(CAUGHT_UP_LAG, reader.wait_until_caught_up()).await {
+                Ok(Ok(())) => Ok(()),
+                _ => Err(found(
+                    "a live store at the server's resourceVersion reports caught up",
+                    format!("{:?}", reader.freshness()),
+                )),
+            };
         }
         if Instant::now() > deadline {
             return Err(found(

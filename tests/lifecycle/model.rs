@@ -74,6 +74,9 @@ enum Op {
     AbortReopen { burst: usize },
     /// A child process runs the controller on the store and is SIGKILLed; then a new run.
     Kill { at: KillAt, change: Change },
+    /// An object written, then read back through the live store after
+    /// `wait_for_resource_version` (read your writes).
+    WriteRead,
 }
 
 struct Live {
@@ -249,7 +252,7 @@ impl Model {
                 }
             };
         }
-        match r.random_range(0..10) {
+        match r.random_range(0..11) {
             0..=4 => Op::Churn {
                 creates: r.random_range(0..6),
                 updates: r.random_range(0..10),
@@ -258,6 +261,7 @@ impl Model {
             5 => Op::Compact,
             6 => Op::Gone,
             7 => Op::WatchError(r.random_range(0..5)),
+            8 => Op::WriteRead,
             _ => Op::ServerRestart(r.random_range(10..300)),
         }
     }
@@ -283,6 +287,7 @@ impl Model {
                 self.churn(0, n + 1, 0);
                 faults.close_watches();
             }
+            Op::WriteRead => self.write_read(step).await,
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
                 self.server
@@ -369,6 +374,62 @@ impl Model {
         for _ in 0..deletes.min(names.len()) {
             let name = names.swap_remove(self.rng.random_range(0..names.len()));
             self.h.delete(&rt, Some(NS), &name);
+        }
+    }
+
+    /// Writes an object and reads it back once `wait_for_resource_version` says the store
+    /// holds that version: it must (or a newer one), if the object is in the shard.
+    async fn write_read(&mut self, step: usize) {
+        let Some(reader) = self.live.as_ref().map(|l| l.reader.clone()) else {
+            return;
+        };
+        let rt = ResourceType::configmaps();
+        let names: Vec<String> = checks::server_objects(&self.h).into_keys().collect();
+        if names.is_empty() {
+            return;
+        }
+        let name = names[self.rng.random_range(0..names.len())].clone();
+        let Some(mut o) = self.h.get(&rt, Some(NS), &name) else {
+            return;
+        };
+        o["data"]["value"] = json!(format!("w{}", self.rng.random::<u32>()));
+        let written = self.h.apply(&rt, o);
+        let rv = written["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let uid = written["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if let Err(e) = reader
+            .wait_for_resource_version(Some(NS), &name, &rv, checks::SYNC_WAIT)
+            .await
+        {
+            return self.report(
+                step,
+                checks::found("wait_for_resource_version resolves", e.to_string()),
+            );
+        }
+        if !self.cfg.owns(&uid) {
+            return;
+        }
+        let stored = reader
+            .get_named(Some(NS), &name)
+            .ok()
+            .flatten()
+            .and_then(|c| c.metadata.resource_version.clone());
+        let fresh = stored
+            .as_deref()
+            .is_some_and(|s| kube_persist::resource_version::at_least(s, &rv).unwrap_or(false));
+        if !fresh {
+            self.report(
+                step,
+                checks::found(
+                    "read your writes",
+                    format!("{name}: read {stored:?} after wait_for_resource_version({rv})"),
+                ),
+            );
         }
     }
 
