@@ -89,6 +89,7 @@ async fn measured(url: &str, f: impl FnOnce() -> ClientReport) -> ClientReport {
     support::admin(url, "POST", "/testkit/reset-counts").await;
     let mut r = tokio::task::block_in_place(f);
     r.list_calls = support::list_calls(url).await;
+    r.list_one_calls = support::list_one_calls(url).await;
     r
 }
 
@@ -232,6 +233,10 @@ async fn demo(args: Args) -> std::process::ExitCode {
     println!(
         "{:<34} {:>18} {:>26}",
         "restart: LIST calls", warm.list_calls, r_warm.list_calls
+    );
+    println!(
+        "{:<34} {:>18} {:>26}",
+        "restart: LIST limit=1 (server RV)", warm.list_one_calls, r_warm.list_one_calls
     );
     println!(
         "{:<34} {:>18} {:>26}",

@@ -141,6 +141,11 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
         "Objects outside the stream's shard sent by a server that ignores shardSelector.",
         |s| s.shard_client_filtered,
     ),
+    (
+        "server_version_reads",
+        "LIST limit=1 requests that read the server's resourceVersion to know when the store caught up.",
+        |s| s.server_version_reads,
+    ),
 ];
 
 const PHASES: [(SyncPhase, &str); 4] = [

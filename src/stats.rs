@@ -43,6 +43,10 @@ pub struct Stats {
     /// server sent although they are outside the shard, dropped by the store: the server
     /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
     pub shard_client_filtered: u64,
+    /// `LIST limit=1` requests that read the server's current resourceVersion, to know when
+    /// the store has caught up (one before a watch connects while the store is not caught
+    /// up; none on a cold start or a routine reconnect). Not counted in `list_pages`.
+    pub server_version_reads: u64,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +64,7 @@ pub(crate) struct Counters {
     pub(crate) errors: AtomicU64,
     pub(crate) identity_resets: AtomicU64,
     pub(crate) shard_client_filtered: AtomicU64,
+    pub(crate) server_version_reads: AtomicU64,
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
     pub(crate) last_watch_activity_ms: AtomicU64,
@@ -110,6 +115,7 @@ impl Counters {
             hot_cache_hits: 0,
             hot_cache_misses: 0,
             shard_client_filtered: self.shard_client_filtered.load(Relaxed),
+            server_version_reads: self.server_version_reads.load(Relaxed),
         }
     }
 }

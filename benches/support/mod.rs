@@ -148,6 +148,14 @@ pub async fn list_calls(url: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `LIST limit=1` requests the server saw (counted apart from `list_calls`): kube-persist's
+/// reads of the server's resourceVersion while a store catches up.
+pub async fn list_one_calls(url: &str) -> u64 {
+    admin(url, "GET", "/testkit/counts").await["list_one"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
 pub async fn revision(url: &str) -> u64 {
     admin(url, "GET", "/testkit/revision").await["revision"]
         .as_u64()
@@ -159,7 +167,8 @@ pub async fn revision(url: &str) -> u64 {
 pub struct ClientReport {
     /// Milliseconds from process start until the cache was ready (synced or resumed).
     pub ready_ms: u64,
-    /// Milliseconds until the watch was live and, with `--until-rv`, caught up.
+    /// Milliseconds until the store caught up with the server (`Reader::wait_until_caught_up`)
+    /// and, with `--until-rv`, reached that revision.
     pub live_ms: u64,
     /// Objects in the cache at the end.
     pub objects: u64,
@@ -169,6 +178,9 @@ pub struct ClientReport {
     pub rss_kib: u64,
     /// LIST calls the server saw during this process's life (filled in by the parent).
     pub list_calls: u64,
+    /// `LIST limit=1` calls meanwhile (filled in by the parent; not in `list_calls`).
+    #[serde(default)]
+    pub list_one_calls: u64,
     /// `get`s made after the sync (`--gets-from`), all of which found their object.
     pub gets: u64,
     /// Milliseconds those gets took.
@@ -355,7 +367,8 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
             }
             reader.wait_until_ready().await.expect("ready");
             report.ready_ms = start.elapsed().as_millis() as u64;
-            reader.wait_until_live().await.expect("live");
+            // Caught up, not only connected: what the store missed while down is applied.
+            reader.wait_until_caught_up().await.expect("caught up");
             if opts.until_relist {
                 force_gone(url).await;
                 while reader.stats().relists == 0
@@ -365,10 +378,11 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
                 }
             }
             if let Some(rv) = opts.until_rv {
-                while reader
+                let rv = rv.to_string();
+                while !reader
                     .checkpoint()
-                    .and_then(|c| c.parse::<u64>().ok())
-                    .is_none_or(|c| c < rv)
+                    .and_then(|c| kube_persist::resource_version::at_least(&c, &rv))
+                    .unwrap_or(false)
                 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use super::config::Config;
 use crate::error::{Error, Result};
 use crate::resource_version;
+use crate::stats::Counters;
 use crate::store::Status;
 use crate::store::fresh::{CatchUpRule, Freshness};
 
@@ -111,6 +112,7 @@ impl Tracker {
         client: &kube::Client,
         request: &Request,
         cfg: &Config,
+        stats: &Counters,
         checkpoint: &str,
     ) -> Option<u32> {
         match self.state {
@@ -120,6 +122,7 @@ impl Tracker {
             }
             CatchUp::Unknown => {}
         }
+        Counters::add(&stats.server_version_reads, 1);
         let target =
             tokio::time::timeout(TARGET_READ_TIMEOUT, server_version(client, request, cfg))
                 .await

@@ -256,7 +256,11 @@ async fn api(
             ));
         }
     };
-    shared.counters.incr(verb);
+    if verb == Verb::List && params.get("limit").map(String::as_str) == Some("1") {
+        shared.counters.incr_list_one();
+    } else {
+        shared.counters.incr(verb);
+    }
     if let Some(err) = shared.faults().take_failure(verb) {
         return Err(err);
     }

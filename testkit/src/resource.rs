@@ -90,8 +90,14 @@ impl ResourceType {
 /// Number of requests served per verb since start (or the last reset).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestCounts {
-    /// LIST requests (each page counts once).
+    /// LIST requests that may return more than one object (each page counts once): the
+    /// requests of a list or relist.
     pub list: u64,
+    /// LIST requests with `limit=1`, not counted in `list`: a client reading the server's
+    /// current resourceVersion (kube-persist does before a watch connects while the store
+    /// catches up), not listing the collection.
+    #[serde(default)]
+    pub list_one: u64,
     /// WATCH requests.
     pub watch: u64,
     /// GET of a single object.
@@ -142,17 +148,23 @@ impl Verb {
 
 /// Lock-free per-verb counters.
 #[derive(Debug, Default)]
-pub(crate) struct Counters([AtomicU64; 6]);
+pub(crate) struct Counters([AtomicU64; 6], AtomicU64);
 
 impl Counters {
     pub(crate) fn incr(&self, verb: Verb) {
         self.0[verb.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A LIST with `limit=1` (counted apart from `list`).
+    pub(crate) fn incr_list_one(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> RequestCounts {
         let g = |v: Verb| self.0[v.index()].load(Ordering::Relaxed);
         RequestCounts {
             list: g(Verb::List),
+            list_one: self.1.load(Ordering::Relaxed),
             watch: g(Verb::Watch),
             get: g(Verb::Get),
             create: g(Verb::Create),
@@ -165,5 +177,6 @@ impl Counters {
         for c in &self.0 {
             c.store(0, Ordering::Relaxed);
         }
+        self.1.store(0, Ordering::Relaxed);
     }
 }

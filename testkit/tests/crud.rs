@@ -80,6 +80,7 @@ async fn create_get_replace_delete() {
         server.handle().counts(),
         RequestCounts {
             list: 0,
+            list_one: 0,
             watch: 0,
             get: 2,
             create: 2,

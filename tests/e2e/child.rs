@@ -84,6 +84,7 @@ async fn store(db: kube_persist::Db, client: kube::Client) {
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(client), store_config(streaming))
         .unwrap();
+    print_reads(reader.clone());
     tokio::spawn(async move {
         let mut last = String::new();
         loop {
@@ -112,6 +113,32 @@ async fn store(db: kube_persist::Db, client: kube::Client) {
     }
 }
 
+/// Prints `reads <n>` each time the store's `LIST limit=1` reads of the server's
+/// resourceVersion (`Stats::server_version_reads`) change: the parent counts them apart
+/// from the LIST calls of a list.
+fn print_reads(reader: kube_persist::Reader<Pod>) {
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let n = reader.stats().server_version_reads;
+            if last != Some(n) {
+                println!("reads {n}");
+                last = Some(n);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+}
+
+/// The last `reads <n>` a child printed (0 if none).
+pub fn reads(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("reads ")?.parse().ok())
+        .unwrap_or(0)
+}
+
 async fn reconcile(pod: Arc<Pod>, _: Arc<()>) -> Result<Action, kube::Error> {
     println!("reconciled {} {}", key(pod.as_ref()), rv(pod.as_ref()));
     Ok(Action::requeue(Duration::from_secs(3600)))
@@ -133,6 +160,7 @@ async fn controller(db: kube_persist::Db, client: kube::Client) {
     .unwrap()
     .durable_state(&db, CONTROLLER)
     .unwrap();
+    print_reads(controller.reader());
     serve_flush_requests(db.clone());
     println!("child-started");
     controller

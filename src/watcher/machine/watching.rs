@@ -11,7 +11,7 @@ impl Machine {
         };
         let timeout = self
             .fresh
-            .before_connect(&self.client, &self.request, &self.cfg, &rv)
+            .before_connect(&self.client, &self.request, &self.cfg, &self.stats, &rv)
             .await;
         match WatchConn::connect(&self.client, self.target(timeout), &rv, false).await {
             Ok(conn) => {
