@@ -160,15 +160,26 @@ fn reopen_stale(db: &Db, server: &TestServer, what: &str) -> (Reader<Pod>, Watch
     (reader, watcher)
 }
 
+/// Reopens the stale store, runs its watcher and samples it right after caught-up: the
+/// reader, the watcher's task and the stale reads.
+async fn restart_and_sample(
+    db: &Db,
+    server: &TestServer,
+    what: &str,
+) -> (Reader<Pod>, tokio::task::JoinHandle<()>, u64) {
+    let (reader, watcher) = reopen_stale(db, server, what);
+    let task = tokio::spawn(watcher.run());
+    let stale = sample_at_caught_up(what, &reader, &server.handle()).await;
+    (reader, task, stale)
+}
+
 /// Warm restart with churn while down: caught up only once the replay is applied.
 async fn churn_while_down(engine: Engine) -> u64 {
     let what = format!("{engine} churn-while-down");
     let (server, db, _dir) = synced_then_stopped(common::pod_server(400).await, engine).await;
     let h = server.handle();
     h.churn(150, 40, 40, 7);
-    let (reader, watcher) = reopen_stale(&db, &server, &what);
-    let task = tokio::spawn(watcher.run());
-    let stale = sample_at_caught_up(&what, &reader, &h).await;
+    let (reader, task, stale) = restart_and_sample(&db, &server, &what).await;
     let fresh = reader.freshness();
     assert_eq!(
         fresh.rule,
@@ -193,10 +204,8 @@ async fn compacted_with_deletions(engine: Engine) -> u64 {
     let h = server.handle();
     h.churn(50, 0, 60, 11);
     h.compact();
-    let (reader, watcher) = reopen_stale(&db, &server, &what);
-    let task = tokio::spawn(watcher.run());
     // Live (connected) comes before caught up here: the 410 and the relist follow.
-    let stale = sample_at_caught_up(&what, &reader, &h).await;
+    let (reader, task, stale) = restart_and_sample(&db, &server, &what).await;
     assert_eq!(reader.freshness().rule, CatchUpRule::List, "{what}");
     assert!(reader.stats().relists >= 1, "{what}: relisted");
     task.abort();
@@ -340,9 +349,7 @@ async fn opaque_versions(engine: Engine) -> u64 {
     let (server, db, _dir) = synced_then_stopped(server, engine).await;
     let h = server.handle();
     h.churn(60, 20, 20, 5);
-    let (reader, watcher) = reopen_stale(&db, &server, &what);
-    let task = tokio::spawn(watcher.run());
-    let mut stale = sample_at_caught_up(&what, &reader, &h).await;
+    let (reader, task, mut stale) = restart_and_sample(&db, &server, &what).await;
     let fresh = reader.freshness();
     assert_eq!(fresh.rule, CatchUpRule::FirstBookmark, "{what}");
     assert_eq!(

@@ -68,7 +68,10 @@ pub enum Event<K> {
     /// checkpoint without LIST; reopened in the middle of a relist or its sweep (a crash
     /// or a stop during a relist), it is when that relist completes (its changes come
     /// first, as `Apply`/`Delete`). The stored objects are the state at
-    /// `resource_version`; changes since then follow.
+    /// `resource_version`; changes since then follow. Consistent is not caught up: the
+    /// events missed while the process was down (or a relist after `410 Gone`) may still
+    /// come; [`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up) waits
+    /// for them.
     Resumed {
         /// The checkpoint the store is consistent at.
         resource_version: String,

@@ -75,6 +75,20 @@ fn reopen(
     Ok((db, reader, drive(watcher)))
 }
 
+/// Reopens the store at `dir` (ready, not caught up), then checks it right after caught-up.
+async fn restart_and_check(
+    what: &str,
+    server: &Server,
+    dir: &tempfile::TempDir,
+    engine: Engine,
+    rule: CatchUpRule,
+) -> Outcome {
+    let (_db, reader, w) = reopen(server, dir, engine)?;
+    caught_up_and_equal(what, &reader, server, rule).await?;
+    w.stop().await;
+    Ok(())
+}
+
 /// Warm restart with changes while down: caught up only after the replay.
 pub async fn warm_restart(server: Arc<Server>) -> Outcome {
     let dir = synced(&server, Engine::Redb).await?;
@@ -82,16 +96,14 @@ pub async fn warm_restart(server: Arc<Server>) -> Outcome {
     update_pods(&server.client, &pick(&now, 1, 50, 40)).await?;
     delete_pods(&server.client, &pick(&now, 7, 50, 20)).await?;
     create_pods(&server.client, crate::PODS + 100..crate::PODS + 120).await?;
-    let (_db, reader, w) = reopen(&server, &dir, Engine::Redb)?;
-    caught_up_and_equal(
+    restart_and_check(
         "fresh-warm-restart",
-        &reader,
         &server,
+        &dir,
+        Engine::Redb,
         CatchUpRule::ComparableResourceVersions,
     )
-    .await?;
-    w.stop().await;
-    Ok(())
+    .await
 }
 
 /// Only ConfigMaps changed while down: no Pod event moves the checkpoint past the server's
@@ -107,16 +119,14 @@ pub async fn quiet_collection(server: Arc<Server>) -> Outcome {
         }))?;
         cms.create(&PostParams::default(), &cm).await?;
     }
-    let (_db, reader, w) = reopen(&server, &dir, Engine::Sled)?;
-    caught_up_and_equal(
+    restart_and_check(
         "fresh-quiet-collection",
-        &reader,
         &server,
+        &dir,
+        Engine::Sled,
         CatchUpRule::ComparableResourceVersions,
     )
-    .await?;
-    w.stop().await;
-    Ok(())
+    .await
 }
 
 /// Read your own writes: after each patch, `wait_for_write` then `get` shows that version
@@ -170,14 +180,12 @@ pub async fn after_compaction(server: Arc<Server>) -> Outcome {
     let now = server_now(&server.client).await?;
     delete_pods(&server.client, &pick(&now, 11, 40, 40)).await?;
     server.with_guard(|g| g.compact())?;
-    let (_db, reader, w) = reopen(&server, &dir, Engine::Redb)?;
-    caught_up_and_equal(
+    restart_and_check(
         "fresh-after-compaction",
-        &reader,
         &server,
+        &dir,
+        Engine::Redb,
         CatchUpRule::List,
     )
-    .await?;
-    w.stop().await;
-    Ok(())
+    .await
 }
