@@ -43,6 +43,12 @@ pub struct Stats {
     /// server sent although they are outside the shard, dropped by the store: the server
     /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
     pub shard_client_filtered: u64,
+    /// Objects decoded from JSON by the store: once per incoming object when it is
+    /// validated or indexed ([`Config::validate`](crate::Config::validate)), and once per
+    /// read that decodes a stored body (a `get` that missed the hot cache, each object of
+    /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
+    /// to a reconcile) from the hot cache costs one decode in all.
+    pub decodes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +66,7 @@ pub(crate) struct Counters {
     pub(crate) errors: AtomicU64,
     pub(crate) identity_resets: AtomicU64,
     pub(crate) shard_client_filtered: AtomicU64,
+    pub(crate) decodes: AtomicU64,
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
     pub(crate) last_watch_activity_ms: AtomicU64,
@@ -110,6 +117,7 @@ impl Counters {
             hot_cache_hits: 0,
             hot_cache_misses: 0,
             shard_client_filtered: self.shard_client_filtered.load(Relaxed),
+            decodes: self.decodes.load(Relaxed),
         }
     }
 }

@@ -30,6 +30,9 @@ pub(crate) struct Incoming {
     pub(crate) body: Vec<u8>,
     /// Secondary index entries (index name, value).
     pub(crate) index: Vec<(String, String)>,
+    /// The body as decoded into the stream's type by the validation decode, kept for the
+    /// hot cache (write-through) for watch events; `None` otherwise.
+    pub(crate) decoded: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// One write to apply.
