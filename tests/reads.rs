@@ -52,8 +52,8 @@ async fn until_applied(w: &mut Driven, names: &[String]) {
     }
 }
 
-/// Objects changed by watch events are read from the hot cache, decoded once (by the
-/// write path's validation); deleted, rejected and changed-again objects are never served
+/// Objects changed by watch events are read from the hot cache, as decoded by the write
+/// path's validation, without a decode; deleted, rejected and changed-again objects are never served
 /// in an older version, and a reopen starts with an empty cache.
 async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
     init_tracing();
@@ -77,11 +77,9 @@ async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
     let applied = reader.stats();
     let events = applied.watch_events - before.watch_events;
     assert_eq!(events, 60, "{applied:?}");
-    assert_eq!(
-        applied.decodes - before.decodes,
-        events,
-        "one decode per event"
-    );
+    // The write path's validation, and `Watcher::stream` handing out an owned `Pod`
+    // (a controller's trigger shares the validation decode instead: see below).
+    assert_eq!(applied.decodes - before.decodes, 2 * events, "{applied:?}");
     for n in &names {
         let pod = reader.get_named(Some("ns-0"), n).unwrap().expect("stored");
         assert_eq!(round_of(&pod), Some("1"), "{n}");

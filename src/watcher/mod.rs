@@ -172,6 +172,8 @@ pub struct Watcher<K> {
     /// jobs this watcher left queued on the disk thread (they hold the lease).
     _closer: LeaseCloser,
     path: std::path::PathBuf,
+    /// The stream's counters (decodes of event objects).
+    stats: Arc<Counters>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -226,12 +228,28 @@ where
     /// assert_eq!(reader.len(), 1);
     /// # Ok(()) }
     /// ```
-    pub fn stream(mut self) -> impl Stream<Item = Result<Event<K>>> + Send {
+    pub fn stream(self) -> impl Stream<Item = Result<Event<K>>> + Send {
+        use futures::StreamExt;
+        self.events(false).map(|item| match item {
+            Ok(Touched::Event(ev)) => Ok(ev),
+            // Only asked for with `refs`.
+            Ok(Touched::Changed(obj)) => Err(crate::Error::Config(format!(
+                "unexpected shared object {:?}",
+                obj.meta().name
+            ))),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// The events; with `refs` (the controller's main kind, which needs only which object
+    /// changed): an applied object as [`Touched::Changed`], shared with the hot cache when
+    /// the write path kept its decode, and the first list's objects not decoded at all.
+    pub(crate) fn events(mut self, refs: bool) -> impl Stream<Item = Result<Touched<K>>> + Send {
         self.machine.set_emit(true);
-        futures::stream::unfold(self, |mut w| async move {
+        futures::stream::unfold(self, move |mut w| async move {
             loop {
                 if let Some(raw) = w.machine.pending.pop_front() {
-                    if let Some(item) = w.decode(raw) {
+                    if let Some(item) = w.decode(raw, refs) {
                         return Some((item, w));
                     }
                     continue;
@@ -273,15 +291,32 @@ where
         }
     }
 
-    fn decode(&self, raw: RawEvent) -> Option<Result<Event<K>>> {
-        let obj = |body: Vec<u8>| match serde_json::from_slice::<K>(&body) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
-                None
+    fn decode(&self, raw: RawEvent, refs: bool) -> Option<Result<Touched<K>>> {
+        let obj = |body: &[u8]| {
+            Counters::add(&self.stats.decodes, 1);
+            match crate::json::decode_copy::<K>(body) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
+                    None
+                }
             }
         };
-        Some(Ok(match raw {
+        if refs {
+            match raw {
+                RawEvent::InitApply(_) => return None,
+                RawEvent::Apply(b) => {
+                    let shared = b.decoded.and_then(|d| d.downcast::<K>().ok());
+                    let obj = match shared {
+                        Some(obj) => obj,
+                        None => Arc::new(obj(&b.json)?),
+                    };
+                    return Some(Ok(Touched::Changed(obj)));
+                }
+                other => return self.decode(other, false),
+            }
+        }
+        Some(Ok(Touched::Event(match raw {
             RawEvent::Rejected(r) => {
                 return Some(Err(crate::Error::ObjectRejected {
                     path: self.path.clone(),
@@ -293,9 +328,12 @@ where
             RawEvent::Resumed(resource_version) => Event::Resumed { resource_version },
             RawEvent::Init => Event::Init,
             RawEvent::InitDone => Event::InitDone,
-            RawEvent::InitApply(b) => Event::InitApply(obj(b)?),
-            RawEvent::Apply(b) => Event::Apply(obj(b)?),
-            RawEvent::Delete(b) => match serde_json::from_slice::<K>(&b) {
+            RawEvent::InitApply(b) => Event::InitApply(obj(&b.json)?),
+            RawEvent::Apply(b) => Event::Apply(obj(&b.json)?),
+            RawEvent::Delete(b) => match {
+                Counters::add(&self.stats.decodes, 1);
+                crate::json::decode_copy::<K>(&b)
+            } {
                 Ok(k) => Event::Delete(k),
                 Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
                     Ok(k) => {
@@ -310,8 +348,15 @@ where
                     }
                 },
             },
-        }))
+        })))
     }
+}
+
+/// An event as [`Watcher::events`] hands it out.
+pub(crate) enum Touched<K> {
+    Event(Event<K>),
+    /// An applied object (created or changed by the watch), with `refs`.
+    Changed(Arc<K>),
 }
 
 impl Db {
@@ -534,7 +579,7 @@ impl Db {
             validate,
             writer,
             self.worker(),
-            stats,
+            stats.clone(),
         );
         Ok((
             reader,
@@ -542,6 +587,7 @@ impl Db {
                 machine,
                 _closer: closer,
                 path,
+                stats,
                 _k: PhantomData,
             },
         ))

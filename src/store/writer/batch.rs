@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::index::Entries;
-use super::{Change, Op, Tally, Writer};
+use super::{Body, Change, Op, Tally, Writer};
 use crate::error::{Error, Result};
 use crate::store::engine::WriteBatch;
 use crate::store::keys::{self, OBJECT, SEEN};
@@ -56,9 +56,9 @@ impl Writer {
                         next.count += 1;
                     }
                     written += 1;
-                    match o.decoded {
+                    match &o.decoded {
                         Some(obj) if self.keys_only.is_none() => {
-                            fresh.insert(key.clone(), (obj, o.body.len()));
+                            fresh.insert(key.clone(), (obj.clone(), o.body.len()));
                         }
                         _ => {
                             fresh.remove(&key);
@@ -86,10 +86,14 @@ impl Writer {
                     );
                     batch.put(key, record::encode(&rec));
                     if emit {
+                        let body = Body {
+                            json: o.body,
+                            decoded: o.decoded,
+                        };
                         changes.push(if existing.is_some() {
-                            Change::Updated(o.body)
+                            Change::Updated(body)
                         } else {
-                            Change::Created(o.body)
+                            Change::Created(body)
                         });
                     }
                 }

@@ -69,9 +69,17 @@ impl Op {
 /// What a committed batch changed, with the JSON body, for the event stream.
 #[derive(Debug)]
 pub(crate) enum Change {
-    Created(Vec<u8>),
-    Updated(Vec<u8>),
+    Created(Body),
+    Updated(Body),
     Deleted(Vec<u8>),
+}
+
+/// The JSON body of a created or updated object, and its decoded form when the write path
+/// kept it ([`Incoming::decoded`]): what an event needs without decoding it again.
+#[derive(Debug)]
+pub(crate) struct Body {
+    pub(crate) json: Vec<u8>,
+    pub(crate) decoded: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// What a batch did to objects, added to the counters once it is committed and before
