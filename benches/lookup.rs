@@ -4,10 +4,16 @@
 //! ```text
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g>`
+//!
+//! `persist_iter_as` decodes into a small type (name and node of each Pod);
+//! `persist_recent_get` reads the 1,000 objects most recently changed by watch events while
+//! the server updates 1,000 Pods per second (the write-through hot cache's case).
 
 mod support;
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,6 +24,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const GETS: usize = 100_000;
+/// How many of the most recently changed objects `persist_recent_get` reads.
+const RECENT: usize = 1000;
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
@@ -82,6 +90,8 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         plain.hit_rate,
         plain.apply_per_s,
     );
+    let (iter_per_s, iter_as_per_s, recent50) =
+        (plain.iter_per_s, plain.iter_as_per_s, plain.recent50);
 
     // kube-runtime's reflector Store::get on the same keys.
     let (store, writer) = reflector::store::<Pod>();
@@ -112,6 +122,14 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
             })
             .collect()
     };
+    let t = Instant::now();
+    let mut touched = 0usize;
+    for pod in store.state() {
+        touched += pod.metadata.name.as_ref().map_or(0, String::len);
+    }
+    let r_iter_per_s = keys.len() as f64 / t.elapsed().as_secs_f64();
+    std::hint::black_box(touched);
+    eprintln!("kube-runtime Store::state() iteration: {r_iter_per_s:.0} objects/s");
     let (r_hot50, _) = percentiles(time_store(&hot_seq));
     let (r_uni50, r_uni99) = percentiles(time_store(&uniform_seq));
     eprintln!(
@@ -123,7 +141,7 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine}"
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2}"
     );
 }
 
@@ -145,6 +163,9 @@ struct PersistFigures {
     raw50: f64,
     hit_rate: f64,
     apply_per_s: f64,
+    iter_per_s: f64,
+    iter_as_per_s: f64,
+    recent50: f64,
 }
 
 /// p50 of `f` over `seq`, in microseconds.
@@ -188,7 +209,22 @@ async fn measure_persist(
     let (reader, persist_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .expect("stream");
-    let task = tokio::spawn(persist_watcher.run());
+    // The objects the watch changed, newest last (at most RECENT), for the recent gets.
+    let recent = Arc::new(Mutex::new(VecDeque::<(String, String)>::new()));
+    let ring = recent.clone();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(persist_watcher.stream());
+        while let Some(ev) = events.next().await {
+            if let Ok(kube_persist::Event::Apply(pod)) = ev {
+                let mut ring = ring.lock().unwrap();
+                let m = pod.metadata;
+                ring.push_back((m.namespace.unwrap_or_default(), m.name.unwrap_or_default()));
+                if ring.len() > RECENT {
+                    ring.pop_front();
+                }
+            }
+        }
+    });
     let t = Instant::now();
     reader.wait_until_live().await.expect("ready");
     eprintln!(
@@ -197,10 +233,13 @@ async fn measure_persist(
         t.elapsed().as_secs_f64()
     );
 
-    let (hot50, uni50, uni99, raw50, hit_rate) = if apply_only {
+    let (hot50, uni50, uni99, raw50, hit_rate, reads) = if apply_only {
         Default::default()
     } else {
-        read_figures(label, &reader, url, work, encrypted).await
+        let (a, b, c, d, e) = read_figures(label, &reader, url, work, encrypted).await;
+        let reads = scan_figures(label, &reader, url, recent).await;
+        index_figures(label, &db, client).await;
+        (a, b, c, d, e, reads)
     };
 
     // Apply throughput: updates are made while the watcher is stopped (the test server
@@ -249,6 +288,9 @@ async fn measure_persist(
         raw50,
         hit_rate,
         apply_per_s: per_s,
+        iter_per_s: reads.iter_per_s,
+        iter_as_per_s: reads.iter_as_per_s,
+        recent50: reads.recent50,
     }
 }
 
@@ -435,4 +477,163 @@ async fn read_figures(
         hit_rate * 100.0
     );
     (hot50, uni50, uni99, raw50, hit_rate)
+}
+
+/// Iteration and recent-get figures of one store.
+#[derive(Default)]
+struct ScanFigures {
+    iter_per_s: f64,
+    iter_as_per_s: f64,
+    recent50: f64,
+}
+
+/// What a partial scan decodes: each Pod's name and node.
+#[derive(serde::Deserialize)]
+struct NameAndNode {
+    metadata: NameOnly,
+    spec: Option<NodeOnly>,
+}
+
+#[derive(serde::Deserialize)]
+struct NameOnly {
+    name: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeOnly {
+    node_name: Option<String>,
+}
+
+/// Objects per second of `f`, which returns how many objects it read.
+fn per_s(f: impl FnOnce() -> usize) -> (f64, usize) {
+    let t = Instant::now();
+    let n = f();
+    (n as f64 / t.elapsed().as_secs_f64(), n)
+}
+
+/// Iteration (all, one namespace, full and partial decode) on the blocking pool, then gets
+/// of the objects most recently changed while the server updates 1,000 Pods/s.
+async fn scan_figures(
+    label: &str,
+    reader: &kube_persist::Reader<Pod>,
+    url: &str,
+    recent: Arc<Mutex<VecDeque<(String, String)>>>,
+) -> ScanFigures {
+    let r = reader.clone();
+    let name = label.to_string();
+    let (iter_per_s, iter_as_per_s) = tokio::task::spawn_blocking(move || {
+        let label = name;
+        let count = |it: &mut dyn Iterator<Item = kube_persist::Result<()>>| {
+            it.map(|o| o.expect("decodes")).count()
+        };
+        let (all, n) = per_s(|| count(&mut r.iter().map(|p| p.map(|p| drop(std::hint::black_box(p))))));
+        let (partial, _) = per_s(|| {
+            count(&mut r.iter_as::<NameAndNode>().map(|p| {
+                p.map(|p| drop(std::hint::black_box((p.metadata.name, p.spec.map(|s| s.node_name)))))
+            }))
+        });
+        let (ns, ns_n) = per_s(|| count(&mut r.iter_namespace("ns-3").map(|p| p.map(drop))));
+        let (ns_as, _) = per_s(|| {
+            count(&mut r.iter_namespace_as::<NameAndNode>("ns-3").map(|p| p.map(drop)))
+        });
+        eprintln!(
+            "{label} iteration (objects/s): iter {all:.0} ({n} objects), iter_as::<name and node> {partial:.0}; \
+             iter_namespace {ns:.0} ({ns_n} objects), iter_namespace_as {ns_as:.0}; {} decode threads",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+        (all, partial)
+    })
+    .await
+    .expect("iteration");
+
+    let url = url.to_string();
+    let churn = tokio::spawn(async move {
+        for round in 0u64.. {
+            support::admin(
+                &url,
+                "POST",
+                &format!(
+                    "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
+                    5000 + round
+                ),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    while recent.lock().unwrap().len() < RECENT {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = reader.clone();
+    let before = reader.stats();
+    let (times, events) = tokio::task::spawn_blocking(move || {
+        let mut times = Vec::new();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            let keys: Vec<(String, String)> = recent.lock().unwrap().iter().cloned().collect();
+            for (ns, name) in &keys {
+                let t = Instant::now();
+                let got = r.get_named(Some(ns), name).expect("get");
+                times.push(t.elapsed());
+                assert!(got.is_some(), "{ns}/{name} missing");
+            }
+        }
+        (times, r.stats().watch_events - before.watch_events)
+    })
+    .await
+    .expect("recent gets");
+    churn.abort();
+    let after = reader.stats();
+    let gets = times.len();
+    let (recent50, recent99) = percentiles(times);
+    let hits = after.hot_cache_hits - before.hot_cache_hits;
+    eprintln!(
+        "{label} recent gets (the {RECENT} objects last changed, while the server updates ~1,000 Pods/s; \
+         {events} events applied in 3 s): p50 {recent50:.2} us p99 {recent99:.2} us over {gets} gets, \
+         {hits} hot cache hits, {} misses",
+        after.hot_cache_misses - before.hot_cache_misses
+    );
+    ScanFigures {
+        iter_per_s,
+        iter_as_per_s,
+        recent50,
+    }
+}
+
+/// `by_index` throughput: a second stream of the same Pods with a `node` index (100
+/// nodes), read 10 nodes' worth (about a tenth of the Pods).
+async fn index_figures(label: &str, db: &kube_persist::Db, client: &kube::Client) {
+    let config = kube_persist::Config::default().index("node", |p: &Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .into_iter()
+            .collect()
+    });
+    let (reader, watcher) = db
+        .store("pods-by-node", Api::<Pod>::all(client.clone()), config)
+        .expect("indexed stream");
+    let task = tokio::spawn(watcher.run());
+    reader
+        .wait_until_ready()
+        .await
+        .expect("indexed stream ready");
+    let label = label.to_string();
+    tokio::task::spawn_blocking(move || {
+        let (rate, n) = per_s(|| {
+            (0..10)
+                .map(|i| {
+                    let objects = reader
+                        .by_index("node", &format!("node-{i}"))
+                        .expect("index");
+                    objects.map(|p| drop(p.expect("decodes"))).count()
+                })
+                .sum()
+        });
+        eprintln!("{label} by_index (node, 10 values): {rate:.0} objects/s ({n} objects)");
+    })
+    .await
+    .expect("by_index");
+    task.abort();
 }
