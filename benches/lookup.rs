@@ -69,6 +69,11 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         hot_seq: &hot_seq,
         uniform_seq: &uniform_seq,
     };
+    if let Some(mode) = std::env::args().find(|a| a == "--scan-only" || a == "--gets-only") {
+        // For profiling the read paths: sync, then only iterate (or only get) for a while.
+        profile_reads(engine, &client, &work, mode == "--scan-only").await;
+        return;
+    }
     if std::env::args().any(|a| a == "--apply-only") {
         // For profiling the write path: sync, then apply the streamed events; no gets.
         let f = measure_persist(engine, &url, &client, &work, None, true).await;
@@ -635,5 +640,50 @@ async fn index_figures(label: &str, db: &kube_persist::Db, client: &kube::Client
     })
     .await
     .expect("by_index");
+    task.abort();
+}
+
+/// `--scan-only`: `iter()` over the whole store for 10 s; `--gets-only`: uniform random
+/// gets for 10 s (with the hot cache off). For `perf record`.
+async fn profile_reads(
+    engine: kube_persist::Engine,
+    client: &kube::Client,
+    work: &Workload<'_>,
+    scan: bool,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_config = kube_persist::DbConfig::default().engine(engine);
+    let db = kube_persist::Db::open_with(dir.path().join("store"), db_config).expect("open");
+    let config = kube_persist::Config::default().hot_cache(0);
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(client.clone()), config)
+        .expect("stream");
+    let task = tokio::spawn(watcher.run());
+    reader.wait_until_live().await.expect("ready");
+    let keys = work.keys.to_vec();
+    let seq = work.uniform_seq.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        let mut n = 0usize;
+        while t.elapsed() < Duration::from_secs(10) {
+            if scan {
+                n += reader.iter().map(|p| drop(p.expect("decodes"))).count();
+            } else {
+                for &i in &seq[..10_000] {
+                    let (ns, name) = &keys[i];
+                    assert!(reader.get_named(Some(ns), name).expect("get").is_some());
+                }
+                n += 10_000;
+            }
+        }
+        let what = if scan { "objects iterated" } else { "gets" };
+        eprintln!(
+            "{n} {what} in {:.1} s: {:.0}/s",
+            t.elapsed().as_secs_f64(),
+            n as f64 / t.elapsed().as_secs_f64()
+        );
+    })
+    .await
+    .expect("reads");
     task.abort();
 }

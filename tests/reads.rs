@@ -206,6 +206,11 @@ async fn parallel_iteration_keeps_key_order(engine: Engine) {
     let before = reader.stats().decodes;
     assert_eq!(reader.iter().take(3).count(), 3);
     assert!(reader.stats().decodes - before < 32);
+    // Dropped while read ahead (its threads stop and are joined), then read again.
+    let mut it = reader.iter();
+    assert_eq!(it.by_ref().take(500).count(), 500);
+    drop(it);
+    assert_eq!(reader.iter().skip(1000).count(), want.len() - 1000);
 
     let mut by_app = std::collections::BTreeMap::<String, Vec<_>>::new();
     for p in reader.iter() {

@@ -10,6 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+mod ahead;
 mod hot;
 mod iter;
 

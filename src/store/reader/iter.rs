@@ -1,17 +1,14 @@
 //! Reading many objects: whole-store and per-namespace iteration and index lookups,
-//! read from disk in chunks and decoded in parallel, in key order, with memory bounded by
-//! one chunk.
+//! read from disk in chunks and decoded ahead of the caller in parallel (`ahead.rs`),
+//! handed out in key order, with memory bounded by a few chunks.
 
-use std::collections::VecDeque;
-use std::marker::PhantomData;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
+use super::ahead::{Ahead, MapFn};
 use super::{Reader, decode_value};
-use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::engine::Entry;
@@ -22,8 +19,9 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     /// All stored objects, ordered by namespace then name, read lazily from disk
-    /// in chunks, each decoded in parallel (on the calling thread and, for larger chunks,
-    /// as many scoped threads as there are other cores); at most one chunk is held.
+    /// in chunks and decoded ahead of the caller on as many threads as there are cores (the
+    /// first few objects on the calling thread), handed out in key order; memory is
+    /// bounded by a few chunks of 64 objects.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -101,7 +99,7 @@ where
     /// assert_eq!(nodes, [Some("node-1".to_string()), Some("node-2".to_string())]);
     /// # Ok(()) }
     /// ```
-    pub fn iter_as<T: DeserializeOwned + Send>(&self) -> Iter<T> {
+    pub fn iter_as<T: DeserializeOwned + Send + 'static>(&self) -> Iter<T> {
         let (start, end) = keys::range(OBJECT, None);
         self.iter_range(&start, &end)
     }
@@ -126,23 +124,30 @@ where
     /// assert_eq!(metas.count(), 2);
     /// # Ok(()) }
     /// ```
-    pub fn iter_namespace_as<T: DeserializeOwned + Send>(&self, namespace: &str) -> Iter<T> {
+    pub fn iter_namespace_as<T: DeserializeOwned + Send + 'static>(
+        &self,
+        namespace: &str,
+    ) -> Iter<T> {
         let (start, end) = keys::range(OBJECT, Some(namespace));
         self.iter_range(&start, &end)
     }
 
-    fn iter_range<T>(&self, start: &[u8], end: &[u8]) -> Iter<T> {
-        let inner: Box<dyn Iterator<Item = Result<Entry>> + Send> = match self.bodies() {
+    fn iter_range<T: DeserializeOwned + Send + 'static>(
+        &self,
+        start: &[u8],
+        end: &[u8],
+    ) -> Iter<T> {
+        let entries: Box<dyn Iterator<Item = Result<Entry>> + Send> = match self.bodies() {
             Ok(()) => self.backend.range(start, end),
             Err(e) => Box::new(std::iter::once(Err(e))),
         };
+        let (path, cipher, stats) = (self.path.clone(), self.cipher.clone(), self.stats.clone());
+        let decode: MapFn<Result<T>> = Arc::new(move |(k, v)| {
+            Counters::add(&stats.decodes, 1);
+            decode_value::<T>(&path, &k, &v, cipher.as_deref()).map(|(t, _)| t)
+        });
         Iter {
-            inner,
-            path: self.path.clone(),
-            cipher: self.cipher.clone(),
-            stats: self.stats.clone(),
-            ahead: Ahead::default(),
-            _t: PhantomData,
+            ahead: Ahead::new(entries, decode, Err, self.path.clone()),
         }
     }
 
@@ -179,11 +184,15 @@ where
         }
         let prefix = keys::index_prefix(index, value);
         let end = keys::prefix_end(&prefix);
+        let (reader, prefix_len) = (self.clone(), prefix.len());
+        let get: MapFn<Result<Option<Arc<K>>>> = Arc::new(move |(key, _)| {
+            let text = String::from_utf8_lossy(&key[prefix_len..]);
+            let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
+            reader.get_named((!ns.is_empty()).then_some(ns), name)
+        });
+        let entries = self.backend.range(&prefix, &end);
         Ok(ByIndex {
-            inner: self.backend.range(&prefix, &end),
-            prefix_len: prefix.len(),
-            reader: self.clone(),
-            ahead: Ahead::default(),
+            ahead: Ahead::new(entries, get, Err, self.path.clone()),
         })
     }
 }
@@ -212,9 +221,6 @@ where
 /// # Ok(()) }
 /// ```
 pub struct ByIndex<K> {
-    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
-    prefix_len: usize,
-    reader: Reader<K>,
     ahead: Ahead<Result<Option<Arc<K>>>>,
 }
 
@@ -226,21 +232,7 @@ where
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if self.ahead.ready.is_empty() {
-                let reader = &self.reader;
-                let prefix_len = self.prefix_len;
-                self.ahead.fill(
-                    &mut self.inner,
-                    &|(key, _)| {
-                        let suffix = &key[prefix_len..];
-                        let text = String::from_utf8_lossy(suffix);
-                        let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
-                        reader.get_named((!ns.is_empty()).then_some(ns), name)
-                    },
-                    Err,
-                );
-            }
-            match self.ahead.ready.pop_front()? {
+            match self.ahead.next()? {
                 Ok(Some(obj)) => return Some(Ok(obj)),
                 // Deleted between the index read and the object read: skip it.
                 Ok(None) => continue,
@@ -270,131 +262,13 @@ where
 /// # Ok(()) }
 /// ```
 pub struct Iter<K> {
-    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
-    path: Arc<PathBuf>,
-    cipher: Option<Arc<Cipher>>,
-    stats: Arc<Counters>,
     ahead: Ahead<Result<K>>,
-    _t: PhantomData<fn() -> K>,
 }
 
-impl<K: DeserializeOwned + Send> Iterator for Iter<K> {
+impl<K: Send + 'static> Iterator for Iter<K> {
     type Item = Result<K>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.ahead.ready.is_empty() {
-            let (path, cipher) = (&*self.path, self.cipher.as_deref());
-            let n = self.ahead.fill(
-                &mut self.inner,
-                &|(k, v)| decode_value::<K>(path, &k, &v, cipher).map(|(t, _)| t),
-                Err,
-            );
-            Counters::add(&self.stats.decodes, n as u64);
-        }
-        self.ahead.ready.pop_front()
+        self.ahead.next()
     }
-}
-
-/// Entries read ahead of the caller and decoded together: the first chunk is small (a
-/// caller that takes one object pays for a few), the next ones double up to this.
-const MAX_CHUNK: usize = 256;
-const FIRST_CHUNK: usize = 8;
-/// Chunks smaller than this are decoded on the calling thread alone.
-const PARALLEL_MIN: usize = 32;
-
-/// The results of the chunk being handed out, in key order.
-struct Ahead<T> {
-    ready: VecDeque<T>,
-    chunk: usize,
-}
-
-impl<T> Default for Ahead<T> {
-    fn default() -> Self {
-        Ahead {
-            ready: VecDeque::new(),
-            chunk: FIRST_CHUNK,
-        }
-    }
-}
-
-impl<T: Send> Ahead<T> {
-    /// Read the next chunk of entries from `inner` and map them with `f` in parallel;
-    /// a read error is handed out in its place, after what came before it. Returns how
-    /// many entries were mapped.
-    fn fill(
-        &mut self,
-        inner: &mut (dyn Iterator<Item = Result<Entry>> + Send),
-        f: &(dyn Fn(Entry) -> T + Sync),
-        failed_read: fn(Error) -> T,
-    ) -> usize {
-        let mut entries = Vec::with_capacity(self.chunk);
-        let mut failed = None;
-        while entries.len() < self.chunk {
-            match inner.next() {
-                Some(Ok(e)) => entries.push(e),
-                Some(Err(e)) => {
-                    failed = Some(e);
-                    break;
-                }
-                None => break,
-            }
-        }
-        self.chunk = (self.chunk * 2).min(MAX_CHUNK);
-        let n = entries.len();
-        self.ready.extend(par_map(entries, f));
-        self.ready.extend(failed.map(failed_read));
-        n
-    }
-}
-
-/// How many threads decode a chunk (the caller's included).
-fn decode_threads() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8)
-    })
-}
-
-/// `items` mapped by `f`, in order: split in contiguous parts, the first mapped on this
-/// thread and the others on scoped threads (decoding is CPU work; when called from an
-/// async task, the caller is already blocking, and the helpers are never async workers).
-/// A part whose thread cannot be started is mapped on this thread.
-fn par_map<I: Send, O: Send>(mut items: Vec<I>, f: &(dyn Fn(I) -> O + Sync)) -> Vec<O> {
-    let threads = decode_threads();
-    if threads < 2 || items.len() < PARALLEL_MIN {
-        return items.into_iter().map(f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let mut parts = Vec::with_capacity(threads);
-    while items.len() > per {
-        let rest = items.split_off(per);
-        parts.push(Mutex::new(std::mem::replace(&mut items, rest)));
-    }
-    parts.push(Mutex::new(items));
-    let take = |part: &Mutex<Vec<I>>| -> Vec<O> {
-        let items = std::mem::take(&mut *part.lock().unwrap_or_else(|p| p.into_inner()));
-        items.into_iter().map(f).collect()
-    };
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = parts[1..]
-            .iter()
-            .map(|part| {
-                std::thread::Builder::new()
-                    .name("kube-persist-decode".into())
-                    .spawn_scoped(s, move || take(part))
-                    .ok()
-            })
-            .collect();
-        let mut out = take(&parts[0]);
-        for (h, part) in helpers.into_iter().zip(&parts[1..]) {
-            match h.map(|h| h.join()) {
-                Some(Ok(mapped)) => out.extend(mapped),
-                Some(Err(panic)) => std::panic::resume_unwind(panic),
-                None => out.extend(take(part)),
-            }
-        }
-        out
-    })
 }
