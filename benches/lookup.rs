@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
+//! cargo bench --bench lookup_mimalloc [-- ...]   # the same, mimalloc as the allocator
 //! ```
 //! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g>`
 //!
@@ -11,6 +12,65 @@
 //! the server updates 1,000 Pods per second (the write-through hot cache's case).
 
 mod support;
+
+/// The global allocator: glibc's malloc (the system allocator), or mimalloc when this file
+/// is built into the `lookup_mimalloc` bench.
+const MIMALLOC: bool = is(env!("CARGO_CRATE_NAME").as_bytes(), b"lookup_mimalloc");
+
+const fn is(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+struct Allocator;
+
+// SAFETY: every call is forwarded to one allocator, the same one for the whole process.
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.alloc(layout)
+            } else {
+                std::alloc::System.alloc(layout)
+            }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from the same allocator's `alloc`.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.dealloc(ptr, layout)
+            } else {
+                std::alloc::System.dealloc(ptr, layout)
+            }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        // SAFETY: as above.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.realloc(ptr, layout, size)
+            } else {
+                std::alloc::System.realloc(ptr, layout, size)
+            }
+        }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Allocator = Allocator;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -33,13 +93,14 @@ fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
-fn main() {
+pub fn main() {
     if support::client_main() {
         return;
     }
     let n = support::pods_arg().unwrap_or(100_000);
     let engine = support::engine_arg();
     eprintln!("storage engine: {engine}");
+    eprintln!("allocator: {}", if MIMALLOC { "mimalloc" } else { "glibc" });
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(bench(n, engine));
 }
@@ -538,13 +599,17 @@ async fn scan_figures(
                 p.map(|p| drop(std::hint::black_box((p.metadata.name, p.spec.map(|s| s.node_name)))))
             }))
         });
+        let inline = r.clone().read_threads(1);
+        let (one, _) = per_s(|| count(&mut inline.iter().map(|p| p.map(drop))));
+        let (one_as, _) = per_s(|| count(&mut inline.iter_as::<NameAndNode>().map(|p| p.map(drop))));
         let (ns, ns_n) = per_s(|| count(&mut r.iter_namespace("ns-3").map(|p| p.map(drop))));
         let (ns_as, _) = per_s(|| {
             count(&mut r.iter_namespace_as::<NameAndNode>("ns-3").map(|p| p.map(drop)))
         });
         eprintln!(
             "{label} iteration (objects/s): iter {all:.0} ({n} objects), iter_as::<name and node> {partial:.0}; \
-             iter_namespace {ns:.0} ({ns_n} objects), iter_namespace_as {ns_as:.0}; {} decode threads",
+             iter_namespace {ns:.0} ({ns_n} objects), iter_namespace_as {ns_as:.0}; {} cores; \
+             on the calling thread alone (read_threads(1)): iter {one:.0}, iter_as {one_as:.0}",
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         (all, partial)
@@ -643,8 +708,9 @@ async fn index_figures(label: &str, db: &kube_persist::Db, client: &kube::Client
     task.abort();
 }
 
-/// `--scan-only`: `iter()` over the whole store for 10 s; `--gets-only`: uniform random
-/// gets for 10 s (with the hot cache off). For `perf record`.
+/// `--scan-only`: `iter()` over the whole store for 10 s (`--read-threads N` as
+/// `Reader::read_threads`); `--gets-only`: uniform random gets for 10 s (with the hot cache
+/// off). For `perf record`.
 async fn profile_reads(
     engine: kube_persist::Engine,
     client: &kube::Client,
@@ -660,10 +726,15 @@ async fn profile_reads(
         .expect("stream");
     let task = tokio::spawn(watcher.run());
     reader.wait_until_live().await.expect("ready");
+    let threads = std::env::args()
+        .skip_while(|a| a != "--read-threads")
+        .nth(1)
+        .map_or(0, |n| n.parse().expect("--read-threads N"));
+    let reader = reader.read_threads(threads);
     let keys = work.keys.to_vec();
     let seq = work.uniform_seq.to_vec();
     tokio::task::spawn_blocking(move || {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), cpu_seconds());
         let mut n = 0usize;
         while t.elapsed() < Duration::from_secs(10) {
             if scan {
@@ -677,13 +748,27 @@ async fn profile_reads(
             }
         }
         let what = if scan { "objects iterated" } else { "gets" };
+        let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - cpu);
         eprintln!(
-            "{n} {what} in {:.1} s: {:.0}/s",
-            t.elapsed().as_secs_f64(),
-            n as f64 / t.elapsed().as_secs_f64()
+            "{n} {what} in {wall:.1} s: {:.0}/s; process CPU {:.1} us per object ({:.2} cores busy)",
+            n as f64 / wall,
+            cpu * 1e6 / n as f64,
+            cpu / wall
         );
     })
     .await
     .expect("reads");
     task.abort();
+}
+
+/// CPU time (user + system) of this process so far, in seconds.
+fn cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }

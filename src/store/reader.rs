@@ -55,6 +55,8 @@ pub struct Reader<K> {
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
     keys_only: bool,
+    /// Threads that decode ahead of an iteration (0: one per core).
+    read_threads: usize,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -68,6 +70,7 @@ impl<K> Clone for Reader<K> {
             cache: self.cache.clone(),
             cipher: self.cipher.clone(),
             keys_only: self.keys_only,
+            read_threads: self.read_threads,
             _k: PhantomData,
         }
     }
@@ -102,6 +105,7 @@ where
             cache,
             cipher,
             keys_only: false,
+            read_threads: 0,
             _k: PhantomData,
         }
     }

@@ -27,8 +27,8 @@ const PERMITS_PER_WORKER: usize = 2;
 pub(super) type MapFn<T> = Arc<dyn Fn(Entry) -> T + Send + Sync>;
 type Entries = Box<dyn Iterator<Item = Result<Entry>> + Send>;
 
-/// The threads that map chunks (the calling thread consumes).
-fn workers() -> usize {
+/// The threads that map chunks when not chosen (the calling thread consumes).
+fn default_threads() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| {
         std::thread::available_parallelism()
@@ -47,6 +47,8 @@ pub(super) struct Ahead<T> {
     path: Arc<PathBuf>,
     chunk: usize,
     inline_chunks: usize,
+    /// Worker threads; 1: everything on the calling thread.
+    threads: usize,
 }
 
 enum State<T> {
@@ -56,11 +58,13 @@ enum State<T> {
 }
 
 impl<T: Send + 'static> Ahead<T> {
+    /// `threads`: 0 for one per core, 1 for none (all on the calling thread).
     pub(super) fn new(
         entries: Entries,
         map: MapFn<T>,
         failed: fn(Error) -> T,
         path: Arc<PathBuf>,
+        threads: usize,
     ) -> Self {
         Ahead {
             state: State::Inline(entries),
@@ -70,6 +74,11 @@ impl<T: Send + 'static> Ahead<T> {
             path,
             chunk: FIRST_CHUNK,
             inline_chunks: 0,
+            threads: if threads == 0 {
+                default_threads()
+            } else {
+                threads
+            },
         }
     }
 
@@ -81,13 +90,14 @@ impl<T: Send + 'static> Ahead<T> {
             match std::mem::replace(&mut self.state, State::Done) {
                 State::Done => return None,
                 State::Piped(mut pipe) => {
-                    let chunk = pipe.next_chunk(self.failed, &self.path)?;
+                    let chunk = pipe.next_chunk(self.failed)?;
                     self.ready.extend(chunk);
                     self.state = State::Piped(pipe);
                 }
                 State::Inline(mut entries) => {
-                    if self.inline_chunks >= INLINE_CHUNKS && workers() > 1 {
-                        match Pipe::start(entries, &self.map, self.failed, &self.path) {
+                    if self.inline_chunks >= INLINE_CHUNKS && self.threads > 1 {
+                        let (map, path) = (&self.map, &self.path);
+                        match Pipe::start(entries, map, self.failed, path, self.threads) {
                             Ok(pipe) => self.state = State::Piped(pipe),
                             // No thread could be started: go on here.
                             Err(back) => {
@@ -140,6 +150,8 @@ fn read_chunk<T>(
 struct Pipe<T> {
     rx: Option<mpsc::Receiver<(u64, Vec<T>)>>,
     shared: Arc<Shared>,
+    map: MapFn<T>,
+    path: Arc<PathBuf>,
     workers: Vec<std::thread::JoinHandle<()>>,
     pending: BTreeMap<u64, Vec<T>>,
     next: u64,
@@ -171,8 +183,8 @@ impl<T: Send + 'static> Pipe<T> {
         map: &MapFn<T>,
         failed: fn(Error) -> T,
         path: &Arc<PathBuf>,
+        n: usize,
     ) -> std::result::Result<Self, Entries> {
-        let n = workers();
         let shared = Arc::new(Shared {
             source: Mutex::new(Source {
                 entries: Some(entries),
@@ -205,14 +217,18 @@ impl<T: Send + 'static> Pipe<T> {
         Ok(Pipe {
             rx: Some(rx),
             shared,
+            map: map.clone(),
+            path: path.clone(),
             workers: handles,
             pending: BTreeMap::new(),
             next: 0,
         })
     }
 
-    /// The next chunk in key order; `None` at the end.
-    fn next_chunk(&mut self, failed: fn(Error) -> T, path: &std::path::Path) -> Option<Vec<T>> {
+    /// The next chunk in key order; `None` at the end. While it is not mapped yet, this
+    /// thread maps the next chunk not taken rather than wait (on a busy machine the workers
+    /// may get no CPU at all: the caller then does the work, as without them).
+    fn next_chunk(&mut self, failed: fn(Error) -> T) -> Option<Vec<T>> {
         loop {
             if let Some(chunk) = self.pending.remove(&self.next) {
                 self.next += 1;
@@ -220,17 +236,26 @@ impl<T: Send + 'static> Pipe<T> {
                 self.shared.wake.notify_one();
                 return Some(chunk);
             }
-            match self.rx.as_ref()?.recv() {
+            let rx = self.rx.as_ref()?;
+            let received = match rx.try_recv() {
+                Ok(sent) => Ok(sent),
+                Err(mpsc::TryRecvError::Empty) => match take_chunk(&self.shared, false, failed) {
+                    Some((seq, read)) => Ok((seq, map_chunk(read, &self.map, failed, &self.path))),
+                    None => rx.recv().map_err(drop),
+                },
+                Err(mpsc::TryRecvError::Disconnected) => Err(()),
+            };
+            match received {
                 Ok((seq, chunk)) => {
                     self.pending.insert(seq, chunk);
                 }
                 // Every worker is gone. With chunks still waiting, one never came.
-                Err(_) if self.pending.is_empty() => return None,
-                Err(_) => {
+                Err(()) if self.pending.is_empty() => return None,
+                Err(()) => {
                     self.pending.clear();
                     self.rx = None;
                     return Some(vec![failed(Error::Storage {
-                        path: path.to_path_buf(),
+                        path: self.path.to_path_buf(),
                         detail: "a read-ahead thread stopped before its chunk".into(),
                     })]);
                 }
@@ -251,8 +276,57 @@ impl<T> Drop for Pipe<T> {
     }
 }
 
-/// One worker: take the next chunk of entries (in key order, with its sequence number),
-/// map it, send it; until the range ends or the iterator is dropped.
+/// The next chunk of entries to map, with its sequence number (taking a permit): waiting
+/// for a permit if `wait`; `None` once the range ended or the iterator was dropped.
+fn take_chunk<T>(
+    shared: &Shared,
+    wait: bool,
+    failed: fn(Error) -> T,
+) -> Option<(u64, Vec<std::result::Result<Entry, T>>)> {
+    let mut s = shared.lock();
+    while wait && s.permits == 0 && !s.stop && !s.ended {
+        s = shared.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+    }
+    if s.stop || s.ended || s.permits == 0 {
+        return None;
+    }
+    s.permits -= 1;
+    let seq = s.seq;
+    s.seq += 1;
+    let entries = s.entries.as_mut()?;
+    let (read, ended) = read_chunk(entries, CHUNK, failed);
+    if ended {
+        s.ended = true;
+        shared.wake.notify_all();
+    }
+    Some((seq, read))
+}
+
+/// Map a chunk; a panic becomes an error in its place.
+fn map_chunk<T>(
+    read: Vec<std::result::Result<Entry, T>>,
+    map: &MapFn<T>,
+    failed: fn(Error) -> T,
+    path: &std::path::Path,
+) -> Vec<T> {
+    let mapped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read.into_iter()
+            .map(|r| match r {
+                Ok(entry) => map(entry),
+                Err(item) => item,
+            })
+            .collect::<Vec<T>>()
+    }));
+    mapped.unwrap_or_else(|_| {
+        vec![failed(Error::Storage {
+            path: path.to_path_buf(),
+            detail: "reading an object panicked".into(),
+        })]
+    })
+}
+
+/// One worker: take the next chunk of entries, map it, send it; until the range ends or
+/// the iterator is dropped.
 fn work<T: Send>(
     shared: &Shared,
     tx: &mpsc::SyncSender<(u64, Vec<T>)>,
@@ -260,43 +334,8 @@ fn work<T: Send>(
     failed: fn(Error) -> T,
     path: &std::path::Path,
 ) {
-    loop {
-        let (seq, read) = {
-            let mut s = shared.lock();
-            while s.permits == 0 && !s.stop && !s.ended {
-                s = shared.wake.wait(s).unwrap_or_else(|p| p.into_inner());
-            }
-            if s.stop || s.ended {
-                return;
-            }
-            s.permits -= 1;
-            let seq = s.seq;
-            s.seq += 1;
-            let Some(entries) = s.entries.as_mut() else {
-                return;
-            };
-            let (read, ended) = read_chunk(entries, CHUNK, failed);
-            if ended {
-                s.ended = true;
-                shared.wake.notify_all();
-            }
-            (seq, read)
-        };
-        let mapped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            read.into_iter()
-                .map(|r| match r {
-                    Ok(entry) => map(entry),
-                    Err(item) => item,
-                })
-                .collect::<Vec<T>>()
-        }));
-        let chunk = mapped.unwrap_or_else(|_| {
-            vec![failed(Error::Storage {
-                path: path.to_path_buf(),
-                detail: "reading an object panicked".into(),
-            })]
-        });
-        if tx.send((seq, chunk)).is_err() {
+    while let Some((seq, read)) = take_chunk(shared, true, failed) {
+        if tx.send((seq, map_chunk(read, map, failed, path))).is_err() {
             return;
         }
     }
