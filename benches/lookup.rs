@@ -270,8 +270,14 @@ async fn measure_persist(
         db_config = db_config.encryption_key(k);
     }
     let db = kube_persist::Db::open_with(dir.path().join("store"), db_config).expect("open");
-    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded).
-    let config = || kube_persist::Config::default().hot_cache(128 << 20);
+    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded);
+    // `--no-hot-cache` turns it off (and with it the write-through of applied events).
+    let cache = if std::env::args().any(|a| a == "--no-hot-cache") {
+        0
+    } else {
+        128 << 20
+    };
+    let config = || kube_persist::Config::default().hot_cache(cache);
     let (reader, persist_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .expect("stream");
@@ -378,21 +384,7 @@ async fn churn_hit_rate(
     for i in (1..order.len()).rev() {
         order.swap(i, rng.random_range(0..=i));
     }
-    let url = url.to_string();
-    let churn = tokio::spawn(async move {
-        for round in 0u64.. {
-            support::admin(
-                &url,
-                "POST",
-                &format!(
-                    "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
-                    1000 + round
-                ),
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    let churn = spawn_churn(url, 1000);
     let before = reader.stats();
     let reader = reader.clone();
     let keys = keys.to_vec();
@@ -617,21 +609,7 @@ async fn scan_figures(
     .await
     .expect("iteration");
 
-    let url = url.to_string();
-    let churn = tokio::spawn(async move {
-        for round in 0u64.. {
-            support::admin(
-                &url,
-                "POST",
-                &format!(
-                    "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
-                    5000 + round
-                ),
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    let churn = spawn_churn(url, 5000);
     while recent.lock().unwrap().len() < RECENT {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -771,4 +749,20 @@ fn cpu_seconds() -> f64 {
     };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// Updates 1,000 random Pods per second on the server (100 every 100 ms), with seeds from
+/// `seed`, until aborted.
+fn spawn_churn(url: &str, seed: u64) -> tokio::task::JoinHandle<()> {
+    let url = url.to_string();
+    tokio::spawn(async move {
+        for round in 0u64.. {
+            let path = format!(
+                "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
+                seed + round
+            );
+            support::admin(&url, "POST", &path).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
 }

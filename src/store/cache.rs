@@ -168,16 +168,8 @@ impl HotCache {
         if written_since {
             return;
         }
-        if let Some((_, old)) = inner.map.put(key, (value, cost)) {
-            inner.bytes -= old;
-        }
-        inner.bytes += cost;
-        while inner.bytes > max_bytes {
-            match inner.map.pop_lru() {
-                Some((_, (_, c))) => inner.bytes -= c,
-                None => break,
-            }
-        }
+        inner.put(key, value, cost);
+        inner.evict(max_bytes);
     }
 
     /// A cached object, counted as a hit; a miss is not counted and admits nothing (the
@@ -208,17 +200,9 @@ impl HotCache {
             if cost > max_bytes {
                 continue;
             }
-            if let Some((_, old)) = inner.map.put(key, (value, cost)) {
-                inner.bytes -= old;
-            }
-            inner.bytes += cost;
+            inner.put(key, value, cost);
         }
-        while inner.bytes > max_bytes {
-            match inner.map.pop_lru() {
-                Some((_, (_, c))) => inner.bytes -= c,
-                None => break,
-            }
-        }
+        inner.evict(max_bytes);
     }
 
     /// Whether `key` is cached, without touching its recency or the counters (tests).
@@ -256,6 +240,25 @@ impl HotCache {
         while inner.recent.len() > RECENT_KEYS {
             if let Some((_, s)) = inner.recent.pop_lru() {
                 inner.forgotten = inner.forgotten.max(s);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn put(&mut self, key: Vec<u8>, value: Arc<dyn Any + Send + Sync>, cost: usize) {
+        if let Some((_, old)) = self.map.put(key, (value, cost)) {
+            self.bytes -= old;
+        }
+        self.bytes += cost;
+    }
+
+    /// Drop the least recently used entries until the cache fits `max_bytes`.
+    fn evict(&mut self, max_bytes: usize) {
+        while self.bytes > max_bytes {
+            match self.map.pop_lru() {
+                Some((_, (_, c))) => self.bytes -= c,
+                None => break,
             }
         }
     }
