@@ -291,15 +291,18 @@ where
         }
     }
 
+    /// An event's object, counted in `Stats::decodes`.
+    fn decode_counted(&self, body: &[u8]) -> std::result::Result<K, serde_json::Error> {
+        Counters::add(&self.stats.decodes, 1);
+        crate::json::decode_copy::<K>(body)
+    }
+
     fn decode(&self, raw: RawEvent, refs: bool) -> Option<Result<Touched<K>>> {
-        let obj = |body: &[u8]| {
-            Counters::add(&self.stats.decodes, 1);
-            match crate::json::decode_copy::<K>(body) {
-                Ok(k) => Some(k),
-                Err(e) => {
-                    tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
-                    None
-                }
+        let obj = |body: &[u8]| match self.decode_counted(body) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
+                None
             }
         };
         if refs {
@@ -330,10 +333,7 @@ where
             RawEvent::InitDone => Event::InitDone,
             RawEvent::InitApply(b) => Event::InitApply(obj(&b.json)?),
             RawEvent::Apply(b) => Event::Apply(obj(&b.json)?),
-            RawEvent::Delete(b) => match {
-                Counters::add(&self.stats.decodes, 1);
-                crate::json::decode_copy::<K>(&b)
-            } {
+            RawEvent::Delete(b) => match self.decode_counted(&b) {
                 Ok(k) => Event::Delete(k),
                 Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
                     Ok(k) => {
