@@ -3,11 +3,81 @@
 //!
 //! ```text
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
+//! cargo bench --bench lookup_mimalloc [-- ...]   # the same, mimalloc as the allocator
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g>`
+//!
+//! `persist_iter_as` decodes into a small type (name and node of each Pod);
+//! `persist_recent_get` reads the 1,000 objects most recently changed by watch events while
+//! the server updates 1,000 Pods per second (the write-through hot cache's case).
 
 mod support;
 
+#[path = "support/lookup_reads.rs"]
+mod reads;
+use reads::{NameAndNode, index_figures, profile_reads, scan_figures, spawn_churn};
+
+/// The global allocator: glibc's malloc (the system allocator), or mimalloc when this file
+/// is built into the `lookup_mimalloc` bench.
+const MIMALLOC: bool = is(env!("CARGO_CRATE_NAME").as_bytes(), b"lookup_mimalloc");
+
+const fn is(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+struct Allocator;
+
+// SAFETY: every call is forwarded to one allocator, the same one for the whole process.
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.alloc(layout)
+            } else {
+                std::alloc::System.alloc(layout)
+            }
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from the same allocator's `alloc`.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.dealloc(ptr, layout)
+            } else {
+                std::alloc::System.dealloc(ptr, layout)
+            }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        // SAFETY: as above.
+        unsafe {
+            if MIMALLOC {
+                mimalloc::MiMalloc.realloc(ptr, layout, size)
+            } else {
+                std::alloc::System.realloc(ptr, layout, size)
+            }
+        }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Allocator = Allocator;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,6 +88,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const GETS: usize = 100_000;
+/// How many of the most recently changed objects `persist_recent_get` reads.
+const RECENT: usize = 1000;
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
@@ -25,13 +97,14 @@ fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
-fn main() {
+pub fn main() {
     if support::client_main() {
         return;
     }
     let n = support::pods_arg().unwrap_or(100_000);
     let engine = support::engine_arg();
     eprintln!("storage engine: {engine}");
+    eprintln!("allocator: {}", if MIMALLOC { "mimalloc" } else { "glibc" });
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(bench(n, engine));
 }
@@ -61,6 +134,11 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         hot_seq: &hot_seq,
         uniform_seq: &uniform_seq,
     };
+    if let Some(mode) = std::env::args().find(|a| a == "--scan-only" || a == "--gets-only") {
+        // For profiling the read paths: sync, then only iterate (or only get) for a while.
+        profile_reads(engine, &client, &work, mode == "--scan-only").await;
+        return;
+    }
     if std::env::args().any(|a| a == "--apply-only") {
         // For profiling the write path: sync, then apply the streamed events; no gets.
         let f = measure_persist(engine, &url, &client, &work, None, true).await;
@@ -82,6 +160,8 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
         plain.hit_rate,
         plain.apply_per_s,
     );
+    let (iter_per_s, iter_as_per_s, recent50) =
+        (plain.iter_per_s, plain.iter_as_per_s, plain.recent50);
 
     // kube-runtime's reflector Store::get on the same keys.
     let (store, writer) = reflector::store::<Pod>();
@@ -112,6 +192,14 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
             })
             .collect()
     };
+    let t = Instant::now();
+    let mut touched = 0usize;
+    for pod in store.state() {
+        touched += pod.metadata.name.as_ref().map_or(0, String::len);
+    }
+    let r_iter_per_s = keys.len() as f64 / t.elapsed().as_secs_f64();
+    std::hint::black_box(touched);
+    eprintln!("kube-runtime Store::state() iteration: {r_iter_per_s:.0} objects/s");
     let (r_hot50, _) = percentiles(time_store(&hot_seq));
     let (r_uni50, r_uni99) = percentiles(time_store(&uniform_seq));
     eprintln!(
@@ -123,7 +211,7 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine}"
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2}"
     );
 }
 
@@ -145,6 +233,9 @@ struct PersistFigures {
     raw50: f64,
     hit_rate: f64,
     apply_per_s: f64,
+    iter_per_s: f64,
+    iter_as_per_s: f64,
+    recent50: f64,
 }
 
 /// p50 of `f` over `seq`, in microseconds.
@@ -183,12 +274,33 @@ async fn measure_persist(
         db_config = db_config.encryption_key(k);
     }
     let db = kube_persist::Db::open_with(dir.path().join("store"), db_config).expect("open");
-    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded).
-    let config = || kube_persist::Config::default().hot_cache(128 << 20);
+    // A hot cache large enough for the hot key set (1000 Pods, about 50 MiB decoded);
+    // `--no-hot-cache` turns it off (and with it the write-through of applied events).
+    let cache = if std::env::args().any(|a| a == "--no-hot-cache") {
+        0
+    } else {
+        128 << 20
+    };
+    let config = || kube_persist::Config::default().hot_cache(cache);
     let (reader, persist_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .expect("stream");
-    let task = tokio::spawn(persist_watcher.run());
+    // The objects the watch changed, newest last (at most RECENT), for the recent gets.
+    let recent = Arc::new(Mutex::new(VecDeque::<(String, String)>::new()));
+    let ring = recent.clone();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(persist_watcher.stream());
+        while let Some(ev) = events.next().await {
+            if let Ok(kube_persist::Event::Apply(pod)) = ev {
+                let mut ring = ring.lock().unwrap();
+                let m = pod.metadata;
+                ring.push_back((m.namespace.unwrap_or_default(), m.name.unwrap_or_default()));
+                if ring.len() > RECENT {
+                    ring.pop_front();
+                }
+            }
+        }
+    });
     let t = Instant::now();
     reader.wait_until_live().await.expect("ready");
     eprintln!(
@@ -197,10 +309,13 @@ async fn measure_persist(
         t.elapsed().as_secs_f64()
     );
 
-    let (hot50, uni50, uni99, raw50, hit_rate) = if apply_only {
+    let (hot50, uni50, uni99, raw50, hit_rate, reads) = if apply_only {
         Default::default()
     } else {
-        read_figures(label, &reader, url, work, encrypted).await
+        let (a, b, c, d, e) = read_figures(label, &reader, url, work, encrypted).await;
+        let reads = scan_figures(label, &reader, url, recent).await;
+        index_figures(label, &db, client).await;
+        (a, b, c, d, e, reads)
     };
 
     // Apply throughput: updates are made while the watcher is stopped (the test server
@@ -249,6 +364,9 @@ async fn measure_persist(
         raw50,
         hit_rate,
         apply_per_s: per_s,
+        iter_per_s: reads.iter_per_s,
+        iter_as_per_s: reads.iter_as_per_s,
+        recent50: reads.recent50,
     }
 }
 
@@ -270,21 +388,7 @@ async fn churn_hit_rate(
     for i in (1..order.len()).rev() {
         order.swap(i, rng.random_range(0..=i));
     }
-    let url = url.to_string();
-    let churn = tokio::spawn(async move {
-        for round in 0u64.. {
-            support::admin(
-                &url,
-                "POST",
-                &format!(
-                    "/testkit/churn?updates=100&creates=0&deletes=0&seed={}",
-                    1000 + round
-                ),
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    let churn = spawn_churn(url, 1000);
     let before = reader.stats();
     let reader = reader.clone();
     let keys = keys.to_vec();
@@ -350,6 +454,11 @@ async fn read_figures(
         let (ns, name) = &keys[i];
         let m: Option<kube::core::PartialObjectMeta<Pod>> =
             reader.get_as(Some(ns), name).expect("get_as");
+        assert!(m.is_some());
+    });
+    let small50 = p50_of(sample, |i| {
+        let (ns, name) = &keys[i];
+        let m: Option<NameAndNode> = reader.get_as(Some(ns), name).expect("get_as");
         assert!(m.is_some());
     });
     let bodies: Vec<Vec<u8>> = sample[..2000]
@@ -425,7 +534,8 @@ async fn read_figures(
     eprintln!(
         "{label} read breakdown (p50, us): get {uni50:.1} = get_raw {raw50:.1} (engine read, envelope, \
          decompression{}) + decode; decode alone: serde_json {serde50:.1}, simd-json {simd50:.1} \
-         (incl. a {json_kb:.1} KB copy); typed partial get_as::<PartialObjectMeta<Pod>> {partial50:.1}",
+         (incl. a {json_kb:.1} KB copy); typed partial get_as::<PartialObjectMeta<Pod>> {partial50:.1}, \
+         get_as::<name and node> {small50:.1}",
         if encrypted { ", decryption" } else { "" }
     );
 

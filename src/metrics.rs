@@ -146,6 +146,11 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
         "LIST limit=1 requests that read the server's resourceVersion to know when the store caught up.",
         |s| s.server_version_reads,
     ),
+    (
+        "decodes",
+        "Objects decoded from JSON by the store (validation, and reads that missed the hot cache).",
+        |s| s.decodes,
+    ),
 ];
 
 const PHASES: [(SyncPhase, &str); 4] = [

@@ -47,6 +47,12 @@ pub struct Stats {
     /// the store has caught up (one before a watch connects while the store is not caught
     /// up; none on a cold start or a routine reconnect). Not counted in `list_pages`.
     pub server_version_reads: u64,
+    /// Objects decoded from JSON by the store: once per incoming object when it is
+    /// validated or indexed ([`Config::validate`](crate::Config::validate)), and once per
+    /// read that decodes a stored body (a `get` that missed the hot cache, each object of
+    /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
+    /// to a reconcile) from the hot cache costs one decode in all.
+    pub decodes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +71,7 @@ pub(crate) struct Counters {
     pub(crate) identity_resets: AtomicU64,
     pub(crate) shard_client_filtered: AtomicU64,
     pub(crate) server_version_reads: AtomicU64,
+    pub(crate) decodes: AtomicU64,
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
     pub(crate) last_watch_activity_ms: AtomicU64,
@@ -116,6 +123,7 @@ impl Counters {
             hot_cache_misses: 0,
             shard_client_filtered: self.shard_client_filtered.load(Relaxed),
             server_version_reads: self.server_version_reads.load(Relaxed),
+            decodes: self.decodes.load(Relaxed),
         }
     }
 }

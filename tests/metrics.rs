@@ -133,6 +133,7 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
             ("hot_cache_misses_total", stats.hot_cache_misses),
             ("shard_client_filtered_total", stats.shard_client_filtered),
             ("server_version_reads_total", stats.server_version_reads),
+            ("decodes_total", stats.decodes),
             ("objects", reader.len()),
         ] {
             assert_eq!(get(metric), value as f64, "{stream}: {metric}");

@@ -364,6 +364,19 @@ where
                 let ops = d.uncommitted(&suffix);
                 (d.keyspace(), suffix, ops)
             });
+        // An object a watch event just wrote is in the hot cache, decoded once by the
+        // write path: handed over as it is, without a trip to the blocking pool.
+        if state.is_none()
+            && let Some(obj) = reader.cached(&request.obj_ref)
+        {
+            let fetched = Fetched {
+                request,
+                read: Ok(Some(obj)),
+                record: None,
+            };
+            self.fetching.push(futures::future::ready(fetched).boxed());
+            return;
+        }
         self.fetching.push(
             async move {
                 let obj_ref = request.obj_ref.clone();

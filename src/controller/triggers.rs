@@ -12,6 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 
 use super::error::TriggerError;
+use crate::watcher::Touched;
 use crate::{Event, Watcher};
 
 /// One thing a trigger stream asks of the runner.
@@ -47,8 +48,19 @@ where
     K::DynamicType: Clone + Send + Sync + 'static,
 {
     watcher
-        .stream()
+        .events(true)
         .filter_map(move |ev| {
+            let ev = match ev {
+                Ok(Touched::Event(ev)) => Ok(ev),
+                // Shared with the hot cache: the reconcile gets this same object.
+                Ok(Touched::Changed(obj)) => {
+                    return futures::future::ready(Some(Ok(Trigger::Request(ReconcileRequest {
+                        obj_ref: bare_ref(obj.as_ref(), dyntype.clone()),
+                        reason: ReconcileReason::ObjectUpdated,
+                    }))));
+                }
+                Err(e) => Err(e),
+            };
             let out = match ev {
                 Ok(Event::Resumed { .. }) => Some(Ok(Trigger::Startup { cold: false })),
                 Ok(Event::InitDone) => Some(Ok(Trigger::Startup { cold: true })),

@@ -168,16 +168,47 @@ impl HotCache {
         if written_since {
             return;
         }
-        if let Some((_, old)) = inner.map.put(key, (value, cost)) {
-            inner.bytes -= old;
+        inner.put(key, value, cost);
+        inner.evict(max_bytes);
+    }
+
+    /// A cached object, counted as a hit; a miss is not counted and admits nothing (the
+    /// caller reads through [`HotCache::get`] then).
+    pub(crate) fn peek(&self, key: &[u8]) -> Option<Arc<dyn Any + Send + Sync>> {
+        let mut inner = self.lock();
+        let (v, _) = inner.map.get(key)?;
+        let v = v.clone();
+        drop(inner);
+        self.hits.fetch_add(1, Relaxed);
+        Some(v)
+    }
+
+    /// Write-through: after a batch was applied, cache the objects it wrote, as the write
+    /// path decoded them (the validation decode), so that reading an object just changed
+    /// costs no disk read and no decode. Called by the stream's single writer after
+    /// [`HotCache::end_write`] of that batch and before its next write, so each entry is
+    /// the newest version of its key. Charged like [`HotCache::insert`]; the least recently
+    /// used entries make room.
+    pub(crate) fn put_fresh(&self, fresh: Vec<(Vec<u8>, Arc<dyn Any + Send + Sync>, usize)>) {
+        let max_bytes = self.max_bytes();
+        if max_bytes == 0 || fresh.is_empty() {
+            return;
         }
-        inner.bytes += cost;
-        while inner.bytes > max_bytes {
-            match inner.map.pop_lru() {
-                Some((_, (_, c))) => inner.bytes -= c,
-                None => break,
+        let mut inner = self.lock();
+        for (key, value, json_len) in fresh {
+            let cost = json_len.saturating_mul(DECODED_PER_JSON_BYTE);
+            if cost > max_bytes {
+                continue;
             }
+            inner.put(key, value, cost);
         }
+        inner.evict(max_bytes);
+    }
+
+    /// Whether `key` is cached, without touching its recency or the counters (tests).
+    #[cfg(test)]
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        self.lock().map.contains(key)
     }
 
     /// Before a batch is applied: drop its keys and mark them in flight.
@@ -209,6 +240,25 @@ impl HotCache {
         while inner.recent.len() > RECENT_KEYS {
             if let Some((_, s)) = inner.recent.pop_lru() {
                 inner.forgotten = inner.forgotten.max(s);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn put(&mut self, key: Vec<u8>, value: Arc<dyn Any + Send + Sync>, cost: usize) {
+        if let Some((_, old)) = self.map.put(key, (value, cost)) {
+            self.bytes -= old;
+        }
+        self.bytes += cost;
+    }
+
+    /// Drop the least recently used entries until the cache fits `max_bytes`.
+    fn evict(&mut self, max_bytes: usize) {
+        while self.bytes > max_bytes {
+            match self.map.pop_lru() {
+                Some((_, (_, c))) => self.bytes -= c,
+                None => break,
             }
         }
     }
@@ -266,6 +316,33 @@ mod tests {
         }
         assert!(c.get(b"a").is_err(), "oldest entry evicted");
         assert!(c.get(&[10, 10]).is_ok());
+    }
+
+    #[test]
+    fn fresh_objects_are_cached_after_their_write_and_replaced_by_the_next() {
+        let c = HotCache::new(1000);
+        c.begin_write([b"a".as_slice()].into_iter());
+        c.end_write();
+        c.put_fresh(vec![(b"a".to_vec(), Arc::new(1u32), 10)]);
+        assert_eq!(*c.get(b"a").unwrap().downcast::<u32>().unwrap(), 1);
+        // A reader that read the old version before the write cannot put it back.
+        let Err(Miss { token: old, .. }) = c.get(b"b") else {
+            panic!()
+        };
+        c.begin_write([b"a".as_slice()].into_iter());
+        assert!(c.get(b"a").is_err(), "the next write drops the fresh entry");
+        c.end_write();
+        c.insert(b"a".to_vec(), Arc::new(0u32), 10, old);
+        assert!(c.get(b"a").is_err());
+        c.put_fresh(vec![(b"a".to_vec(), Arc::new(2u32), 10)]);
+        assert_eq!(*c.get(b"a").unwrap().downcast::<u32>().unwrap(), 2);
+        // Within the budget: 10 entries of 100 bytes; too large ones are not cached.
+        c.put_fresh((0..12u8).map(|i| (vec![i], Arc::new(i) as _, 10)).collect());
+        assert!(!c.contains(b"a") && !c.contains(&[0]) && c.contains(&[11]));
+        c.put_fresh(vec![(b"big".to_vec(), Arc::new(0u8), 101)]);
+        assert!(!c.contains(b"big"));
+        c.reset(1000);
+        assert!(!c.contains(&[11]), "a reopen forgets them");
     }
 
     #[test]

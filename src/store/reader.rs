@@ -10,8 +10,14 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+mod ahead;
+mod hot;
+mod iter;
+
+pub use iter::{ByIndex, Iter};
+
 use super::cache::HotCache;
-use super::engine::{Backend, Entry};
+use super::engine::Backend;
 use super::keys::{self, OBJECT};
 use super::record;
 use super::{Status, SyncPhase};
@@ -49,6 +55,8 @@ pub struct Reader<K> {
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
     keys_only: bool,
+    /// Threads that decode ahead of an iteration (0: one per core).
+    read_threads: usize,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -62,6 +70,7 @@ impl<K> Clone for Reader<K> {
             cache: self.cache.clone(),
             cipher: self.cipher.clone(),
             keys_only: self.keys_only,
+            read_threads: self.read_threads,
             _k: PhantomData,
         }
     }
@@ -96,6 +105,7 @@ where
             cache,
             cipher,
             keys_only: false,
+            read_threads: 0,
             _k: PhantomData,
         }
     }
@@ -201,6 +211,7 @@ where
             return Ok(None);
         };
         let (obj, json_len) = decode_value::<K>(&self.path, &key, &value, self.cipher.as_deref())?;
+        Counters::add(&self.stats.decodes, 1);
         let obj = Arc::new(obj);
         if let Some(g) = generation {
             self.cache.insert(key, obj.clone(), json_len, g);
@@ -255,8 +266,11 @@ where
         self.bodies()?;
         let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
         match self.backend.get(&key)? {
-            Some(value) => decode_value::<T>(&self.path, &key, &value, self.cipher.as_deref())
-                .map(|(t, _)| Some(t)),
+            Some(value) => {
+                Counters::add(&self.stats.decodes, 1);
+                decode_value::<T>(&self.path, &key, &value, self.cipher.as_deref())
+                    .map(|(t, _)| Some(t))
+            }
             None => Ok(None),
         }
     }
@@ -322,105 +336,6 @@ where
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// All stored objects, ordered by namespace then name, read lazily from disk.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
-    /// # tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// let mut names = Vec::new();
-    /// for pod in reader.iter() {
-    ///     names.push(pod?.metadata.name.unwrap_or_default());
-    /// }
-    /// assert_eq!(names, ["web-0", "web-1"]);
-    /// # Ok(()) }
-    /// ```
-    pub fn iter(&self) -> Iter<K> {
-        let (start, end) = keys::range(OBJECT, None);
-        self.iter_range(&start, &end)
-    }
-
-    /// The stored objects of one namespace (one prefix scan), ordered by name.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
-    /// # tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// assert_eq!(reader.iter_namespace("default").count(), 2);
-    /// assert_eq!(reader.iter_namespace("kube-system").count(), 0);
-    /// # Ok(()) }
-    /// ```
-    pub fn iter_namespace(&self, namespace: &str) -> Iter<K> {
-        let (start, end) = keys::range(OBJECT, Some(namespace));
-        self.iter_range(&start, &end)
-    }
-
-    fn iter_range(&self, start: &[u8], end: &[u8]) -> Iter<K> {
-        let inner: Box<dyn Iterator<Item = Result<Entry>> + Send> = match self.bodies() {
-            Ok(()) => self.backend.range(start, end),
-            Err(e) => Box::new(std::iter::once(Err(e))),
-        };
-        Iter {
-            inner,
-            path: self.path.clone(),
-            cipher: self.cipher.clone(),
-            _k: PhantomData,
-        }
-    }
-
-    /// The objects found under `value` in the secondary index `index` (see
-    /// [`Config::index`](crate::Config::index)), read lazily from disk without a scan.
-    /// Fails if the index is not configured or still being built.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// let config = kube_persist::Config::default().index("node", |p: &Pod| {
-    ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
-    /// });
-    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
-    /// tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// let on_node_2: Vec<_> = reader.by_index("node", "node-2")?.collect::<Result<_, _>>()?;
-    /// assert_eq!(on_node_2.len(), 1);
-    /// assert_eq!(on_node_2[0].metadata.name.as_deref(), Some("web-1"));
-    /// assert!(reader.by_index("zone", "a").is_err()); // not configured
-    /// # Ok(()) }
-    /// ```
-    pub fn by_index(&self, index: &str, value: &str) -> Result<ByIndex<K>> {
-        if !self.status.borrow().indexes.iter().any(|n| n == index) {
-            return Err(Error::Config(format!(
-                "index {index:?} is not configured on this stream, or is still being built"
-            )));
-        }
-        let prefix = keys::index_prefix(index, value);
-        let end = keys::prefix_end(&prefix);
-        Ok(ByIndex {
-            inner: self.backend.range(&prefix, &end),
-            prefix_len: prefix.len(),
-            reader: self.clone(),
-        })
     }
 
     /// The objects whose labels match `selector`, streamed from disk. Uses a label index
@@ -655,96 +570,6 @@ where
     }
 }
 
-/// Objects found through a secondary index; see [`Reader::by_index`].
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-/// # let dir = tempfile::tempdir()?;
-/// # let db = kube_persist::Db::open(dir.path())?;
-/// # let client = server.client();
-/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let config = kube_persist::Config::default().index("node", |p: &k8s_openapi::api::core::v1::Pod| {
-/// #     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
-/// # });
-/// # let (reader, watcher) = db.store("pods", api, config)?;
-/// # tokio::spawn(watcher.run());
-/// // The stream was opened with a "node" index (see `Reader::by_index`).
-/// reader.wait_until_ready().await?;
-/// let by_node: kube_persist::ByIndex<_> = reader.by_index("node", "node-1")?;
-/// let pods: Vec<_> = by_node.collect::<Result<_, _>>()?;
-/// let names: Vec<_> = pods.iter().map(|p| p.metadata.name.clone()).collect();
-/// assert_eq!(names, [Some("web-0".to_string())]);
-/// # Ok(()) }
-/// ```
-pub struct ByIndex<K> {
-    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
-    prefix_len: usize,
-    reader: Reader<K>,
-}
-
-impl<K> Iterator for ByIndex<K>
-where
-    K: Resource + DeserializeOwned + Send + Sync + 'static,
-{
-    type Item = Result<Arc<K>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let (key, _) = match self.inner.next()? {
-                Ok(e) => e,
-                Err(e) => return Some(Err(e)),
-            };
-            let suffix = &key[self.prefix_len..];
-            let text = String::from_utf8_lossy(suffix);
-            let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
-            let ns = (!ns.is_empty()).then_some(ns);
-            match self.reader.get_named(ns, name) {
-                Ok(Some(obj)) => return Some(Ok(obj)),
-                // Deleted between the index read and the object read: skip it.
-                Ok(None) => continue,
-                Err(e) => return Some(Err(e)),
-            }
-        }
-    }
-}
-
-/// Lazy iterator over stored objects; see [`Reader::iter`].
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-/// # let dir = tempfile::tempdir()?;
-/// # let db = kube_persist::Db::open(dir.path())?;
-/// # let client = server.client();
-/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
-/// # tokio::spawn(watcher.run());
-/// reader.wait_until_ready().await?;
-/// let mut pods: kube_persist::Iter<_> = reader.iter();
-/// let first = pods.next().expect("two pods")?;
-/// assert_eq!(first.metadata.name.as_deref(), Some("web-0"));
-/// assert_eq!(pods.count(), 1); // read lazily: one more
-/// # Ok(()) }
-/// ```
-pub struct Iter<K> {
-    inner: Box<dyn Iterator<Item = Result<Entry>> + Send>,
-    path: Arc<PathBuf>,
-    cipher: Option<Arc<Cipher>>,
-    _k: PhantomData<fn() -> K>,
-}
-
-impl<K: DeserializeOwned> Iterator for Iter<K> {
-    type Item = Result<K>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let entry = self.inner.next()?;
-        Some(entry.and_then(|(k, v)| decode_entry(&self.path, &k, &v, self.cipher.as_deref())))
-    }
-}
-
 /// A stored record's plaintext JSON body: borrowed when stored plain, else decompressed
 /// (and decrypted).
 fn open_body<'v>(
@@ -793,15 +618,6 @@ fn decode_value<T: DeserializeOwned>(
             }
         }
     }
-}
-
-fn decode_entry<K: DeserializeOwned>(
-    path: &std::path::Path,
-    key: &[u8],
-    value: &[u8],
-    cipher: Option<&Cipher>,
-) -> Result<K> {
-    decode_value(path, key, value, cipher).map(|(k, _)| k)
 }
 
 #[cfg(feature = "metrics")]

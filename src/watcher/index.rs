@@ -24,6 +24,8 @@ pub(crate) struct Inspected {
     pub(crate) namespace: Option<String>,
     pub(crate) uid: Option<String>,
     pub(crate) resource_version: Option<String>,
+    /// The decoded object itself (a `K`), for the hot cache's write-through.
+    pub(crate) object: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// Decodes an object's JSON into the stream's type (validating it) and computes its index
@@ -38,7 +40,7 @@ pub(crate) fn inspector<K>(
     indexes: &[(String, Arc<dyn Any + Send + Sync>)],
 ) -> Result<Option<Inspector>>
 where
-    K: Resource + DeserializeOwned + 'static,
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     let mut fns: Vec<(String, IndexFn<K>)> = Vec::new();
     for (name, f) in indexes {
@@ -56,7 +58,7 @@ where
         return Ok(None);
     }
     Ok(Some(Arc::new(move |body: &[u8]| {
-        let mut obj: K = crate::json::decode_copy(body)?;
+        let obj: K = crate::json::decode_copy(body)?;
         let mut entries = Vec::new();
         for (name, f) in &fns {
             for value in f(&obj) {
@@ -67,13 +69,14 @@ where
         }
         entries.sort();
         entries.dedup();
-        let meta = obj.meta_mut();
+        let meta = obj.meta();
         Ok(Inspected {
             entries,
-            name: meta.name.take(),
-            namespace: meta.namespace.take(),
-            uid: meta.uid.take(),
-            resource_version: meta.resource_version.take(),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            object: Some(Arc::new(obj)),
         })
     })))
 }

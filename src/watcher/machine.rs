@@ -50,9 +50,9 @@ const INITIAL_LINGER: std::time::Duration = std::time::Duration::from_millis(100
 pub(crate) enum RawEvent {
     Resumed(String),
     Init,
-    InitApply(Vec<u8>),
+    InitApply(crate::store::writer::Body),
     InitDone,
-    Apply(Vec<u8>),
+    Apply(crate::store::writer::Body),
     Delete(Vec<u8>),
     /// An object the store refused; its previous version was removed.
     Rejected(Rejected),

@@ -176,6 +176,8 @@ pub struct Watcher<K> {
     /// jobs this watcher left queued on the disk thread (they hold the lease).
     _closer: LeaseCloser,
     path: std::path::PathBuf,
+    /// The stream's counters (decodes of event objects).
+    stats: Arc<Counters>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -230,12 +232,28 @@ where
     /// assert_eq!(reader.len(), 1);
     /// # Ok(()) }
     /// ```
-    pub fn stream(mut self) -> impl Stream<Item = Result<Event<K>>> + Send {
+    pub fn stream(self) -> impl Stream<Item = Result<Event<K>>> + Send {
+        use futures::StreamExt;
+        self.events(false).map(|item| match item {
+            Ok(Touched::Event(ev)) => Ok(ev),
+            // Only asked for with `refs`.
+            Ok(Touched::Changed(obj)) => Err(crate::Error::Config(format!(
+                "unexpected shared object {:?}",
+                obj.meta().name
+            ))),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// The events; with `refs` (the controller's main kind, which needs only which object
+    /// changed): an applied object as [`Touched::Changed`], shared with the hot cache when
+    /// the write path kept its decode, and the first list's objects not decoded at all.
+    pub(crate) fn events(mut self, refs: bool) -> impl Stream<Item = Result<Touched<K>>> + Send {
         self.machine.set_emit(true);
-        futures::stream::unfold(self, |mut w| async move {
+        futures::stream::unfold(self, move |mut w| async move {
             loop {
                 if let Some(raw) = w.machine.pending.pop_front() {
-                    if let Some(item) = w.decode(raw) {
+                    if let Some(item) = w.decode(raw, refs) {
                         return Some((item, w));
                     }
                     continue;
@@ -277,15 +295,35 @@ where
         }
     }
 
-    fn decode(&self, raw: RawEvent) -> Option<Result<Event<K>>> {
-        let obj = |body: Vec<u8>| match serde_json::from_slice::<K>(&body) {
+    /// An event's object, counted in `Stats::decodes`.
+    fn decode_counted(&self, body: &[u8]) -> std::result::Result<K, serde_json::Error> {
+        Counters::add(&self.stats.decodes, 1);
+        crate::json::decode_copy::<K>(body)
+    }
+
+    fn decode(&self, raw: RawEvent, refs: bool) -> Option<Result<Touched<K>>> {
+        let obj = |body: &[u8]| match self.decode_counted(body) {
             Ok(k) => Some(k),
             Err(e) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
                 None
             }
         };
-        Some(Ok(match raw {
+        if refs {
+            match raw {
+                RawEvent::InitApply(_) => return None,
+                RawEvent::Apply(b) => {
+                    let shared = b.decoded.and_then(|d| d.downcast::<K>().ok());
+                    let obj = match shared {
+                        Some(obj) => obj,
+                        None => Arc::new(obj(&b.json)?),
+                    };
+                    return Some(Ok(Touched::Changed(obj)));
+                }
+                other => return self.decode(other, false),
+            }
+        }
+        Some(Ok(Touched::Event(match raw {
             RawEvent::Rejected(r) => {
                 return Some(Err(crate::Error::ObjectRejected {
                     path: self.path.clone(),
@@ -297,9 +335,9 @@ where
             RawEvent::Resumed(resource_version) => Event::Resumed { resource_version },
             RawEvent::Init => Event::Init,
             RawEvent::InitDone => Event::InitDone,
-            RawEvent::InitApply(b) => Event::InitApply(obj(b)?),
-            RawEvent::Apply(b) => Event::Apply(obj(b)?),
-            RawEvent::Delete(b) => match serde_json::from_slice::<K>(&b) {
+            RawEvent::InitApply(b) => Event::InitApply(obj(&b.json)?),
+            RawEvent::Apply(b) => Event::Apply(obj(&b.json)?),
+            RawEvent::Delete(b) => match self.decode_counted(&b) {
                 Ok(k) => Event::Delete(k),
                 Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
                     Ok(k) => {
@@ -314,8 +352,15 @@ where
                     }
                 },
             },
-        }))
+        })))
     }
+}
+
+/// An event as [`Watcher::events`] hands it out.
+pub(crate) enum Touched<K> {
+    Event(Event<K>),
+    /// An applied object (created or changed by the watch), with `refs`.
+    Changed(Arc<K>),
 }
 
 impl Db {
@@ -538,7 +583,7 @@ impl Db {
             validate,
             writer,
             self.worker(),
-            stats,
+            stats.clone(),
         );
         Ok((
             reader,
@@ -546,6 +591,7 @@ impl Db {
                 machine,
                 _closer: closer,
                 path,
+                stats,
                 _k: PhantomData,
             },
         ))

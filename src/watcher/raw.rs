@@ -4,6 +4,8 @@
 //! is reduced to the few fields the store needs and its JSON bytes. Decoding into `K`
 //! (optional validation) happens one object at a time.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -139,21 +141,29 @@ impl BadObject {
 }
 
 /// Reduce one object to what the store needs, applying the transform and validation.
+/// `keep`: keep the validation decode (the object decoded from the body as stored) in
+/// [`Incoming::decoded`]. Every decode is counted in `decodes`.
 pub(crate) fn incoming(
     raw: &RawValue,
     cfg: &Config,
     inspect: Option<&Inspector>,
+    keep: bool,
+    decodes: &AtomicU64,
 ) -> Result<Incoming, BadObject> {
+    let check = |body: &[u8]| {
+        decodes.fetch_add(1, Relaxed);
+        inspect.map(|f| f(body))
+    };
     let json = raw.get();
     // Validating decodes the object into the stream's type anyway: that one decode also
     // gives the metadata, when the body is stored as received (no transform).
     let decoded = match inspect {
-        Some(check) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
-            check(json.as_bytes()).ok()
+        Some(_) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+            check(json.as_bytes()).and_then(|r| r.ok())
         }
         _ => None,
     };
-    let (m, entries) = match decoded {
+    let (m, entries, mut object) = match decoded {
         Some(d) => (
             HeadMeta {
                 name: d.name,
@@ -163,12 +173,13 @@ pub(crate) fn incoming(
                 annotations: None,
             },
             Some(d.entries),
+            d.object,
         ),
         None => {
             let head: Head = serde_json::from_str(json).map_err(|e| {
                 BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
             })?;
-            (head.metadata, None)
+            (head.metadata, None, None)
         }
     };
     let name = match m.name {
@@ -217,14 +228,16 @@ pub(crate) fn incoming(
         }
         None => json.as_bytes().to_vec(),
     };
-    let index = match (entries, inspect) {
+    let index = match (entries, inspect.is_some()) {
         (Some(entries), _) => entries,
-        (None, Some(check)) => {
-            check(&body)
-                .map_err(|e| bad(format!("does not decode into the store's type: {e}")))?
-                .entries
+        (None, true) => {
+            let d = check(&body)
+                .expect("an inspector")
+                .map_err(|e| bad(format!("does not decode into the store's type: {e}")))?;
+            object = d.object;
+            d.entries
         }
-        (None, None) => Vec::new(),
+        (None, false) => Vec::new(),
     };
     Ok(Incoming {
         suffix: key,
@@ -232,6 +245,7 @@ pub(crate) fn incoming(
         resource_version,
         body,
         index,
+        decoded: object.filter(|_| keep),
     })
 }
 
@@ -274,6 +288,8 @@ mod tests {
             &raw(r#"{"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}}"#),
             &cfg,
             None,
+            false,
+            &AtomicU64::new(0),
         )
         .unwrap();
         assert_eq!(ok.resource_version, "7");
@@ -282,10 +298,19 @@ mod tests {
             &raw(r#"{"metadata":{"name":5,"resourceVersion":"7"}}"#),
             &cfg,
             None,
+            false,
+            &AtomicU64::new(0),
         )
         .unwrap_err();
         assert!(err.why.contains("metadata"), "{err:?}");
-        let err = incoming(&raw(r#"{"metadata":{"name":"a"}}"#), &cfg, None).unwrap_err();
+        let err = incoming(
+            &raw(r#"{"metadata":{"name":"a"}}"#),
+            &cfg,
+            None,
+            false,
+            &AtomicU64::new(0),
+        )
+        .unwrap_err();
         assert_eq!(err.what, "a");
         assert_eq!(err.key, Some(object_suffix(None, "a")));
     }

@@ -2,10 +2,12 @@
 //! are skipped (or marked during a relist), index entries follow their object, and the new
 //! state (checkpoint) is written with the data.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::index::Entries;
-use super::{Change, Op, Tally, Writer};
+use super::{Body, Change, Op, Tally, Writer};
 use crate::error::{Error, Result};
 use crate::store::engine::WriteBatch;
 use crate::store::keys::{self, OBJECT, SEEN};
@@ -27,6 +29,8 @@ impl Writer {
         // Versions written earlier in this batch (a burst may touch one object twice).
         let mut pending: HashMap<Vec<u8>, Option<(String, u64)>> = HashMap::new();
         let mut pending_entries: HashMap<Vec<u8>, Entries> = HashMap::new();
+        // Objects written with their decoded form (watch events): cached once committed.
+        let mut fresh: HashMap<Vec<u8>, (Arc<dyn Any + Send + Sync>, usize)> = HashMap::new();
         let (mut written, mut unchanged, mut removed) = (0u64, 0u64, 0u64);
         let stored = self.stored_heads(&ops)?;
         for op in ops {
@@ -52,6 +56,14 @@ impl Writer {
                         next.count += 1;
                     }
                     written += 1;
+                    match &o.decoded {
+                        Some(obj) if self.keys_only.is_none() => {
+                            fresh.insert(key.clone(), (obj.clone(), o.body.len()));
+                        }
+                        _ => {
+                            fresh.remove(&key);
+                        }
+                    }
                     pending.insert(o.suffix.clone(), Some((o.resource_version.clone(), epoch)));
                     if self.indexed {
                         let old = self.entries(&o.suffix, &pending_entries)?;
@@ -74,10 +86,14 @@ impl Writer {
                     );
                     batch.put(key, record::encode(&rec));
                     if emit {
+                        let body = Body {
+                            json: o.body,
+                            decoded: o.decoded,
+                        };
                         changes.push(if existing.is_some() {
-                            Change::Updated(o.body)
+                            Change::Updated(body)
                         } else {
-                            Change::Created(o.body)
+                            Change::Created(body)
                         });
                     }
                 }
@@ -91,6 +107,7 @@ impl Writer {
                     next.count = next.count.saturating_sub(1);
                     removed += 1;
                     batch.delete(keys::tagged(SEEN, &suffix));
+                    fresh.remove(&key);
                     batch.delete(key);
                     let old = self.entries(&suffix, &pending_entries)?;
                     self.reindex(&mut batch, &suffix, &old, &[]);
@@ -108,6 +125,9 @@ impl Writer {
             deleted: removed,
         };
         self.write(batch, next, tally)?;
+        // After the write's cache invalidation, before the next write: each is the newest.
+        self.cache
+            .put_fresh(fresh.into_iter().map(|(k, (o, n))| (k, o, n)).collect());
         Ok(changes)
     }
 

@@ -30,6 +30,9 @@ pub(crate) struct Incoming {
     pub(crate) body: Vec<u8>,
     /// Secondary index entries (index name, value).
     pub(crate) index: Vec<(String, String)>,
+    /// The body as decoded into the stream's type by the validation decode, kept for the
+    /// hot cache (write-through) for watch events; `None` otherwise.
+    pub(crate) decoded: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// One write to apply.
@@ -66,9 +69,17 @@ impl Op {
 /// What a committed batch changed, with the JSON body, for the event stream.
 #[derive(Debug)]
 pub(crate) enum Change {
-    Created(Vec<u8>),
-    Updated(Vec<u8>),
+    Created(Body),
+    Updated(Body),
     Deleted(Vec<u8>),
+}
+
+/// The JSON body of a created or updated object, and its decoded form when the write path
+/// kept it ([`Incoming::decoded`]): what an event needs without decoding it again.
+#[derive(Debug)]
+pub(crate) struct Body {
+    pub(crate) json: Vec<u8>,
+    pub(crate) decoded: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// What a batch did to objects, added to the counters once it is committed and before
