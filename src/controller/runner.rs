@@ -421,8 +421,16 @@ where
             && meta.generation == rec.ok_generation;
         let handled = unchanged || same_generation;
         let skip = match &request.reason {
+            // A requeue runs when it is due. One that comes early is another request
+            // (a change, the startup pass) that kube-runtime's scheduler merged into the
+            // pending requeue, which keeps the requeue's reason: skipped like that request
+            // when the version is handled, and the requeue scheduled again at its time.
             ReconcileReason::Custom { reason } if reason == sweep::DUE => {
                 handled && rec.due_ms.is_none_or(|d| d > now_ms() + 100)
+            }
+            ReconcileReason::ReconcilerRequestedRetry
+            | ReconcileReason::ErrorPolicyRequestedRetry => {
+                handled && rec.due_ms.is_some_and(|d| d > now_ms() + 100)
             }
             _ => handled,
         };
@@ -648,10 +656,13 @@ fn custom(reason: &str) -> ReconcileReason {
 }
 
 /// Requests that need not run if the reconcile state shows their version handled: changes
-/// of the object itself and the startup pass's, not requeues, retries or related triggers.
+/// of the object itself and the startup pass's, and requeues or retries that fire before
+/// their due time (merged requests, see `skip`); not related triggers.
 fn skippable(reason: &ReconcileReason) -> bool {
     match reason {
-        ReconcileReason::ObjectUpdated => true,
+        ReconcileReason::ObjectUpdated
+        | ReconcileReason::ReconcilerRequestedRetry
+        | ReconcileReason::ErrorPolicyRequestedRetry => true,
         ReconcileReason::Custom { reason } => reason == sweep::CHANGED || reason == sweep::DUE,
         _ => false,
     }

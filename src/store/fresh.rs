@@ -148,7 +148,7 @@ where
     /// # let task = tokio::spawn(watcher.run());
     /// # reader.wait_until_ready().await?;
     /// # task.abort(); let _ = task.await; drop(reader);
-    /// # server.handle().delete_pod("default", "web-1");
+    /// # server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-1");
     /// // A warm restart is ready at once, on the data of the last run ...
     /// let (reader, watcher) = db.store("pods", api(), kube_persist::Config::default())?;
     /// assert!(reader.is_ready());
