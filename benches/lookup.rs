@@ -17,65 +17,6 @@ mod support;
 mod reads;
 use reads::{NameAndNode, index_figures, profile_reads, scan_figures, spawn_churn};
 
-/// The global allocator: glibc's malloc (the system allocator), or mimalloc when this file
-/// is built into the `lookup_mimalloc` bench.
-const MIMALLOC: bool = is(env!("CARGO_CRATE_NAME").as_bytes(), b"lookup_mimalloc");
-
-const fn is(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-struct Allocator;
-
-// SAFETY: every call is forwarded to one allocator, the same one for the whole process.
-unsafe impl std::alloc::GlobalAlloc for Allocator {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe {
-            if MIMALLOC {
-                mimalloc::MiMalloc.alloc(layout)
-            } else {
-                std::alloc::System.alloc(layout)
-            }
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from the same allocator's `alloc`.
-        unsafe {
-            if MIMALLOC {
-                mimalloc::MiMalloc.dealloc(ptr, layout)
-            } else {
-                std::alloc::System.dealloc(ptr, layout)
-            }
-        }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
-        // SAFETY: as above.
-        unsafe {
-            if MIMALLOC {
-                mimalloc::MiMalloc.realloc(ptr, layout, size)
-            } else {
-                std::alloc::System.realloc(ptr, layout, size)
-            }
-        }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Allocator = Allocator;
-
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -104,7 +45,7 @@ pub fn main() {
     let n = support::pods_arg().unwrap_or(100_000);
     let engine = support::engine_arg();
     eprintln!("storage engine: {engine}");
-    eprintln!("allocator: {}", if MIMALLOC { "mimalloc" } else { "glibc" });
+    eprintln!("allocator: {}", support::alloc::NAME);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(bench(n, engine));
 }

@@ -17,13 +17,32 @@
 //! the reflector would need tens of GiB) and prints
 //! `RESULT n=<N> persist_peak_mib=.. persist_read_rss_mib=.. warm_ready_ms=.. persist_disk_bytes_per_object=.. engine=<E>`
 //! (the relist peak and the warm restart's LIST calls on stderr).
+//!
+//! Many streams in one process:
+//! ```text
+//! cargo bench --bench memory -- --streams 20 [--per-stream 20000] [--engine sled|redb]
+//! cargo bench --bench memory_mimalloc -- --streams 20   # the same, mimalloc as the allocator
+//! ```
+//! serves N namespaces of `--per-stream` Pods each (default 20,000) and syncs them as N
+//! streams in one client process, all started at once: kube-persist (one `Db`) and
+//! kube-runtime (one reflector per namespace), each in its own process. kube-persist also
+//! syncs them one after another (each stream started when the one before is ready), and
+//! one stream alone (its thread count, next to N's). The last line is
+//! `RESULT streams=<N> objects=<M> persist_peak_mib=.. reflector_peak_mib=.. persist_sync_s=.. reflector_sync_s=.. threads=.. allocator=..`:
+//! `objects` is the total over the N streams, the sync times are until every stream is
+//! ready, and `threads` is the most threads the kube-persist process had at once.
+//! `--persist-only` leaves out the reflectors (and the RESULT line).
 
 mod support;
 
 use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_server};
 
-fn main() {
+pub fn main() {
     if support::client_main() {
+        return;
+    }
+    if let Some(n) = arg_value("--streams") {
+        streams_bench(n, arg_value("--per-stream").unwrap_or(20_000));
         return;
     }
     let sizes: Vec<usize> = if let Some(n) = support::pods_arg() {
@@ -153,6 +172,82 @@ fn main() {
     for r in results {
         println!("{r}");
     }
+}
+
+/// The number after `flag`, if given.
+fn arg_value(flag: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == flag)?;
+    Some(
+        args.get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{flag} takes a number")),
+    )
+}
+
+/// `--streams N`: N namespaced collections of `per_stream` Pods, synced in one process.
+fn streams_bench(n: usize, per_stream: usize) {
+    let engine = support::engine_arg();
+    let allocator = support::alloc::NAME;
+    eprintln!("== {n} streams of {per_stream} Pods, engine {engine}, allocator {allocator}");
+    let server = start_server(
+        n * per_stream,
+        &["--namespaces", &n.to_string(), "--history", "50000"],
+    );
+    let url = server.url.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |kind, streams: usize, sequential: bool, what: &str| -> ClientReport {
+        let opts = ClientOpts {
+            dir: Some(dir.path().join(format!("{what}-{streams}"))),
+            engine,
+            streams,
+            sequential,
+            ..ClientOpts::default()
+        };
+        let r = run_client(kind, &url, &opts, |_| {});
+        eprintln!(
+            "   {what:<22} {streams:>3} streams: ready {:>7.2} s  peak {:>8.1} MiB  end {:>8.1} MiB  objects {:>8}  threads {}",
+            r.ready_ms as f64 / 1000.0,
+            mib(r.peak_rss_kib),
+            mib(r.rss_kib),
+            r.objects,
+            r.threads
+        );
+        r
+    };
+    let one = run(ClientKind::Persist, 1, false, "kube-persist");
+    let parallel = run(ClientKind::Persist, n, false, "kube-persist");
+    let sequential = run(ClientKind::Persist, n, true, "kube-persist sequential");
+    assert_eq!(
+        parallel.objects,
+        (n * per_stream) as u64,
+        "kube-persist synced every object"
+    );
+    if std::env::args().any(|a| a == "--persist-only") {
+        // For profiling kube-persist alone: no reflectors, no RESULT line.
+        return;
+    }
+    let reflector = run(ClientKind::Reflector, n, false, "reflector");
+    assert_eq!(
+        reflector.objects, parallel.objects,
+        "the reflectors synced every object"
+    );
+    eprintln!(
+        "   threads: {} with 1 stream, {} with {n}; all at once {:.2} s, one after another {:.2} s",
+        one.threads,
+        parallel.threads,
+        parallel.ready_ms as f64 / 1000.0,
+        sequential.ready_ms as f64 / 1000.0
+    );
+    println!(
+        "RESULT streams={n} objects={} persist_peak_mib={:.1} reflector_peak_mib={:.1} persist_sync_s={:.2} reflector_sync_s={:.2} threads={} allocator={allocator}",
+        parallel.objects,
+        mib(parallel.peak_rss_kib),
+        mib(reflector.peak_rss_kib),
+        parallel.ready_ms as f64 / 1000.0,
+        reflector.ready_ms as f64 / 1000.0,
+        parallel.threads,
+    );
 }
 
 /// Write `count` uniformly random `namespace/name` keys of the server's pods to `file`.

@@ -36,6 +36,15 @@ fn round_of(pod: &Pod) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The names of this process's threads (`/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
 /// The server's resourceVersion of `ns-0/name`, as an opaque string.
 fn server_rv(h: &ServerHandle, name: &str) -> String {
     let o = h.get(&ResourceType::pods(), Some("ns-0"), name).unwrap();
@@ -206,11 +215,28 @@ async fn parallel_iteration_keeps_key_order(engine: Engine) {
     let before = reader.stats().decodes;
     assert_eq!(reader.iter().take(3).count(), 3);
     assert!(reader.stats().decodes - before < 32);
-    // Dropped while read ahead (its threads stop and are joined), then read again.
+    // Dropped while read ahead (its queued chunks find nothing to take), then read again.
     let mut it = reader.iter();
     assert_eq!(it.by_ref().take(500).count(), 500);
     drop(it);
     assert_eq!(reader.iter().skip(1000).count(), want.len() - 1000);
+    // Sixteen iterations at once, each read ahead, start no thread of their own: they
+    // share the process's CPU threads, whose number does not depend on theirs.
+    let mut open: Vec<_> = (0..16).map(|_| reader.iter()).collect();
+    for it in &mut open {
+        assert_eq!(it.by_ref().take(300).count(), 300);
+    }
+    let names = thread_names();
+    // The kernel keeps 15 bytes of a thread's name: "kube-persist-cpu" is "kube-persist-cp".
+    let cpu = names.iter().filter(|n| *n == "kube-persist-cp").count();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        (1..=cores.min(8)).contains(&cpu),
+        "{cpu} CPU threads with 16 iterations open: {names:?}"
+    );
+    for it in open {
+        assert_eq!(it.count(), want.len() - 300);
+    }
 
     let mut by_app = std::collections::BTreeMap::<String, Vec<_>>::new();
     for p in reader.iter() {

@@ -3,9 +3,12 @@
 //!
 //! A binary using this module re-executes itself as a client with
 //! `--client <persist|reflector|floor> --url URL [--dir DIR] [--engine E] [--until-rv N]
-//! [--until-relist] [--gets-from FILE]`; the client prints one line `client-result <json>`
+//! [--until-relist] [--gets-from FILE] [--streams N [--sequential]]`; the client prints one line `client-result <json>`
 //! and exits.
 #![allow(dead_code)]
+
+pub mod alloc;
+pub mod streams;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -185,6 +188,9 @@ pub struct ClientReport {
     pub gets: u64,
     /// Milliseconds those gets took.
     pub gets_ms: u64,
+    /// The most threads the process had at once while syncing (`--streams` runs).
+    #[serde(default)]
+    pub threads: u64,
 }
 
 /// Which client a child process runs.
@@ -226,6 +232,11 @@ pub struct ClientOpts {
     /// Once live (and caught up), SIGKILL the client instead of letting it finish: the
     /// returned report is empty. Used to measure restarts after a crash.
     pub kill_when_live: bool,
+    /// Sync this many namespaced collections as separate streams in the one process
+    /// (see [`streams`]); 0: one stream of all Pods.
+    pub streams: usize,
+    /// With `streams`: start each stream once the one before it is ready.
+    pub sequential: bool,
 }
 
 /// Run a client variant as a child process and return its report. `on_line` sees every
@@ -256,6 +267,12 @@ pub fn run_client(
     }
     if opts.kill_when_live {
         cmd.arg("--hang-when-live");
+    }
+    if opts.streams > 0 {
+        cmd.args(["--streams", &opts.streams.to_string()]);
+    }
+    if opts.sequential {
+        cmd.arg("--sequential");
     }
     let mut child = cmd
         .env(
@@ -315,6 +332,8 @@ pub fn client_main() -> bool {
         until_relist: args.iter().any(|a| a == "--until-relist"),
         progress: args.iter().any(|a| a == "--progress"),
         kill_when_live: args.iter().any(|a| a == "--hang-when-live"),
+        streams: get("--streams").and_then(|s| s.parse().ok()).unwrap_or(0),
+        sequential: args.iter().any(|a| a == "--sequential"),
     };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -324,7 +343,11 @@ pub fn client_main() -> bool {
         .enable_all()
         .build()
         .unwrap();
-    let report = rt.block_on(run_as(kind, &url, &opts));
+    let report = if opts.streams > 0 {
+        rt.block_on(streams::run(kind, &url, &opts))
+    } else {
+        rt.block_on(run_as(kind, &url, &opts))
+    };
     println!("client-result {}", serde_json::to_string(&report).unwrap());
     true
 }

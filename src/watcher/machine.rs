@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::Status;
 use crate::store::record::{Phase, State};
-use crate::store::worker::DiskWorker;
+use crate::store::worker::{DiskWorker, PagePermit, compute};
 use crate::store::writer::{Change, ListProgress, Op, Writer};
 
 /// How long a live watch burst waits for more events after its first one: events that
@@ -74,7 +74,7 @@ pub(crate) enum Stage {
     /// have been fetched and parsed while the previous one was written (`prefetched`).
     Listing {
         continue_token: Option<String>,
-        prefetched: Option<Box<Page>>,
+        prefetched: Option<Box<(Page, PagePermit)>>,
     },
     /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
     /// (`None`: connect next). `received`: initial events seen on this connection.
@@ -239,6 +239,8 @@ pub(crate) struct Machine {
     pacing: Pacing,
     /// `ResourceVersionTooLarge` answers in a row.
     too_large: u32,
+    /// The body size of the last LIST page (see `Lister`).
+    last_page_bytes: std::sync::atomic::AtomicUsize,
     /// Whether the store has caught up with the server (not only connected).
     fresh: Tracker,
     /// A configuration error the server will not accept ended the watcher.
@@ -290,6 +292,7 @@ impl Machine {
             signal: StartSignal::FirstList,
             pacing,
             too_large: 0,
+            last_page_bytes: Default::default(),
             fresh,
             fatal: false,
         }

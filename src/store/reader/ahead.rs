@@ -1,41 +1,34 @@
 //! Reading ahead of an iterator's caller: stored entries are read in key order in chunks
-//! and mapped (decoded) on worker threads while the caller consumes earlier chunks, then
-//! handed out in key order. Memory is bounded: at most [`PERMITS_PER_WORKER`] chunks per
-//! worker are read and not yet handed out.
+//! and mapped (decoded) on the process's CPU threads ([`worker::cpu`]) while the caller
+//! consumes earlier chunks, then handed out in key order. Memory is bounded: at most
+//! [`PERMITS_PER_WORKER`] chunks per job allowed at once are read and not yet handed out.
 //!
 //! The first few chunks are small and mapped on the calling thread, so a caller that takes
-//! a few objects neither starts threads nor decodes more than it needs. The workers live as
-//! long as the iterator (they are joined when it is dropped); they never run async tasks,
-//! and a caller on an async worker is blocking it anyway (reads are blocking calls).
+//! a few objects neither queues jobs nor decodes more than it needs. No thread is started
+//! per iterator: a hundred iterations at once share the same CPU threads. Jobs never wait
+//! for the caller (a chunk is mapped and handed over, then the job ends), so an iterator
+//! that is not consumed holds no thread; a caller on an async worker is blocking it anyway
+//! (reads are blocking calls).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use crate::error::{Error, Result};
 use crate::store::engine::Entry;
+use crate::store::worker::{self, Threads};
 
 /// Entries per chunk once read ahead.
 const CHUNK: usize = 64;
 /// Chunks mapped on the calling thread before the workers start: 8, 16, 32, then 64.
 const INLINE_CHUNKS: usize = 4;
 const FIRST_CHUNK: usize = 8;
-/// Chunks a worker may have read that the caller has not taken yet.
+/// Chunks per job allowed at once that may be read and not taken by the caller yet.
 const PERMITS_PER_WORKER: usize = 2;
 
 /// Maps one stored entry to what the iterator hands out.
 pub(super) type MapFn<T> = Arc<dyn Fn(Entry) -> T + Send + Sync>;
 type Entries = Box<dyn Iterator<Item = Result<Entry>> + Send>;
-
-/// The threads that map chunks when not chosen (the calling thread consumes).
-fn default_threads() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8)
-    })
-}
 
 /// The mapped entries of a range, in key order.
 pub(super) struct Ahead<T> {
@@ -47,7 +40,7 @@ pub(super) struct Ahead<T> {
     path: Arc<PathBuf>,
     chunk: usize,
     inline_chunks: usize,
-    /// Worker threads; 1: everything on the calling thread.
+    /// Chunks mapped at once on the CPU threads; 1: everything on the calling thread.
     threads: usize,
 }
 
@@ -75,7 +68,7 @@ impl<T: Send + 'static> Ahead<T> {
             chunk: FIRST_CHUNK,
             inline_chunks: 0,
             threads: if threads == 0 {
-                default_threads()
+                worker::cpu_threads()
             } else {
                 threads
             },
@@ -90,7 +83,7 @@ impl<T: Send + 'static> Ahead<T> {
             match std::mem::replace(&mut self.state, State::Done) {
                 State::Done => return None,
                 State::Piped(mut pipe) => {
-                    let chunk = pipe.next_chunk(self.failed)?;
+                    let chunk = pipe.next_chunk()?;
                     self.ready.extend(chunk);
                     self.state = State::Piped(pipe);
                 }
@@ -99,7 +92,7 @@ impl<T: Send + 'static> Ahead<T> {
                         let (map, path) = (&self.map, &self.path);
                         match Pipe::start(entries, map, self.failed, path, self.threads) {
                             Ok(pipe) => self.state = State::Piped(pipe),
-                            // No thread could be started: go on here.
+                            // No CPU threads: go on here.
                             Err(back) => {
                                 self.inline_chunks = 0;
                                 self.state = State::Inline(back);
@@ -146,28 +139,44 @@ fn read_chunk<T>(
     (out, false)
 }
 
-/// The workers and the chunks they mapped, reordered by sequence number.
+/// The chunks being mapped on the CPU threads, and those mapped, reordered by sequence
+/// number. At most `jobs` chunks are being mapped at once, and at most
+/// `jobs * PERMITS_PER_WORKER` are read and not yet handed out.
 struct Pipe<T> {
-    rx: Option<mpsc::Receiver<(u64, Vec<T>)>>,
     shared: Arc<Shared>,
+    tx: mpsc::Sender<Mapped<T>>,
+    rx: mpsc::Receiver<Mapped<T>>,
     map: MapFn<T>,
+    failed: fn(Error) -> T,
     path: Arc<PathBuf>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    threads: &'static Threads,
+    /// Jobs queued or running whose answer has not been received.
+    in_flight: usize,
+    jobs: usize,
     pending: BTreeMap<u64, Vec<T>>,
     next: u64,
+    /// No job will find another chunk (the range ended).
+    ended: bool,
+}
+
+/// A job's answer.
+enum Mapped<T> {
+    /// A chunk with its sequence number.
+    Chunk(u64, Vec<T>),
+    /// The range had ended (or the iterator was dropped): nothing to take.
+    Ended,
+    /// Reading the next chunk panicked (the engine's iterator): which chunk is unknown.
+    Lost,
 }
 
 struct Shared {
     source: Mutex<Source>,
-    wake: Condvar,
 }
 
 struct Source {
     entries: Option<Entries>,
     seq: u64,
     ended: bool,
-    permits: usize,
-    stop: bool,
 }
 
 impl Shared {
@@ -177,127 +186,154 @@ impl Shared {
 }
 
 impl<T: Send + 'static> Pipe<T> {
-    /// Start the workers on `entries`; gives `entries` back if no thread could be started.
+    /// Start mapping `entries` on the CPU threads; gives `entries` back if there are none.
     fn start(
         entries: Entries,
         map: &MapFn<T>,
         failed: fn(Error) -> T,
         path: &Arc<PathBuf>,
-        n: usize,
+        jobs: usize,
     ) -> std::result::Result<Self, Entries> {
-        let shared = Arc::new(Shared {
-            source: Mutex::new(Source {
-                entries: Some(entries),
-                seq: 0,
-                ended: false,
-                permits: n * PERMITS_PER_WORKER,
-                stop: false,
+        let Some(threads) = worker::cpu() else {
+            return Err(entries);
+        };
+        let (tx, rx) = mpsc::channel();
+        let mut pipe = Pipe {
+            shared: Arc::new(Shared {
+                source: Mutex::new(Source {
+                    entries: Some(entries),
+                    seq: 0,
+                    ended: false,
+                }),
             }),
-            wake: Condvar::new(),
-        });
-        let (tx, rx) = mpsc::sync_channel(n * PERMITS_PER_WORKER);
-        let mut handles = Vec::with_capacity(n);
-        for _ in 0..n {
-            let (shared, tx, map, path) = (shared.clone(), tx.clone(), map.clone(), path.clone());
-            let spawned = std::thread::Builder::new()
-                .name("kube-persist-read".into())
-                .spawn(move || work(&shared, &tx, &map, failed, &path));
-            match spawned {
-                Ok(h) => handles.push(h),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot start a read-ahead thread");
-                    break;
-                }
-            }
-        }
-        if handles.is_empty() {
-            let entries = shared.lock().entries.take();
-            return Err(entries.unwrap_or_else(|| Box::new(std::iter::empty())));
-        }
-        Ok(Pipe {
-            rx: Some(rx),
-            shared,
+            tx,
+            rx,
             map: map.clone(),
+            failed,
             path: path.clone(),
-            workers: handles,
+            threads,
+            in_flight: 0,
+            jobs,
             pending: BTreeMap::new(),
             next: 0,
-        })
+            ended: false,
+        };
+        pipe.top_up();
+        Ok(pipe)
+    }
+
+    /// Queue jobs while fewer than `jobs` run and fewer than the bound are read ahead.
+    fn top_up(&mut self) {
+        while !self.ended
+            && self.in_flight < self.jobs
+            && self.in_flight + self.pending.len() < self.jobs * PERMITS_PER_WORKER
+        {
+            let (shared, tx) = (self.shared.clone(), self.tx.clone());
+            let (map, failed, path) = (self.map.clone(), self.failed, self.path.clone());
+            let queued = self.threads.spawn(move || {
+                let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    take_chunk(&shared, failed)
+                }));
+                let _ = tx.send(match taken {
+                    Ok(Some((seq, read))) => {
+                        Mapped::Chunk(seq, map_chunk(read, &map, failed, &path))
+                    }
+                    Ok(None) => Mapped::Ended,
+                    Err(_) => {
+                        shared.lock().ended = true;
+                        Mapped::Lost
+                    }
+                });
+            });
+            if !queued {
+                // The CPU threads are gone: the calling thread maps what is left.
+                return;
+            }
+            self.in_flight += 1;
+        }
     }
 
     /// The next chunk in key order; `None` at the end. While it is not mapped yet, this
-    /// thread maps the next chunk not taken rather than wait (on a busy machine the workers
-    /// may get no CPU at all: the caller then does the work, as without them).
-    fn next_chunk(&mut self, failed: fn(Error) -> T) -> Option<Vec<T>> {
+    /// thread maps the next chunk not taken rather than wait (on a busy machine the CPU
+    /// threads may get no CPU at all: the caller then does the work, as without them).
+    fn next_chunk(&mut self) -> Option<Vec<T>> {
         loop {
             if let Some(chunk) = self.pending.remove(&self.next) {
                 self.next += 1;
-                self.shared.lock().permits += 1;
-                self.shared.wake.notify_one();
+                self.top_up();
                 return Some(chunk);
             }
-            let rx = self.rx.as_ref()?;
-            let received = match rx.try_recv() {
-                Ok(sent) => Ok(sent),
-                Err(mpsc::TryRecvError::Empty) => match take_chunk(&self.shared, false, failed) {
-                    Some((seq, read)) => Ok((seq, map_chunk(read, &self.map, failed, &self.path))),
-                    None => rx.recv().map_err(drop),
+            let received = match self.rx.try_recv() {
+                Ok(mapped) => Some(mapped),
+                Err(_) => match take_chunk(&self.shared, self.failed) {
+                    Some((seq, read)) => {
+                        let chunk = map_chunk(read, &self.map, self.failed, &self.path);
+                        self.pending.insert(seq, chunk);
+                        continue;
+                    }
+                    // Everything is taken: wait for the chunks being mapped.
+                    None if self.in_flight > 0 => {
+                        // This pipe holds a sender: `recv` cannot fail while jobs run.
+                        self.rx.recv().ok()
+                    }
+                    None => None,
                 },
-                Err(mpsc::TryRecvError::Disconnected) => Err(()),
             };
-            match received {
-                Ok((seq, chunk)) => {
+            let lost = match received {
+                Some(Mapped::Chunk(seq, chunk)) => {
+                    self.in_flight -= 1;
                     self.pending.insert(seq, chunk);
+                    continue;
                 }
-                // Every worker is gone. With chunks still waiting, one never came.
-                Err(()) if self.pending.is_empty() => return None,
-                Err(()) => {
-                    self.pending.clear();
-                    self.rx = None;
-                    return Some(vec![failed(Error::Storage {
-                        path: self.path.to_path_buf(),
-                        detail: "a read-ahead thread stopped before its chunk".into(),
-                    })]);
+                Some(Mapped::Ended) => {
+                    self.in_flight -= 1;
+                    self.ended = true;
+                    continue;
                 }
-            }
+                Some(Mapped::Lost) => "reading ahead panicked",
+                // Nothing in flight and nothing left to take: the range ended.
+                None if self.pending.is_empty() => return None,
+                None => "a read-ahead chunk was lost",
+            };
+            // The chunks after the lost one are dropped: the iteration ends with an error
+            // in the lost chunk's place.
+            self.pending.clear();
+            self.ended = true;
+            self.shared.lock().ended = true;
+            return Some(vec![(self.failed)(Error::Storage {
+                path: self.path.to_path_buf(),
+                detail: lost.into(),
+            })]);
         }
     }
 }
 
 impl<T> Drop for Pipe<T> {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        // Workers blocked on a full channel fail their send; waiting ones wake and stop.
-        self.rx = None;
-        self.shared.wake.notify_all();
-        for h in self.workers.drain(..) {
-            let _ = h.join();
-        }
+        // Jobs still queued find nothing to take. The entries (and the read transaction
+        // they hold) are dropped now, once a job reading a chunk has let go of them.
+        let mut source = self.shared.lock();
+        source.ended = true;
+        source.entries = None;
     }
 }
 
-/// The next chunk of entries to map, with its sequence number (taking a permit): waiting
-/// for a permit if `wait`; `None` once the range ended or the iterator was dropped.
+/// The next chunk of entries to map, with its sequence number; `None` once the range ended
+/// or the iterator was dropped.
 fn take_chunk<T>(
     shared: &Shared,
-    wait: bool,
     failed: fn(Error) -> T,
 ) -> Option<(u64, Vec<std::result::Result<Entry, T>>)> {
     let mut s = shared.lock();
-    while wait && s.permits == 0 && !s.stop && !s.ended {
-        s = shared.wake.wait(s).unwrap_or_else(|p| p.into_inner());
-    }
-    if s.stop || s.ended || s.permits == 0 {
+    if s.ended {
         return None;
     }
-    s.permits -= 1;
     let seq = s.seq;
     s.seq += 1;
     let entries = s.entries.as_mut()?;
     let (read, ended) = read_chunk(entries, CHUNK, failed);
     if ended {
         s.ended = true;
-        shared.wake.notify_all();
     }
     Some((seq, read))
 }
@@ -323,20 +359,4 @@ fn map_chunk<T>(
             detail: "reading an object panicked".into(),
         })]
     })
-}
-
-/// One worker: take the next chunk of entries, map it, send it; until the range ends or
-/// the iterator is dropped.
-fn work<T: Send>(
-    shared: &Shared,
-    tx: &mpsc::SyncSender<(u64, Vec<T>)>,
-    map: &MapFn<T>,
-    failed: fn(Error) -> T,
-    path: &std::path::Path,
-) {
-    while let Some((seq, read)) = take_chunk(shared, true, failed) {
-        if tx.send((seq, map_chunk(read, map, failed, path))).is_err() {
-            return;
-        }
-    }
 }

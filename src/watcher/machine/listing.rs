@@ -1,6 +1,8 @@
 //! The list stages: paginated LIST pages (fetched ahead while the previous one commits)
 //! and streaming lists (`sendInitialEvents=true`) up to their end bookmark.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use futures::AsyncReadExt;
 use kube::core::Request;
 use kube::core::params::ListParams;
@@ -17,44 +19,54 @@ impl Machine {
             metadata_only: self.metadata_only,
             cfg: &self.cfg,
             stats: &self.stats,
+            last_page_bytes: &self.last_page_bytes,
             page_size: self
                 .pacing
                 .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
         }
     }
 
-    /// Parse a LIST page on the blocking pool (CPU only, no disk).
+    /// Parse a LIST page on the CPU threads (CPU only, no disk).
     async fn parse_page(ingest: Ingest, bytes: Vec<u8>, context: String) -> Result<Page> {
-        tokio::task::spawn_blocking(move || ingest.list_page(bytes, &context))
+        compute(move || ingest.list_page(bytes, &context))
             .await
-            .map_err(|e| Error::Protocol {
+            .ok_or_else(|| Error::Protocol {
                 context: "LIST".into(),
-                detail: format!("parsing a list page failed: {e}"),
+                detail: "parsing a list page panicked".into(),
             })?
     }
 
     /// Commit one LIST page on the disk thread while the next page is fetched and parsed
     /// (its continue token is known once this one is parsed): page N+1 travels and is
     /// parsed while page N is written (at most two pages in memory).
+    ///
+    /// Each page holds a permit of the directory's page budget from before its GET until
+    /// it is committed, so that streams listing at once share a bounded number of pages.
     pub(super) async fn list_page(
         &mut self,
         continue_token: Option<String>,
-        prefetched: Option<Box<Page>>,
+        prefetched: Option<Box<(Page, PagePermit)>>,
     ) -> Result<Stage> {
         let url = self.url().to_string();
         let context = |continued: bool| format!("LIST {url} (continue: {continued})");
-        let page = match prefetched {
+        let (page, permit) = match prefetched {
             Some(p) => *p,
-            None => match self.lister().fetch_page(continue_token.as_deref()).await? {
-                Some(b) => {
-                    let context = context(continue_token.is_some());
-                    Self::parse_page(self.ingest.clone(), b, context).await?
+            None => {
+                let permit = self.disk.worker.page_permit().await;
+                match self.lister().fetch_page(continue_token.as_deref()).await? {
+                    Some(b) => {
+                        let context = context(continue_token.is_some());
+                        (
+                            Self::parse_page(self.ingest.clone(), b, context).await?,
+                            permit,
+                        )
+                    }
+                    None => {
+                        self.pacing.token_expired();
+                        return self.relist("continue token expired (410)").await;
+                    }
                 }
-                None => {
-                    self.pacing.token_expired();
-                    return self.relist("continue token expired (410)").await;
-                }
-            },
+            }
         };
         let next_token = page.continue_token.clone();
         let emit = self.emit;
@@ -77,12 +89,22 @@ impl Machine {
             }
             Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
         });
+        // The page's place in the budget is given back once it is committed (not once the
+        // next page is also here: that one may be waiting for this place).
+        let commit = async move {
+            let done = commit.await;
+            drop(permit);
+            done
+        };
         let (lister, ingest, next_context) = (self.lister(), self.ingest.clone(), context(true));
+        let worker = self.disk.worker.clone();
         let prefetch = async {
             let next = next_token?;
+            let permit = worker.page_permit().await;
             // A failed prefetch is dropped: the next step fetches (and reports) again.
             let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
-            Self::parse_page(ingest, bytes, next_context).await.ok()
+            let page = Self::parse_page(ingest, bytes, next_context).await.ok()?;
+            Some((page, permit))
         };
         let (committed, next_page) = tokio::join!(commit, prefetch);
         let (changes, rejected) = self.disk.finish(committed)?;
@@ -229,6 +251,10 @@ struct Lister<'a> {
     stats: &'a Counters,
     /// The configured page size, or more after continue tokens expired (see `Pacing`).
     page_size: u32,
+    /// The size of the last page's body: the next body's buffer is allocated at about that
+    /// size at once, not grown by doubling (which copies it and leaves freed blocks of
+    /// every size behind, and the allocator keeps those).
+    last_page_bytes: &'a AtomicUsize,
 }
 
 impl Lister<'_> {
@@ -272,7 +298,10 @@ impl Lister<'_> {
                 });
             }
         };
-        let mut bytes = Vec::new();
+        /// Never reserve more than this ahead of the body.
+        const MAX_HINT: usize = 64 << 20;
+        let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
+        let mut bytes = Vec::with_capacity(hint + hint / 16);
         Box::pin(body)
             .read_to_end(&mut bytes)
             .await
@@ -281,6 +310,7 @@ impl Lister<'_> {
                 detail: format!("reading the list body: {e}"),
             })?;
         Counters::add(&self.stats.list_pages, 1);
+        self.last_page_bytes.store(bytes.len(), Ordering::Relaxed);
         Ok(Some(bytes))
     }
 }

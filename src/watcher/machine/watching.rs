@@ -52,14 +52,14 @@ impl Machine {
         }
     }
 
-    /// Parse a burst of live watch lines on the blocking pool (CPU only, no disk), so that
+    /// Parse a burst of live watch lines on the CPU threads (CPU only, no disk), so that
     /// the disk thread only commits and a burst is parsed while the one before is written.
     async fn parse_watch(ingest: Ingest, lines: Vec<Line>) -> Result<Parsed> {
-        tokio::task::spawn_blocking(move || ingest.lines(lines, false))
+        compute(move || ingest.lines(lines, false))
             .await
-            .map_err(|e| Error::Protocol {
+            .ok_or_else(|| Error::Protocol {
                 context: "WATCH".into(),
-                detail: format!("parsing a burst of watch events failed: {e}"),
+                detail: "parsing a burst of watch events panicked".into(),
             })
     }
 
