@@ -424,9 +424,10 @@ impl Charts<'_> {
             .map(|(section, ns)| {
                 let section = self.parsed.sections.get(section);
                 let title = section.map_or("", |s| s.title.as_str());
-                let runs = match section.map(|s| s.runs.join("; ")) {
-                    Some(runs) if !runs.is_empty() => format!(" (run {runs})"),
-                    _ => String::new(),
+                let runs = match section.map_or(&[][..], |s| &s.runs[..]) {
+                    [] => String::new(),
+                    [run] => format!(" (run {run})"),
+                    runs => format!(" (runs {})", runs.join("; ")),
                 };
                 let ns: Vec<String> = ns.into_iter().map(|n| plot::compact(n as f64)).collect();
                 format!("{}, “{title}”{runs}: N = {}", self.source, ns.join(", "))
