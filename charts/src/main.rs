@@ -5,10 +5,11 @@
 //! ```
 //!
 //! Reads every `RESULT` line in the code blocks of the input (see [`parse`] for the format
-//! and for which line counts as the newest), keeps the newest line for each series and N,
-//! and writes `memory.svg`, `restart.svg` and `lookup.svg` into the output directory. The
-//! values and the lines they came from are printed; each chart names, at its bottom, the
-//! sections its values come from. Unreadable lines are reported on stderr and skipped.
+//! and for which lines are drawn), keeps the last line in the file for each series and N,
+//! and writes `memory.svg`, `restart.svg`, `lookup.svg` and `iteration.svg` into the output
+//! directory. The values and the lines they came from are printed; each chart names, at
+//! its bottom, the sections its values come from with the date and commit of their `Run: `
+//! lines. Unreadable lines are reported on stderr and skipped.
 
 mod parse;
 mod plot;
@@ -57,39 +58,42 @@ fn run(input: &Path, out: &Path) -> Result<(), Box<dyn Error>> {
     let untagged = parsed
         .measurements
         .iter()
-        .filter(|m| m.engine().is_none())
+        .filter(|m| m.text("engine").is_none())
         .count();
     if untagged > 0 {
         eprintln!(
-            "note: {untagged} RESULT lines have no engine=; only engine-independent series (reflector, floor) can use them"
+            "note: {untagged} RESULT lines have no engine=: read as {}",
+            parse::DEFAULT_ENGINE
         );
     }
-    let newest = parsed
-        .measurements
-        .iter()
-        .map(|m| m.section)
-        .min()
-        .ok_or_else(|| format!("no readable RESULT lines in {}", input.display()))?;
+    if !parsed.ignored.is_empty() {
+        eprintln!(
+            "note: not drawn (streams=, or an allocator= other than glibc): {} lines {}",
+            input.display(),
+            ranges(&parsed.ignored)
+        );
+    }
+    if parsed.measurements.is_empty() {
+        return Err(format!("no readable RESULT lines in {}", input.display()).into());
+    }
     fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let name = input
         .file_name()
         .map_or("the input".into(), |n| n.to_string_lossy().into_owned());
     let charts = Charts {
         parsed: &parsed,
-        newest,
         source: &name,
         out,
     };
     charts.memory()?;
     charts.restart()?;
     charts.lookup()?;
+    charts.iteration()?;
     Ok(())
 }
 
 struct Charts<'a> {
     parsed: &'a Parsed,
-    /// The section of the newest `RESULT` lines (drawn filled).
-    newest: usize,
     /// The input's file name, for the footnotes.
     source: &'a str,
     out: &'a Path,
@@ -158,7 +162,7 @@ impl Charts<'_> {
         series.retain(|s| !s.points.is_empty());
 
         let marker = "cold_persist_ready_ms";
-        let n = self.newest_n(marker);
+        let n = self.last_n(marker);
         let bars = n.map_or_else(Vec::new, |n| self.restart_bars(marker, n));
         if n.is_none() {
             eprintln!("restart.svg: no restart bench lines ({marker}=)");
@@ -184,8 +188,8 @@ impl Charts<'_> {
         };
         self.draw("restart.svg", (1400, 600), &used, |area| {
             let (l, r) = area.split_horizontally(600);
-            plot::line_chart(&l, &left, &series, self.newest)?;
-            plot::bar_chart(&r, &right, "ms", &bars, self.newest)
+            plot::line_chart(&l, &left, &series)?;
+            plot::bar_chart(&r, &right, "ms", &bars)
         })
     }
 
@@ -218,43 +222,90 @@ impl Charts<'_> {
         bars
     }
 
-    /// `Reader::get` latency percentiles per engine, and the reflector's `Store::get`.
+    /// `Reader::get` latency percentiles per engine, and the reflector's `Store::get`, at
+    /// each N of the lookup bench.
     fn lookup(&self) -> DrawResult {
-        let marker = "persist_get_p50_us";
-        let Some(n) = self.newest_n(marker) else {
-            eprintln!("lookup.svg: no lookup bench lines ({marker}=)");
+        let rows = [
+            ("get p50, uniform random", "persist_get_p50_us"),
+            ("get p99, uniform random", "persist_get_p99_us"),
+            ("get_raw p50 (no decode)", "persist_get_raw_p50_us"),
+            ("get p50, last 1,000 changed", "persist_recent_get_p50_us"),
+        ];
+        let reflector = ("Store::get p50 (in memory)", "reflector_get_p50_us");
+        let Some((bars, ns)) = self.lookup_bars("lookup.svg", &rows, reflector) else {
             return Ok(());
         };
-        let mut bars = Vec::new();
-        for (engine, color) in ENGINES {
-            for (what, field) in [
-                ("get p50", "persist_get_p50_us"),
-                ("get p99", "persist_get_p99_us"),
-                ("get_raw p50 (no decode)", "persist_get_raw_p50_us"),
-            ] {
-                let q = query(field, Some(engine), Some(marker));
-                bars.extend(self.bar(format!("{engine}: {what}"), color, q, n));
-            }
-        }
-        bars.extend(self.bar(
-            "reflector: Store::get p50 (in memory)".into(),
-            plot::REFLECTOR,
-            query("reflector_get_p50_us", None, Some(marker)),
-            n,
-        ));
-        self.print_bars("lookup.svg", &bars);
-        let title = format!(
-            "Get latency, uniform random keys, N = {} (lookup bench)",
-            plot::compact(n as f64)
-        );
-        let labels = Labels {
-            title: &title,
-            x: "latency (µs), log scale",
-            y: "",
+        let title = format!("Get latency, N = {ns} (lookup bench)");
+        self.draw_bars("lookup.svg", &title, "latency (µs), log scale", "µs", &bars)
+    }
+
+    /// Objects per second of iterating over the whole store (`Reader::iter`, and
+    /// `Reader::iter_as` of a small type) per engine, and of kube-runtime's
+    /// `Store::state()`, at each N of the lookup bench.
+    fn iteration(&self) -> DrawResult {
+        let rows = [
+            ("iter", "persist_iter_objects_per_s"),
+            ("iter_as (name and node)", "persist_iter_as_objects_per_s"),
+        ];
+        let reflector = ("Store::state() (in memory)", "reflector_iter_objects_per_s");
+        let Some((bars, ns)) = self.lookup_bars("iteration.svg", &rows, reflector) else {
+            return Ok(());
         };
+        let title = format!("Iteration over all objects, N = {ns} (lookup bench)");
+        let x = "objects per second, log scale";
+        self.draw_bars("iteration.svg", &title, x, "/s", &bars)
+    }
+
+    /// Bars of the lookup bench at each of its N: per engine the fields of `rows` (label,
+    /// field), then the reflector's field. Lines are told by `rows[0]`'s field; the N is in
+    /// the labels when there are several. With the N, as "10k, 100k".
+    fn lookup_bars(
+        &self,
+        file: &str,
+        rows: &[(&str, &str)],
+        (reflector_label, reflector_field): (&str, &str),
+    ) -> Option<(Vec<Bar>, String)> {
+        let marker = rows[0].1;
+        let ns: BTreeSet<u64> = self
+            .parsed
+            .measurements
+            .iter()
+            .filter(|m| m.num(marker).is_some())
+            .map(|m| m.n)
+            .collect();
+        if ns.is_empty() {
+            eprintln!("{file}: no lookup bench lines with {marker}=");
+            return None;
+        }
+        let mut bars = Vec::new();
+        for &n in &ns {
+            let at = if ns.len() > 1 {
+                format!("N = {}, ", plot::compact(n as f64))
+            } else {
+                String::new()
+            };
+            for (engine, color) in ENGINES {
+                for (what, field) in rows {
+                    let q = query(field, Some(engine), Some(marker));
+                    bars.extend(self.bar(format!("{at}{engine}: {what}"), color, q, n));
+                }
+            }
+            let q = query(reflector_field, None, Some(marker));
+            let label = format!("{at}reflector: {reflector_label}");
+            bars.extend(self.bar(label, plot::REFLECTOR, q, n));
+        }
+        self.print_bars(file, &bars);
+        let ns: Vec<String> = ns.iter().map(|n| plot::compact(*n as f64)).collect();
+        Some((bars, ns.join(", ")))
+    }
+
+    /// A bar chart alone in `file`, its height following the number of bars.
+    fn draw_bars(&self, file: &str, title: &str, x: &str, unit: &str, bars: &[Bar]) -> DrawResult {
+        let labels = Labels { title, x, y: "" };
         let used: Vec<&Point> = bars.iter().map(|b| &b.point).collect();
-        self.draw("lookup.svg", (1000, 480), &used, |area| {
-            plot::bar_chart(area, &labels, "µs", &bars, self.newest)
+        let height = 180 + 36 * bars.len() as u32;
+        self.draw(file, (1000, height), &used, |area| {
+            plot::bar_chart(area, &labels, unit, bars)
         })
     }
 
@@ -266,7 +317,7 @@ impl Charts<'_> {
         }
     }
 
-    /// A bar for the newest line at `n` matching `q`, if there is one.
+    /// A bar for the last line at `n` matching `q`, if there is one.
     fn bar(&self, label: String, color: RGBColor, q: Query<'_>, n: u64) -> Option<Bar> {
         let point = self.at(q, n);
         if point.is_none() {
@@ -283,16 +334,10 @@ impl Charts<'_> {
         select(self.parsed, q).into_iter().find(|p| p.n == n)
     }
 
-    /// The N of the newest line that has `field`.
-    fn newest_n(&self, field: &str) -> Option<u64> {
-        let lines = self
-            .parsed
-            .measurements
-            .iter()
-            .filter(|m| m.num(field).is_some());
-        lines
-            .reduce(|a, b| if b.is_newer_than(a) { b } else { a })
-            .map(|m| m.n)
+    /// The N of the last line in the file that has `field`.
+    fn last_n(&self, field: &str) -> Option<u64> {
+        let mut lines = self.parsed.measurements.iter();
+        lines.rfind(|m| m.num(field).is_some()).map(|m| m.n)
     }
 
     /// ", 0 LIST calls" (or a range) from `field` of the lines behind `points`.
@@ -331,7 +376,7 @@ impl Charts<'_> {
         self.print_series(file, &series);
         let used: Vec<&Point> = series.iter().flat_map(|s| &s.points).collect();
         self.draw(file, size, &used, |area| {
-            plot::line_chart(area, labels, &series, self.newest)
+            plot::line_chart(area, labels, &series)
         })
     }
 
@@ -366,8 +411,9 @@ impl Charts<'_> {
         Ok(())
     }
 
-    /// One note per section: the N of the values taken from it. (Line numbers would go
-    /// stale with any edit of the prose above them; they are printed instead.)
+    /// One note per section: its runs (date and commit) and the N of the values taken
+    /// from it. (Line numbers would go stale with any edit of the prose above them; they
+    /// are printed instead.)
     fn sources(&self, used: &[&Point]) -> Vec<String> {
         let mut by_section: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
         for p in used {
@@ -376,9 +422,15 @@ impl Charts<'_> {
         by_section
             .into_iter()
             .map(|(section, ns)| {
-                let title = self.parsed.sections.get(section).map_or("", String::as_str);
+                let section = self.parsed.sections.get(section);
+                let title = section.map_or("", |s| s.title.as_str());
+                let runs = match section.map_or(&[][..], |s| &s.runs[..]) {
+                    [] => String::new(),
+                    [run] => format!(" (run {run})"),
+                    runs => format!(" (runs {})", runs.join("; ")),
+                };
                 let ns: Vec<String> = ns.into_iter().map(|n| plot::compact(n as f64)).collect();
-                format!("{}, section “{title}”: N = {}", self.source, ns.join(", "))
+                format!("{}, “{title}”{runs}: N = {}", self.source, ns.join(", "))
             })
             .collect()
     }

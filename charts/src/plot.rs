@@ -1,7 +1,4 @@
 //! Drawing: log-log line charts and horizontal log-scale bar charts, into SVG areas.
-//!
-//! Markers and bars from the newest section of BENCHMARKS.md are filled; those from an
-//! older section (a value kept because no newer run measured it) are hollow.
 
 use std::error::Error;
 use std::ops::Range;
@@ -63,8 +60,8 @@ pub struct Labels<'a> {
     pub y: &'a str,
 }
 
-/// A log-log chart of values against N; `newest` is the section drawn with filled markers.
-pub fn line_chart(area: &Area, labels: &Labels, series: &[Series], newest: usize) -> DrawResult {
+/// A log-log chart of values against N.
+pub fn line_chart(area: &Area, labels: &Labels, series: &[Series]) -> DrawResult {
     let points = || series.iter().flat_map(|s| &s.points);
     let x_range = log_range(points().map(|p| p.n as f64), 1.5);
     let mut y_range = log_range(points().map(|p| p.value), 1.6);
@@ -103,18 +100,11 @@ pub fn line_chart(area: &Area, labels: &Labels, series: &[Series], newest: usize
             ))?
             .label(&s.label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 22, y)], color.stroke_width(2)));
-        chart.draw_series(s.points.iter().map(|p| {
-            let fill = if p.section == newest { color } else { WHITE };
-            EmptyElement::at(xy(p))
-                + Circle::new((0, 0), 5, fill.filled())
-                + Circle::new((0, 0), 5, color.stroke_width(2))
-        }))?;
-    }
-    if points().any(|p| p.section != newest) {
-        chart
-            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
-            .label("hollow marker: from an older section of BENCHMARKS.md")
-            .legend(|(x, y)| Circle::new((x + 11, y), 5, BLACK.stroke_width(2)));
+        chart.draw_series(
+            s.points
+                .iter()
+                .map(|p| Circle::new(xy(p), 5, color.filled())),
+        )?;
     }
     chart
         .configure_series_labels()
@@ -127,13 +117,7 @@ pub fn line_chart(area: &Area, labels: &Labels, series: &[Series], newest: usize
 }
 
 /// Horizontal bars on a log scale, first bar on top, each labelled with its value and `unit`.
-pub fn bar_chart(
-    area: &Area,
-    labels: &Labels,
-    unit: &str,
-    bars: &[Bar],
-    newest: usize,
-) -> DrawResult {
+pub fn bar_chart(area: &Area, labels: &Labels, unit: &str, bars: &[Bar]) -> DrawResult {
     if bars.is_empty() {
         return Ok(());
     }
@@ -180,22 +164,17 @@ pub fn bar_chart(
         TextStyle::from((FONT, TEXT).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
     for (i, bar) in bars.iter().enumerate() {
         let row = rows - 1 - i as i32;
-        let (style, older) = if bar.point.section == newest {
-            (bar.color.filled(), "")
-        } else {
-            (bar.color.stroke_width(2), " (older section)")
-        };
         let mut rect = Rectangle::new(
             [
                 (x_range.start, SegmentValue::Exact(row)),
                 (bar.point.value, SegmentValue::Exact(row + 1)),
             ],
-            style,
+            bar.color.filled(),
         );
         rect.set_margin(5, 5, 0, 0);
         chart.draw_series([rect])?;
         chart.draw_series([Text::new(
-            format!("{} {unit}{older}", plain(bar.point.value)),
+            format!("{} {unit}", plain(bar.point.value)),
             (bar.point.value * 1.1, SegmentValue::CenterOf(row)),
             value_style.clone(),
         )])?;
