@@ -5,7 +5,7 @@
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
 //! cargo bench --bench lookup_mimalloc [-- ...]   # the same, mimalloc as the allocator
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g> allocator=<glibc|mimalloc>`
 //!
 //! `persist_iter_as` decodes into a small type (name and node of each Pod);
 //! `persist_recent_get` reads the 1,000 objects most recently changed by watch events while
@@ -152,7 +152,8 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2}"
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2} allocator={}",
+        support::alloc::NAME
     );
 }
 
@@ -284,6 +285,7 @@ async fn measure_persist(
     let (reader, persist_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .expect("stream");
+    eprintln!("{label} resuming to apply {events} watch events");
     let t = Instant::now();
     let task = tokio::spawn(persist_watcher.run());
     while reader.checkpoint().as_deref() != Some(target.as_str()) {

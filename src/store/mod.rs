@@ -613,6 +613,7 @@ mod tests {
                     1,
                     json,
                     None,
+                    None,
                     Compression::Lz4,
                 )),
             );

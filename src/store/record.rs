@@ -317,6 +317,29 @@ pub(crate) fn decode_head(bytes: &[u8]) -> Result<RecordHead, String> {
         .map_err(|e| e.to_string())
 }
 
+/// A body compressed for its record: the codec and the compressed bytes, or `None` when
+/// compression is off or does not make it smaller (the body is then stored as it is).
+#[derive(Debug)]
+pub(crate) struct Packed(Option<(Codec, Vec<u8>)>);
+
+impl Packed {
+    /// Compress `plain` with `compress`. Compression comes before encryption (ciphertext
+    /// does not compress), and does not depend on the record's key or epoch, so it can run
+    /// before the batch is written, on another thread.
+    pub(crate) fn new(plain: &[u8], compress: Compression) -> Packed {
+        Packed(
+            match compress {
+                Compression::Lz4 => {
+                    Some((Codec::Lz4, lz4_flex::block::compress_prepend_size(plain)))
+                }
+                Compression::Zstd => zstd_body(plain).map(|z| (Codec::Zstd, z)),
+                Compression::Off => None,
+            }
+            .filter(|(_, c)| c.len() < plain.len()),
+        )
+    }
+}
+
 impl Record {
     /// Authenticated data binding an encrypted body to its key and envelope.
     fn aad(&self, key: &[u8]) -> Vec<u8> {
@@ -330,22 +353,20 @@ impl Record {
     }
 
     /// A record for `key` whose body is sealed with `cipher` (if the store is encrypted).
+    /// `packed`: the body already compressed with `compress` ([`Packed::new`], done where
+    /// the object was parsed), or `None` to compress it here.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sealed(
         key: &[u8],
         resource_version: String,
         uid: String,
         epoch: u64,
         plain: &[u8],
+        packed: Option<Packed>,
         cipher: Option<&Cipher>,
         compress: Compression,
     ) -> Record {
-        // Compress first (ciphertext does not compress); keep the result only if smaller.
-        let packed = match compress {
-            Compression::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress_prepend_size(plain))),
-            Compression::Zstd => zstd_body(plain).map(|z| (Codec::Zstd, z)),
-            _ => None,
-        }
-        .filter(|(_, c)| c.len() < plain.len());
+        let packed = packed.unwrap_or_else(|| Packed::new(plain, compress)).0;
         let mut rec = Record {
             resource_version,
             uid,
@@ -353,10 +374,13 @@ impl Record {
             codec: packed.as_ref().map_or(Codec::Plain, |(c, _)| *c) as u8,
             body: Vec::new(),
         };
-        let data = packed.as_ref().map_or(plain, |(_, c)| c.as_slice());
-        rec.body = match cipher {
-            Some(c) => c.seal(data, &rec.aad(key)),
-            None => data.to_vec(),
+        rec.body = match (cipher, packed) {
+            (Some(c), packed) => {
+                let data = packed.as_ref().map_or(plain, |(_, z)| z.as_slice());
+                c.seal(data, &rec.aad(key))
+            }
+            (None, Some((_, z))) => z,
+            (None, None) => plain.to_vec(),
         };
         rec
     }
@@ -427,7 +451,7 @@ mod tests {
             (Compression::Lz4, Some(&cipher)),
             (Compression::Zstd, Some(&cipher)),
         ] {
-            let rec = Record::sealed(key, "7".into(), "u".into(), 1, json, c, compress);
+            let rec = Record::sealed(key, "7".into(), "u".into(), 1, json, None, c, compress);
             let bytes = encode(&rec);
             let view = decode_ref(&bytes).unwrap();
             assert_eq!(&*view.open(key, c).unwrap(), json, "compress {compress:?}");

@@ -13,7 +13,9 @@ use super::index::Inspector;
 use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
 use crate::error::{Error, Result};
 use crate::stats::Counters;
+use crate::store::Compression;
 use crate::store::cache::DECODED_PER_JSON_BYTE;
+use crate::store::record::Packed;
 use crate::store::writer::{Incoming, Op};
 
 /// The largest burst of watch lines whose objects are cached write-through.
@@ -28,6 +30,8 @@ pub(crate) struct Ingest {
     pub(crate) url: Arc<str>,
     /// Whether "the server ignores shardSelector" was logged (once per stream).
     pub(crate) shard_warned: Arc<std::sync::atomic::AtomicBool>,
+    /// The store's compression: watch events are compressed here, as they are parsed.
+    pub(crate) compress: Compression,
 }
 
 /// An identified object the store refused; reported to `stream()` users.
@@ -108,25 +112,36 @@ impl Ingest {
     /// Reduce one object; a bad one is counted, logged, and (if identified) returned as
     /// `Err(Some(..))` so that its stored version can be removed.
     /// `keep`: keep its validation decode for the hot cache (see [`Incoming::decoded`]).
+    /// `pack`: compress its body now (see [`Incoming::packed`]): a live watch event, which
+    /// is written unless its version is stored already (a replay after a crash).
     fn object(
         &self,
         raw: &RawValue,
         keep: bool,
+        pack: bool,
     ) -> std::result::Result<Incoming, Option<(Vec<u8>, Rejected)>> {
         let decodes = &self.stats.decodes;
-        raw::incoming(raw, &self.cfg, self.validate.as_ref(), keep, decodes).map_err(|bad| {
-            self.bad(&bad);
-            bad.key.map(|key| {
-                (
-                    key,
-                    Rejected {
-                        key: bad.what,
-                        resource_version: bad.resource_version.unwrap_or_default(),
-                        reason: bad.why,
-                    },
-                )
+        let incoming = raw::incoming(raw, &self.cfg, self.validate.as_ref(), keep, decodes);
+        incoming
+            .map(|mut o| {
+                if pack && !self.cfg.keys_only {
+                    o.packed = Some(Packed::new(&o.body, self.compress));
+                }
+                o
             })
-        })
+            .map_err(|bad| {
+                self.bad(&bad);
+                bad.key.map(|key| {
+                    (
+                        key,
+                        Rejected {
+                            key: bad.what,
+                            resource_version: bad.resource_version.unwrap_or_default(),
+                            reason: bad.why,
+                        },
+                    )
+                })
+            })
     }
 
     /// Parse one LIST response body.
@@ -168,7 +183,7 @@ impl Ingest {
                 continue;
             }
             // List pages are not cached write-through: a (re)list would flush the cache.
-            match self.object(raw, false) {
+            match self.object(raw, false, false) {
                 Ok(o) if self.in_shard(&o) => out.objects.push(o),
                 Ok(_) => {}
                 // Not written: in a relist its old version is swept at the end of the list.
@@ -259,7 +274,7 @@ impl Ingest {
                         let cost = ev.object.get().len().saturating_mul(DECODED_PER_JSON_BYTE);
                         let keep = cost <= keep_budget;
                         keep_budget = keep_budget.saturating_sub(cost);
-                        self.object(ev.object, keep)
+                        self.object(ev.object, keep, !initial)
                     };
                     match res {
                         Ok(o) => {

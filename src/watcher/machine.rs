@@ -273,6 +273,7 @@ impl Machine {
                 stats: stats.clone(),
                 url: url.as_str().into(),
                 shard_warned: Arc::default(),
+                compress: writer.compression(),
             },
             request: Request::new(url),
             metadata_only,

@@ -246,6 +246,7 @@ pub(crate) fn incoming(
         body,
         index,
         decoded: object.filter(|_| keep),
+        packed: None,
     })
 }
 

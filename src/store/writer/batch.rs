@@ -81,6 +81,7 @@ impl Writer {
                         } else {
                             &o.body
                         },
+                        o.packed.filter(|_| self.keys_only.is_none()),
                         self.cipher.as_deref(),
                         self.compress,
                     );

@@ -33,6 +33,10 @@ pub(crate) struct Incoming {
     /// The body as decoded into the stream's type by the validation decode, kept for the
     /// hot cache (write-through) for watch events; `None` otherwise.
     pub(crate) decoded: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    /// The body already compressed with the store's compression (watch events, on the CPU
+    /// threads that parse them, so that the disk thread only writes); `None`: the writer
+    /// compresses it, if it writes it (list pages: a relist skips most objects unchanged).
+    pub(crate) packed: Option<crate::store::record::Packed>,
 }
 
 /// One write to apply.
@@ -162,6 +166,11 @@ impl Writer {
     /// Compress bodies written from now on (or not).
     pub(crate) fn set_compress(&mut self, compress: Compression) {
         self.compress = compress;
+    }
+
+    /// The compression of the bodies this writer writes.
+    pub(crate) fn compression(&self) -> Compression {
+        self.compress
     }
 
     /// Maintain index entries on every write from now on.
