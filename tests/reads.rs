@@ -172,6 +172,8 @@ async fn parallel_iteration_keeps_key_order(engine: Engine) {
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), config)
         .unwrap();
+    // Decoded ahead on the CPU threads (the default decodes on the calling thread).
+    let reader = reader.read_threads(0);
     let mut w = drive(watcher);
     w.until(|e| *e == Ev::InitDone).await;
     // Key order: namespace, then name (byte order), as (namespace, name, resourceVersion).

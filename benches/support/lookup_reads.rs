@@ -58,9 +58,9 @@ pub(super) async fn scan_figures(
                 p.map(|p| drop(std::hint::black_box((p.metadata.name, p.spec.map(|s| s.node_name)))))
             }))
         });
-        let inline = r.clone().read_threads(1);
-        let (one, _) = per_s(|| count(&mut inline.iter().map(|p| p.map(drop))));
-        let (one_as, _) = per_s(|| count(&mut inline.iter_as::<NameAndNode>().map(|p| p.map(drop))));
+        let ahead = r.clone().read_threads(0);
+        let (one, _) = per_s(|| count(&mut ahead.iter().map(|p| p.map(drop))));
+        let (one_as, _) = per_s(|| count(&mut ahead.iter_as::<NameAndNode>().map(|p| p.map(drop))));
         let (ns, ns_n) = per_s(|| count(&mut r.iter_namespace("ns-3").map(|p| p.map(drop))));
         let (ns_as, _) = per_s(|| {
             count(&mut r.iter_namespace_as::<NameAndNode>("ns-3").map(|p| p.map(drop)))
@@ -68,7 +68,7 @@ pub(super) async fn scan_figures(
         eprintln!(
             "{label} iteration (objects/s): iter {all:.0} ({n} objects), iter_as::<name and node> {partial:.0}; \
              iter_namespace {ns:.0} ({ns_n} objects), iter_namespace_as {ns_as:.0}; {} cores; \
-             on the calling thread alone (read_threads(1)): iter {one:.0}, iter_as {one_as:.0}",
+             decoded ahead on the CPU threads (read_threads(0)): iter {one:.0}, iter_as {one_as:.0}",
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         (all, partial)
@@ -174,7 +174,7 @@ pub(super) async fn profile_reads(
     let threads = std::env::args()
         .skip_while(|a| a != "--read-threads")
         .nth(1)
-        .map_or(0, |n| n.parse().expect("--read-threads N"));
+        .map_or(1, |n| n.parse().expect("--read-threads N"));
     let reader = reader.read_threads(threads);
     let keys = work.keys.to_vec();
     let seq = work.uniform_seq.to_vec();

@@ -55,7 +55,8 @@ pub struct Reader<K> {
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
     keys_only: bool,
-    /// Threads that decode ahead of an iteration (0: one per core).
+    /// Chunks of an iteration decoded ahead at once on the CPU threads (0: one per core;
+    /// 1, the default: none, all on the calling thread).
     read_threads: usize,
     _k: PhantomData<fn() -> K>,
 }
@@ -105,7 +106,7 @@ where
             cache,
             cipher,
             keys_only: false,
-            read_threads: 0,
+            read_threads: 1,
             _k: PhantomData,
         }
     }

@@ -263,8 +263,11 @@ impl<T: Send + 'static> Pipe<T> {
                 self.top_up();
                 return Some(chunk);
             }
+            // Map a chunk here only while the read-ahead bound allows one more.
+            let room = self.in_flight + self.pending.len() < self.jobs * PERMITS_PER_WORKER;
             let received = match self.rx.try_recv() {
                 Ok(mapped) => Some(mapped),
+                Err(_) if !room && self.in_flight > 0 => self.rx.recv().ok(),
                 Err(_) => match take_chunk(&self.shared, self.failed) {
                     Some((seq, read)) => {
                         let chunk = map_chunk(read, &self.map, self.failed, &self.path);

@@ -19,10 +19,16 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     /// This reader with its iterations ([`Reader::iter`] and the like, [`Reader::by_index`])
-    /// decoded ahead by `threads` worker threads (the calling thread decodes too when it
-    /// would wait); 1: on the calling thread only; 0 (the default): one worker per core.
-    /// Fewer suit a machine whose cores are busy with other work, where threads decoding
-    /// ahead only add switching (see the lookup bench's iteration figures).
+    /// decoded ahead on the process's CPU threads, `threads` chunks of 64 objects at once
+    /// (the calling thread decodes too when it would wait); 0: one per core; 1 (the
+    /// default): on the calling thread only, no read-ahead.
+    ///
+    /// Read-ahead is not the default because its gain depends on the allocator: the objects
+    /// are allocated on a CPU thread and freed on the caller's, and glibc's malloc pays for
+    /// every such free. On the project's 2-core machine (BENCHMARKS.md, *Lookups, iteration
+    /// and apply*) `iter()` over 100,000 Pods with glibc ran at about 18,000 objects/s with
+    /// read-ahead against 29,000 without; with mimalloc, 34,600 against 30,700. With an
+    /// allocator whose cross-thread frees are cheap and more idle cores, ask for it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -35,8 +41,8 @@ where
     /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
-    /// let inline = reader.clone().read_threads(1);
-    /// assert_eq!(inline.iter().count(), reader.iter().count());
+    /// let ahead = reader.clone().read_threads(0); // one chunk per core at once
+    /// assert_eq!(ahead.iter().count(), reader.iter().count());
     /// # Ok(()) }
     /// ```
     pub fn read_threads(mut self, threads: usize) -> Self {
@@ -44,10 +50,10 @@ where
         self
     }
 
-    /// All stored objects, ordered by namespace then name, read lazily from disk
-    /// in chunks and decoded ahead of the caller on as many threads as there are cores (the
-    /// first few objects on the calling thread), handed out in key order; memory is
-    /// bounded by a few chunks of 64 objects.
+    /// All stored objects, ordered by namespace then name, read lazily from disk in
+    /// chunks and decoded on the calling thread (or ahead of it on the CPU threads, see
+    /// [`Reader::read_threads`]), handed out in key order; memory is bounded by a few
+    /// chunks of 64 objects.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
