@@ -133,6 +133,10 @@ pub(crate) struct DiskWorker {
     /// List pages fetched, parsed or queued for the disk thread, over every stream of the
     /// directory: a page holds a permit from before its GET until it is committed.
     pages: Arc<tokio::sync::Semaphore>,
+    /// Emptied list-page buffers, reused by the next pages (at most one per permit): a
+    /// buffer of a few MiB freed and allocated again for every page leaves the allocator
+    /// holding freed memory of every size in every thread's arena.
+    buffers: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
 }
 
 /// A list page's place in the budget of its store directory (see [`DiskWorker::page_permit`]).
@@ -157,7 +161,26 @@ impl DiskWorker {
             thread,
             path: path.to_path_buf(),
             pages: Arc::new(tokio::sync::Semaphore::new(pages_in_flight())),
+            buffers: Arc::default(),
         })
+    }
+
+    /// An empty buffer for a list page's body, with room for `bytes` (one given back by an
+    /// earlier page when there is one).
+    pub(crate) fn page_buffer(&self, bytes: usize) -> Vec<u8> {
+        let reused = self.buffers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut buffer = reused.unwrap_or_default();
+        buffer.reserve(bytes);
+        buffer
+    }
+
+    /// Give a list page's buffer back once the page is parsed.
+    pub(crate) fn give_page_buffer(&self, mut buffer: Vec<u8>) {
+        buffer.clear();
+        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        if buffers.len() < pages_in_flight() {
+            buffers.push(buffer);
+        }
     }
 
     /// Wait for a place for one more list page in flight in this directory; the page keeps

@@ -144,8 +144,8 @@ impl Ingest {
             })
     }
 
-    /// Parse one LIST response body.
-    pub(crate) fn list_page(&self, bytes: Vec<u8>, context: &str) -> Result<Page> {
+    /// Parse one LIST response body; gives its buffer back (emptied) for the next page.
+    pub(crate) fn list_page(&self, bytes: Vec<u8>, context: &str) -> Result<(Page, Vec<u8>)> {
         // A page with invalid UTF-8 (a broken object) must not block the whole list: decode
         // it lossily and skip the items that contained the invalid bytes.
         let (text, lossy) = match String::from_utf8(bytes) {
@@ -190,7 +190,9 @@ impl Ingest {
                 Err(r) => out.rejected.extend(r.map(|(_, r)| r)),
             }
         }
-        Ok(out)
+        let mut buffer = text.into_bytes();
+        buffer.clear();
+        Ok((out, buffer))
     }
 
     /// Parse a burst of watch lines. `initial`: the lines are a streaming list's initial

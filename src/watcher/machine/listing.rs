@@ -19,6 +19,7 @@ impl Machine {
             metadata_only: self.metadata_only,
             cfg: &self.cfg,
             stats: &self.stats,
+            worker: &self.disk.worker,
             last_page_bytes: &self.last_page_bytes,
             page_size: self
                 .pacing
@@ -27,13 +28,23 @@ impl Machine {
     }
 
     /// Parse a LIST page on the CPU threads (CPU only, no disk).
-    async fn parse_page(ingest: Ingest, bytes: Vec<u8>, context: String) -> Result<Page> {
-        compute(move || ingest.list_page(bytes, &context))
-            .await
-            .ok_or_else(|| Error::Protocol {
-                context: "LIST".into(),
-                detail: "parsing a list page panicked".into(),
-            })?
+    /// Its buffer goes back to `worker` for the next page.
+    async fn parse_page(
+        ingest: Ingest,
+        worker: DiskWorker,
+        bytes: Vec<u8>,
+        context: String,
+    ) -> Result<Page> {
+        compute(move || {
+            let (page, buffer) = ingest.list_page(bytes, &context)?;
+            worker.give_page_buffer(buffer);
+            Ok(page)
+        })
+        .await
+        .ok_or_else(|| Error::Protocol {
+            context: "LIST".into(),
+            detail: "parsing a list page panicked".into(),
+        })?
     }
 
     /// Commit one LIST page on the disk thread while the next page is fetched and parsed
@@ -57,7 +68,13 @@ impl Machine {
                     Some(b) => {
                         let context = context(continue_token.is_some());
                         (
-                            Self::parse_page(self.ingest.clone(), b, context).await?,
+                            Self::parse_page(
+                                self.ingest.clone(),
+                                self.disk.worker.clone(),
+                                b,
+                                context,
+                            )
+                            .await?,
                             permit,
                         )
                     }
@@ -103,7 +120,9 @@ impl Machine {
             let permit = worker.page_permit().await;
             // A failed prefetch is dropped: the next step fetches (and reports) again.
             let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
-            let page = Self::parse_page(ingest, bytes, next_context).await.ok()?;
+            let page = Self::parse_page(ingest, worker.clone(), bytes, next_context)
+                .await
+                .ok()?;
             Some((page, permit))
         };
         let (committed, next_page) = tokio::join!(commit, prefetch);
@@ -255,6 +274,8 @@ struct Lister<'a> {
     /// size at once, not grown by doubling (which copies it and leaves freed blocks of
     /// every size behind, and the allocator keeps those).
     last_page_bytes: &'a AtomicUsize,
+    /// Where page buffers are reused from.
+    worker: &'a DiskWorker,
 }
 
 impl Lister<'_> {
@@ -301,7 +322,7 @@ impl Lister<'_> {
         /// Never reserve more than this ahead of the body.
         const MAX_HINT: usize = 64 << 20;
         let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
-        let mut bytes = Vec::with_capacity(hint + hint / 16);
+        let mut bytes = self.worker.page_buffer(hint + hint / 16);
         Box::pin(body)
             .read_to_end(&mut bytes)
             .await
