@@ -14,9 +14,9 @@
 //! mode, which has no `n=`) and lines with an `allocator=` other than `glibc` are not drawn:
 //! they are counted in [`Parsed::ignored`].
 //!
-//! Outside code blocks, a line starting with `Run: ` (`Run: <date>, commit <hash>,
-//! `<command>``) names the run of its `## ` section; the charts' footnotes quote its date
-//! and commit.
+//! Outside code blocks, a line starting with `Run: ` (the date, the commit and the command
+//! in backticks, as in ``Run: 2026-12-01, commit abc1234, `cargo bench ...` ``) names the
+//! run of its `## ` section; the charts' footnotes quote its date and commit.
 
 use std::collections::BTreeMap;
 use std::fmt;
