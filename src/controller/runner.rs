@@ -90,7 +90,19 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     running: FuturesUnordered<BoxFuture<'static, Done<K, E>>>,
     /// Objects being read or reconciled: never two reconciles of one object at once.
     running_refs: HashSet<ObjectRef<K>>,
+    /// Objects that received a request that must not be skipped (a related change, a user
+    /// request, a sweep of every object) since their last dispatch. kube-runtime's
+    /// scheduler merges a request into one already queued or pending for the same object
+    /// and keeps that one's reason, so the reason that comes out cannot be trusted: the
+    /// next dispatch of these objects always reconciles.
+    forced: HashSet<ObjectRef<K>>,
+    /// The sweep over every stored object (`reconcile_all_on`, a cold start, a warm start
+    /// without durable state); a new one replaces it.
     sweep: Option<Sweep<K>>,
+    /// The startup pass of a durable controller, beside `sweep`: neither replaces the
+    /// other, so a `reconcile_all_on` tick during the pass is not lost, nor the pass's
+    /// forgotten records and due requeues when a tick comes.
+    pass: Option<Sweep<K>>,
     sweep_outstanding: HashSet<ObjectRef<K>>,
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
@@ -126,7 +138,9 @@ where
             fetching: FuturesUnordered::new(),
             running: FuturesUnordered::new(),
             running_refs: HashSet::new(),
+            forced: HashSet::new(),
             sweep: None,
+            pass: None,
             sweep_outstanding: HashSet::new(),
             ready: false,
             catching_up: None,
@@ -135,7 +149,10 @@ where
         }
     }
 
-    fn schedule(&self, obj_ref: ObjectRef<K>, reason: ReconcileReason, run_at: Instant) {
+    fn schedule(&mut self, obj_ref: ObjectRef<K>, reason: ReconcileReason, run_at: Instant) {
+        if !skippable(&reason) {
+            self.forced.insert(obj_ref.clone());
+        }
         // The receiver lives in `self.scheduler`: sending cannot fail while we exist.
         let _ = self.schedule_tx.unbounded_send(ScheduleRequest {
             message: ReconcileRequest { obj_ref, reason },
@@ -154,6 +171,7 @@ where
             // reconciles finish, nothing new starts.
             self.triggers = None;
             self.sweep = None;
+            self.pass = None;
             self.catching_up = None;
             // Objects still being read are not reconciled.
             self.fetching = FuturesUnordered::new();
@@ -270,8 +288,7 @@ where
         };
         tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
         let loaded_until = d.start_window();
-        self.sweep_outstanding.clear();
-        self.sweep = Some(Sweep::startup(
+        self.pass = Some(Sweep::startup(
             self.p.reader.clone(),
             d.keyspace(),
             self.p.dyntype.clone(),
@@ -303,48 +320,61 @@ where
         progressed
     }
 
-    /// Feeds the next sweep chunk once half of the previous one has started.
+    /// Feeds the next chunk of the sweep and of the startup pass, each once half of the
+    /// previous chunk has started.
     fn poll_sweep(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(sweep) = self.sweep.as_mut() else {
-            return false;
-        };
         if self.sweep_outstanding.len() > self.p.config.sweep_chunk / 2 {
             return false; // re-checked after each dispatch
         }
-        match sweep.poll_chunk(cx) {
-            Poll::Ready(Some(Ok(plans))) => {
-                let (now, wall) = (Instant::now(), now_ms());
-                for plan in plans {
-                    match plan {
-                        Plan::Reconcile {
-                            obj_ref,
-                            reason,
-                            at_ms,
-                        } => match at_ms.filter(|&at| at > wall) {
-                            None => {
-                                self.sweep_outstanding.insert(obj_ref.clone());
-                                self.schedule(obj_ref, reason, now);
-                            }
-                            Some(at) => self.schedule(obj_ref, reason, instant_at(at)),
-                        },
-                        Plan::Forget(suffix) => {
-                            if let Some(d) = self.durable.as_mut() {
-                                d.push(StateOp::Forget { suffix });
-                            }
-                        }
+        let mut progressed = false;
+        for pass in [false, true] {
+            let slot = if pass { &mut self.pass } else { &mut self.sweep };
+            let Some(sweep) = slot.as_mut() else {
+                continue;
+            };
+            let chunk = match sweep.poll_chunk(cx) {
+                Poll::Pending => continue,
+                Poll::Ready(None) => {
+                    *slot = None;
+                    progressed = true;
+                    continue;
+                }
+                Poll::Ready(Some(chunk)) => chunk,
+            };
+            progressed = true;
+            match chunk {
+                Ok(plans) => self.plan(plans),
+                Err(e) => self.out.push_back(Err(ControllerError::Store(e))),
+            }
+        }
+        progressed
+    }
+
+    /// Schedules what a sweep chunk asks for.
+    fn plan(&mut self, plans: Vec<Plan<K>>) {
+        let (now, wall) = (Instant::now(), now_ms());
+        for plan in plans {
+            match plan {
+                Plan::Reconcile {
+                    obj_ref,
+                    reason,
+                    at_ms,
+                } => match at_ms.filter(|&at| at > wall) {
+                    None => {
+                        self.sweep_outstanding.insert(obj_ref.clone());
+                        self.schedule(obj_ref, reason, now);
+                    }
+                    Some(at) => self.schedule(obj_ref, reason, instant_at(at)),
+                },
+                Plan::Forget { suffix, seen } => {
+                    if let Some(d) = self.durable.as_mut() {
+                        d.push(StateOp::Forget {
+                            suffix,
+                            only_if: Some(seen),
+                        });
                     }
                 }
-                true
             }
-            Poll::Ready(Some(Err(e))) => {
-                self.out.push_back(Err(ControllerError::Store(e)));
-                true
-            }
-            Poll::Ready(None) => {
-                self.sweep = None;
-                true
-            }
-            Poll::Pending => false,
         }
     }
 
@@ -353,12 +383,14 @@ where
     fn dispatch(&mut self, request: ReconcileRequest<K>) {
         self.sweep_outstanding.remove(&request.obj_ref);
         self.running_refs.insert(request.obj_ref.clone());
+        // A request that must run may have been merged into this one (see `forced`).
+        let forced = self.forced.remove(&request.obj_ref);
         let reader = self.p.reader.clone();
         // The record is read only for requests that may be skipped.
         let state = self
             .durable
             .as_ref()
-            .filter(|_| skippable(&request.reason))
+            .filter(|_| !forced && skippable(&request.reason))
             .map(|d| {
                 let suffix = suffix_of(&request.obj_ref);
                 let ops = d.uncommitted(&suffix);
@@ -463,6 +495,7 @@ where
                 if let Some(d) = self.durable.as_mut() {
                     d.push(StateOp::Forget {
                         suffix: suffix_of(&request.obj_ref),
+                        only_if: None,
                     });
                 }
                 self.out

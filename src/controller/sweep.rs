@@ -42,8 +42,12 @@ pub(crate) enum Plan<K: Resource> {
         reason: ReconcileReason,
         at_ms: Option<u64>,
     },
-    /// Forget the reconcile record of an object that no longer exists.
-    Forget(Vec<u8>),
+    /// Forget the reconcile record of an object that no longer exists, if the record is
+    /// still `seen` when the forget is written.
+    Forget {
+        suffix: Vec<u8>,
+        seen: ReconcileRecord,
+    },
 }
 
 /// A chunk of plans, or a read error (the sweep goes on, or ends after a state error).
@@ -74,12 +78,22 @@ pub(crate) struct Sweep<K: Resource> {
     rx: mpsc::Receiver<Chunk<K>>,
 }
 
-/// The reference of a key suffix (`namespace \0 name`).
-pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) -> ObjectRef<K> {
+/// The namespace (`None` for cluster-scoped objects) and name of a key suffix
+/// (`namespace \0 name`).
+fn suffix_parts(suffix: &[u8]) -> (Option<&str>, std::borrow::Cow<'_, str>) {
     let ns = crate::store::suffix_namespace(suffix);
     let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
+    ((!ns.is_empty()).then_some(ns), name)
+}
+
+/// The reference of a key suffix (`namespace \0 name`).
+pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) -> ObjectRef<K> {
+    let (ns, name) = suffix_parts(suffix);
     let r = ObjectRef::new_with(&name, dyntype);
-    if ns.is_empty() { r } else { r.within(ns) }
+    match ns {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
 }
 
 impl<K> Sweep<K>
@@ -242,9 +256,8 @@ where
                     self.decide(&suffix, &rv, None)
                 }
                 _ => {
-                    let (suffix, _) = records.buf.pop_front().expect("peeked");
-                    self.counts[2] += 1;
-                    Some(Plan::Forget(suffix))
+                    let (suffix, seen) = records.buf.pop_front().expect("peeked");
+                    self.forget(suffix, seen)?
                 }
             };
             if let Some(plan) = plan {
@@ -261,6 +274,21 @@ where
             let _ = tx.blocking_send(Ok(out));
         }
         Ok(())
+    }
+
+    /// A record with no object at its place in the merge. Objects and records are paged
+    /// separately, so an object created (and reconciled) after the object pages passed its
+    /// key has a record and no object in them: the store is read again before forgetting,
+    /// and the forget is written only if the record is still the one read here (the object
+    /// may come back before the forget is written, and record a new reconcile).
+    fn forget(&mut self, suffix: Vec<u8>, seen: ReconcileRecord) -> crate::Result<Option<Plan<K>>> {
+        let (ns, name) = suffix_parts(&suffix);
+        if self.reader.stored_resource_version(ns, &name)?.is_some() {
+            tracing::trace!(object = %name, "record of an object stored during the startup pass kept");
+            return Ok(None);
+        }
+        self.counts[2] += 1;
+        Ok(Some(Plan::Forget { suffix, seen }))
     }
 
     /// What to do with one stored object and its record.
@@ -319,9 +347,7 @@ where
         let Some(done) = rec.ok_generation else {
             return false;
         };
-        let ns = crate::store::suffix_namespace(suffix);
-        let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
-        let ns = (!ns.is_empty()).then_some(ns);
+        let (ns, name) = suffix_parts(suffix);
         match self.reader.get_named(ns, &name) {
             Ok(Some(obj)) => obj.meta().generation == Some(done),
             _ => false,

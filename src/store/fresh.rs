@@ -169,8 +169,12 @@ where
     ///
     /// With comparable resourceVersions (KEP-5504) it waits until the store's checkpoint is
     /// at `resource_version` or past it, so it also resolves for an object the stream does
-    /// not hold (outside its selectors or shard). Otherwise it waits until the stored object
-    /// has exactly that version, or changes (or disappears) after the wait began.
+    /// not hold (outside its selectors or shard). Otherwise (opaque versions, which compare
+    /// only for equality) it waits until the stored object has exactly that version, is
+    /// deleted after the wait saw it, or a list begun after the call completes: another
+    /// version could be older than the awaited one, so if the object changes again before
+    /// the store applies the awaited version in a burst of its own, the wait ends with the
+    /// next relist or the timeout.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -206,24 +210,34 @@ where
             None => format!("{name} at resourceVersion {resource_version:?}"),
         };
         let comparable = resource_version::is_comparable(resource_version);
+        let mut rx = self.status().clone();
+        // A list begun after this moment holds the written version or a later state.
+        let list_epoch = rx.borrow().list_epoch;
         // What is stored now, for servers whose versions only compare for equality.
-        let before = if comparable {
+        let mut present = if comparable {
             None
         } else {
-            Some(self.stored_version(namespace, name).await?)
+            Some(self.stored_version(namespace, name).await?.is_some())
         };
-        let mut rx = self.status().clone();
         let wait = async {
             loop {
-                let checkpoint = rx.borrow_and_update().checkpoint.clone();
-                let done = match &before {
+                let (checkpoint, relisted) = {
+                    let s = rx.borrow_and_update();
+                    (s.checkpoint.clone(), s.listed_epoch > list_epoch)
+                };
+                let done = match present.as_mut() {
                     None => checkpoint
                         .as_deref()
                         .and_then(|c| resource_version::at_least(c, resource_version))
                         .unwrap_or(false),
-                    Some(before) => {
+                    // Another version says nothing: it may be older or newer than the
+                    // awaited one. The awaited version itself, a deletion after the object
+                    // was seen, or a list begun after the call does.
+                    Some(was_present) => {
                         let now = self.stored_version(namespace, name).await?;
-                        now.as_deref() == Some(resource_version) || now != *before
+                        let deleted = *was_present && now.is_none();
+                        *was_present |= now.is_some();
+                        relisted || deleted || now.as_deref() == Some(resource_version)
                     }
                 };
                 if done {

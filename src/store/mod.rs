@@ -528,6 +528,11 @@ pub(crate) struct Status {
     pub(crate) indexes: Vec<String>,
     /// Whether the store has caught up with the server (set by the watcher).
     pub(crate) fresh: fresh::Freshness,
+    /// The epoch of the latest list begun (every list attempt is a new epoch).
+    pub(crate) list_epoch: u64,
+    /// The epoch of the latest list completed (with its sweep): `listed_epoch` greater
+    /// than an earlier `list_epoch` proves a consistent list begun after that moment.
+    pub(crate) listed_epoch: u64,
 }
 
 #[cfg(test)]

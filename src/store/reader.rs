@@ -136,7 +136,7 @@ where
     }
 
     /// The resourceVersion in the stored record of an object (no body decoded). Blocking.
-    pub(super) fn stored_resource_version(
+    pub(crate) fn stored_resource_version(
         &self,
         namespace: Option<&str>,
         name: &str,

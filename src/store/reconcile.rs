@@ -57,20 +57,29 @@ pub(crate) enum StateOp {
         outcome: Outcome,
         due_ms: Option<u64>,
     },
-    /// The object is gone: forget it.
-    Forget { suffix: Vec<u8> },
+    /// The object is gone: forget it. With `only_if`, only while the record is still the
+    /// one the startup pass read: a reconcile that recorded the object since (it was
+    /// created again) keeps its record.
+    Forget {
+        suffix: Vec<u8>,
+        only_if: Option<ReconcileRecord>,
+    },
 }
 
 impl StateOp {
     pub(crate) fn suffix(&self) -> &[u8] {
         match self {
-            StateOp::Done { suffix, .. } | StateOp::Forget { suffix } => suffix,
+            StateOp::Done { suffix, .. } | StateOp::Forget { suffix, .. } => suffix,
         }
     }
 
     /// The record after this op, from the one before.
     pub(crate) fn apply_to(&self, old: Option<ReconcileRecord>) -> Option<ReconcileRecord> {
         match self {
+            StateOp::Forget {
+                only_if: Some(seen),
+                ..
+            } if old.as_ref() != Some(seen) => old,
             StateOp::Forget { .. } => None,
             StateOp::Done {
                 rv,

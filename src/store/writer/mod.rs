@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::Status;
+use super::{Status, SyncPhase};
 use super::cache::HotCache;
 use super::engine::{Backend, WriteBatch};
 use super::keys::{self, OBJECT, STATE_KEY};
@@ -297,7 +297,13 @@ impl Writer {
         let state = &self.state;
         self.status.send_modify(|s| {
             s.count = state.count;
-            s.phase = (&state.phase).into();
+            let phase = (&state.phase).into();
+            // Entering `Synced` from another phase is the end of a list (and its sweep).
+            if phase == SyncPhase::Synced && s.phase != SyncPhase::Synced {
+                s.listed_epoch = state.epoch;
+            }
+            s.list_epoch = state.epoch;
+            s.phase = phase;
             s.checkpoint = state.last_synced.clone();
             s.ready = state.last_synced.is_some() && !self.pruning;
         });
