@@ -474,8 +474,9 @@ impl Config {
         self
     }
 
-    /// How long a watch must stay up after a relist before the next relist is again
-    /// immediate (default 2 minutes, as client-go's reflector). Relists closer together
+    /// How long a watch must stay connected without an error (a failed connect, a broken
+    /// stream, an `ERROR` event) after a relist before the next relist is again immediate
+    /// (default 2 minutes, as client-go's reflector). Relists closer together
     /// (a server answering `410` right after every sync, continue tokens that keep
     /// expiring) wait the [`Config::backoff`] delays on top of their jitter, doubling each
     /// time up to the maximum.

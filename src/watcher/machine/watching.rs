@@ -4,7 +4,31 @@
 use super::*;
 
 impl Machine {
+    /// Connect the watch from the checkpoint. A failure ends the watch's healthy period
+    /// (see `Pacing::watch_failed`).
     pub(super) async fn connect_watch(&mut self, deferred: Deferred) -> Result<Stage> {
+        let next = self.open_watch(deferred).await;
+        if next.is_err() {
+            self.pacing.watch_failed();
+        }
+        next
+    }
+
+    /// One step of a live watch (see `watch_step`); a failure ends the watch's healthy
+    /// period (see `Pacing::watch_failed`).
+    pub(super) async fn read_watch(
+        &mut self,
+        conn: WatchConn,
+        deferred: Deferred,
+    ) -> Result<Stage> {
+        let next = self.watch_step(conn, deferred).await;
+        if next.is_err() {
+            self.pacing.watch_failed();
+        }
+        next
+    }
+
+    async fn open_watch(&mut self, deferred: Deferred) -> Result<Stage> {
         let rv = match &self.disk.state.phase {
             Phase::Synced { resource_version } => resource_version.clone(),
             _ => return Ok(Stage::Resume),
@@ -66,11 +90,7 @@ impl Machine {
     /// One step of a live watch: commit a burst on the disk thread and, if the next burst
     /// arrives before that commit ends, parse it meanwhile and carry it to the next step
     /// (at most two bursts in memory; their events are emitted in order).
-    pub(super) async fn read_watch(
-        &mut self,
-        mut conn: WatchConn,
-        deferred: Deferred,
-    ) -> Result<Stage> {
+    async fn watch_step(&mut self, mut conn: WatchConn, deferred: Deferred) -> Result<Stage> {
         let max = self.cfg.page_size as usize;
         let (mut parsed, ended) = match deferred {
             Deferred::Parsed(ahead) => (ahead.parsed, ahead.ended),
