@@ -153,6 +153,69 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
     assert!(report.count_consistent() && report.is_ok(), "{report:?}");
 }
 
+/// A watcher task aborted without awaiting it, and its stream reopened at once (issue 32,
+/// item 8): `abort` only queues the task's drop, so the old watcher still holds the stream.
+/// The reopen waits for that drop (and the writes it left queued) instead of answering
+/// "already open", then resumes from the latest checkpoint. Done from a task on a worker
+/// thread, where `abort` queued the aborted task on that very worker (it runs only once the
+/// reopen lets the worker's queue go), and from the test's own thread.
+async fn reopen_right_after_abort_waits_for_the_aborted_watcher(engine: Engine) {
+    init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(60, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
+    let pods = || Api::<Pod>::all(server.client());
+    let (mut reader, watcher) = db.store("pods", pods(), cfg()).unwrap();
+    let mut task = tokio::spawn(watcher.run());
+    reader.wait_until_ready().await.unwrap();
+    for round in 0..4u64 {
+        h.churn(10, 2, 2, round);
+        let last = h.resource_version();
+        eventually("the store applied the churn", || {
+            reader.checkpoint().as_deref() == Some(last.as_str())
+        })
+        .await;
+        let (db2, api) = (db.clone(), pods());
+        let reopened = if round % 2 == 0 {
+            tokio::spawn(async move {
+                task.abort();
+                db2.store("pods", api, cfg())
+            })
+            .await
+            .unwrap()
+        } else {
+            task.abort();
+            db2.store("pods", api, cfg())
+        };
+        let (again, watcher) =
+            reopened.unwrap_or_else(|e| panic!("round {round}: reopen right after abort: {e}"));
+        assert_eq!(
+            again.checkpoint().as_deref(),
+            Some(last.as_str()),
+            "round {round}: the reopened store starts from the latest checkpoint"
+        );
+        task = tokio::spawn(watcher.run());
+        again.wait_until_live().await.unwrap();
+        assert_eq!(
+            again.stats().relists,
+            0,
+            "round {round}: resumed, not relisted"
+        );
+        reader = again;
+    }
+    h.churn(10, 2, 2, 99);
+    let last = h.resource_version();
+    eventually("the last open applied the churn", || {
+        reader.checkpoint().as_deref() == Some(last.as_str())
+    })
+    .await;
+    assert_matches(&reader, &h, &ResourceType::pods());
+    task.abort();
+    let _ = task.await;
+}
+
 /// A streaming list cut before its end bookmark every time (a stream lifetime shorter than
 /// the initial events take) backs off and, after a few attempts, falls back to paginated
 /// LISTs: the store syncs, with a bounded number of WATCH requests.
@@ -437,6 +500,7 @@ fn counters_are_published_before_the_status(engine: Engine) {
 engine_tests!(
     async:
     reopen_right_after_a_burst_resumes_from_the_latest_state,
+    reopen_right_after_abort_waits_for_the_aborted_watcher,
     streaming_list_cut_every_time_falls_back_to_pages,
     relists_in_a_row_back_off,
     list_slower_than_its_continue_tokens_converges,

@@ -375,7 +375,11 @@ impl Db {
     /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
     /// aborted task, a lost leader election), this call waits, blocking, until the writes
     /// that watcher left queued on the store's disk thread are done (usually milliseconds,
-    /// at most 60 s), so the new watcher starts from the latest checkpoint.
+    /// at most 60 s), so the new watcher starts from the latest checkpoint. A task running
+    /// the `Watcher` that was just aborted and not awaited still holds the stream until the
+    /// runtime drops it: on a multi-thread runtime (or outside one) this call waits up to
+    /// 2 s for that (in `block_in_place`); on a current-thread runtime nothing else runs
+    /// while it blocks, so it fails at once: await the aborted `JoinHandle` first.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
