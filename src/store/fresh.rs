@@ -45,6 +45,21 @@ pub enum CatchUpRule {
     /// A list that began in this process completed (and its sweep): a list is a consistent
     /// read, so the store holds everything the server had when it started.
     List,
+    /// The server sends this watch no bookmarks (kube-apiserver with its watch cache off
+    /// for the resource: `--watch-cache-sizes=<resource>#0`), and no event moved the
+    /// checkpoint to the server's resourceVersion (the collection did not change): a watch
+    /// opened while catching up ran to its server-side deadline (`timeoutSeconds`), ended
+    /// without an error, delivered no bookmark, and read nothing in its last 2 s (half its
+    /// timeout, if shorter). A watch delivers the changes after its resourceVersion in
+    /// order, those the server already had first, so it had delivered them all. Not used
+    /// while bookmarks arrive: they say how far the server is.
+    ///
+    /// ```
+    /// use kube_persist::CatchUpRule;
+    /// let rule = CatchUpRule::QuietWatchDeadline;
+    /// assert_eq!(rule.to_string(), "a watch ran to its deadline quiet, without bookmarks");
+    /// ```
+    QuietWatchDeadline,
 }
 
 impl std::fmt::Display for CatchUpRule {
@@ -58,6 +73,9 @@ impl std::fmt::Display for CatchUpRule {
                 "first bookmark after connecting (resourceVersions not comparable)"
             }
             CatchUpRule::List => "a consistent list completed in this process",
+            CatchUpRule::QuietWatchDeadline => {
+                "a watch ran to its deadline quiet, without bookmarks"
+            }
         })
     }
 }

@@ -4,6 +4,8 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::{Bytes, BytesMut};
 use futures::{AsyncBufRead, FutureExt, Stream, StreamExt};
 use kube::core::Request;
@@ -91,6 +93,11 @@ pub(crate) struct WatchConn {
     /// A read error that came after complete lines: those are applied first, and the next
     /// burst reports it (`FramedRead` reports an error once, then ends the stream).
     broken: Option<std::io::Error>,
+    /// When the request was sent, when the last line was read, when the stream ended:
+    /// whether a watch ran to its deadline, and how quiet it was at the end.
+    opened: Instant,
+    last_line: Option<Instant>,
+    ended_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for WatchConn {
@@ -154,6 +161,9 @@ impl WatchConn {
             http::header::ACCEPT_ENCODING,
             http::HeaderValue::from_static("identity"),
         );
+        // Before the request: the server's deadline starts later, so a watch it ended at its
+        // deadline lasted at least its timeout measured from here.
+        let opened = Instant::now();
         match client.request_stream(req).await {
             Ok(body) => {
                 tracing::debug!(resource_version, initial, "watch connected");
@@ -161,6 +171,9 @@ impl WatchConn {
                     lines: bounded_lines(body, cfg.max_line_bytes()),
                     pending: Vec::new(),
                     broken: None,
+                    opened,
+                    last_line: None,
+                    ended_at: None,
                 })
             }
             Err(source) => {
@@ -217,7 +230,7 @@ impl WatchConn {
             match first {
                 None => ended = true,
                 Some(Err(e)) => return Err(broke(e)),
-                Some(Ok(l)) => self.pending.push(l),
+                Some(Ok(l)) => self.take(l),
             }
         }
         let deadline = tokio::time::Instant::now() + linger;
@@ -231,7 +244,7 @@ impl WatchConn {
                 },
             };
             match next {
-                Some(Ok(l)) => self.pending.push(l),
+                Some(Ok(l)) => self.take(l),
                 None => ended = true,
                 // An error after complete lines: apply those first; the next burst reports it.
                 Some(Err(e)) => {
@@ -240,11 +253,30 @@ impl WatchConn {
                 }
             }
         }
+        if ended {
+            self.ended_at.get_or_insert_with(Instant::now);
+        }
         Ok(Burst {
             lines: std::mem::take(&mut self.pending),
             ended,
             idle: false,
         })
+    }
+
+    fn take(&mut self, line: Line) {
+        self.pending.push(line);
+        self.last_line = Some(Instant::now());
+    }
+
+    /// Once the server ended the stream: how long it lasted from the request, and how long
+    /// it had been quiet (no line) before it ended.
+    pub(crate) fn ended_after(&self) -> Option<(Duration, Duration)> {
+        let end = self.ended_at?;
+        let quiet_since = self.last_line.unwrap_or(self.opened);
+        Some((
+            end.saturating_duration_since(self.opened),
+            end.saturating_duration_since(quiet_since),
+        ))
     }
 }
 

@@ -10,6 +10,13 @@
 //!   checkpoint is at or past it (events and bookmarks move the checkpoint).
 //! - Otherwise (opaque versions, or that read failed) the first bookmark after connecting
 //!   counts, a weaker signal.
+//! - A server may send a watch no bookmarks at all (kube-apiserver with its watch cache
+//!   off for the resource: its etcd watcher asks etcd for progress notifications only for
+//!   the watch cache's own watch). If the collection did not change, no event moves the
+//!   checkpoint either. A watch opened while behind has a short server-side deadline; when
+//!   it ends there without an error, having delivered no bookmark and nothing in its last
+//!   seconds, it delivered every change the server had when it connected (a watch sends
+//!   the changes after its resourceVersion in order, those already made first): caught up.
 //! - A list that began in this process is a consistent read: its end (after its sweep) is
 //!   caught up. A list continued from an earlier process's continue token is not (its
 //!   snapshot predates the restart): the next watch connect checks.
@@ -38,6 +45,11 @@ pub(crate) const CATCH_UP_WATCH_TIMEOUT: u32 = 5;
 /// How long the read of the server's resourceVersion may take before the weaker rule is used.
 const TARGET_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a catch-up watch must have read nothing before its deadline to count as having
+/// delivered everything (at most half its timeout): the changes a watch replays are sent
+/// at once, one after the other.
+const QUIET_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Where the watcher is in catching up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CatchUp {
@@ -60,6 +72,10 @@ pub(crate) struct Tracker {
     url: String,
     /// The rule last logged, so that a change of rule is said once.
     logged_rule: CatchUpRule,
+    /// The server-side timeout of the current watch, when it was opened while behind.
+    catch_up_deadline: Option<Duration>,
+    /// Bookmarks the current watch delivered.
+    watch_bookmarks: u64,
 }
 
 impl Tracker {
@@ -70,6 +86,8 @@ impl Tracker {
             status,
             url: url.to_string(),
             logged_rule: CatchUpRule::Pending,
+            catch_up_deadline: None,
+            watch_bookmarks: 0,
         }
     }
 
@@ -108,6 +126,23 @@ impl Tracker {
     /// set), read the server's current resourceVersion. Returns the server-side timeout to
     /// use for that watch when the store is behind (see [`CATCH_UP_WATCH_TIMEOUT`]).
     pub(crate) async fn before_connect(
+        &mut self,
+        client: &kube::Client,
+        request: &Request,
+        cfg: &Config,
+        stats: &Counters,
+        checkpoint: &str,
+    ) -> Option<u32> {
+        self.watch_bookmarks = 0;
+        self.catch_up_deadline = None;
+        let timeout = self
+            .catch_up_timeout(client, request, cfg, stats, checkpoint)
+            .await;
+        self.catch_up_deadline = timeout.map(|t| Duration::from_secs(t.into()));
+        timeout
+    }
+
+    async fn catch_up_timeout(
         &mut self,
         client: &kube::Client,
         request: &Request,
@@ -175,6 +210,7 @@ impl Tracker {
     /// A watch burst was committed: the checkpoint is now `checkpoint`, and the burst held
     /// `bookmarks` bookmarks.
     pub(crate) fn after_burst(&mut self, checkpoint: &str, bookmarks: u64) {
+        self.watch_bookmarks += bookmarks;
         match &self.state {
             CatchUp::Target(target) => {
                 match resource_version::at_least(checkpoint, target) {
@@ -195,6 +231,28 @@ impl Tracker {
         }
     }
 
+    /// The watch ended without an error, `lasted` after its request was sent, its last line
+    /// `quiet` before the end. A watch opened while behind that ran to its deadline, got
+    /// no bookmark and was quiet at the end delivered everything the server had when it
+    /// connected: caught up (the server sends this watch no bookmarks, see the module).
+    pub(crate) fn watch_ended(&mut self, checkpoint: &str, lasted: Duration, quiet: Duration) {
+        let Some(deadline) = self.catch_up_deadline.take() else {
+            return;
+        };
+        let behind = matches!(self.state, CatchUp::Target(_) | CatchUp::Bookmark);
+        let quiet_enough = quiet >= QUIET_BEFORE_DEADLINE.min(deadline / 2);
+        if !behind || self.watch_bookmarks > 0 || lasted < deadline || !quiet_enough {
+            return;
+        }
+        if self.logged_rule != CatchUpRule::QuietWatchDeadline {
+            self.logged_rule = CatchUpRule::QuietWatchDeadline;
+            tracing::info!(url = %self.url, lasted_ms = lasted.as_millis() as u64,
+                quiet_ms = quiet.as_millis() as u64,
+                "a watch ran to its deadline without a bookmark (the server sends none to this watch): caught up by the quiet watch");
+        }
+        self.reached(CatchUpRule::QuietWatchDeadline, checkpoint);
+    }
+
     fn reached(&mut self, rule: CatchUpRule, checkpoint: &str) {
         if self.state == CatchUp::CaughtUp {
             return;
@@ -210,7 +268,8 @@ impl Tracker {
                 f.server_resource_version = Some(checkpoint.to_string());
             }
             f.behind = match (rule, &target) {
-                (CatchUpRule::List, _) => Some(0),
+                // The checkpoint did not move: nothing changed in the collection since it.
+                (CatchUpRule::List | CatchUpRule::QuietWatchDeadline, _) => Some(0),
                 (_, Some(t)) => resource_version::distance(checkpoint, t),
                 (_, None) => None,
             };

@@ -105,6 +105,24 @@ impl Suite {
         }
     }
 
+    /// Reads the server's version for the last line, once; false (an error counted) if
+    /// it cannot be read.
+    async fn version_of(&mut self, server: &Server) -> bool {
+        if !self.version.is_empty() {
+            return true;
+        }
+        match realk8s::git_version(&server.client).await {
+            Ok(v) => {
+                self.version = v;
+                true
+            }
+            Err(e) => {
+                self.error("version", e);
+                false
+            }
+        }
+    }
+
     fn error(&mut self, what: &str, e: impl std::fmt::Display) {
         self.errors += 1;
         println!("e2e {what} FAILED: {e}");
@@ -152,18 +170,72 @@ async fn seeded(suite: &mut Suite, target: &Target, flags: &str) -> Option<Arc<S
     }
 }
 
+/// The scenarios that need a server started with other flags (the first server, with
+/// the defaults, runs every other one).
+const SHARDED: &[&str] = &["sharded-server-filters", "reshard-narrowing"];
+const NO_WATCH_CACHE: &[&str] = &[
+    "compaction",
+    "fresh-after-compaction",
+    "fresh-quiet-no-bookmarks",
+];
+
+/// Whether [`ONLY_ENV`] (when set) names a scenario for which `on` holds: a server no
+/// selected scenario runs on is not started.
+fn selects(on: impl Fn(&str) -> bool) -> bool {
+    match std::env::var(ONLY_ENV) {
+        Ok(only) => only.split(',').any(on),
+        Err(_) => true,
+    }
+}
+
 async fn run(target: Target) -> Suite {
     let mut suite = Suite::default();
-    let Some(a) = seeded(&mut suite, &target, "").await else {
-        return suite;
-    };
-    suite.version = match realk8s::git_version(&a.client).await {
-        Ok(v) => v,
-        Err(e) => {
-            suite.error("version", e);
+    if selects(|n| !SHARDED.contains(&n) && !NO_WATCH_CACHE.contains(&n)) {
+        let Some(a) = seeded(&mut suite, &target, "").await else {
+            return suite;
+        };
+        if !suite.version_of(&a).await {
             return suite;
         }
-    };
+        default_server(&mut suite, a).await;
+    }
+
+    // A server with sharded list and watch on (and the watch cache, which filters watches:
+    // without it kube-apiserver v1.36.2 filters LISTs by shardSelector but not WATCH events).
+    let flags = "--feature-gates=ShardedListAndWatch=true";
+    if selects(|n| SHARDED.contains(&n))
+        && let Some(b) = seeded(&mut suite, &target, flags).await
+        && suite.version_of(&b).await
+    {
+        suite
+            .run("sharded-server-filters", shard::sharded(b.clone(), true))
+            .await;
+        suite
+            .run("reshard-narrowing", shard::narrowing(b.clone()))
+            .await;
+    }
+    // A server with the watch cache off for Pods: a resume from a compacted version
+    // answers 410 at once.
+    if selects(|n| NO_WATCH_CACHE.contains(&n))
+        && let Some(c) = seeded(&mut suite, &target, "--watch-cache-sizes=pods#0").await
+        && suite.version_of(&c).await
+    {
+        suite.run("compaction", sync::compaction(c.clone())).await;
+        suite
+            .run("fresh-after-compaction", fresh::after_compaction(c.clone()))
+            .await;
+        suite
+            .run(
+                "fresh-quiet-no-bookmarks",
+                fresh::quiet_without_bookmarks(c),
+            )
+            .await;
+    }
+    suite
+}
+
+/// The scenarios on a server with the default flags.
+async fn default_server(suite: &mut Suite, a: Arc<Server>) {
     let state = Arc::new(sync::Shared::default());
     let s = (a.clone(), state.clone());
     suite
@@ -220,28 +292,6 @@ async fn run(target: Target) -> Suite {
         .run("deploy-manifests", deploy_manifests(a.clone()))
         .await;
     suite.run("deploy-rbac", deploy_rbac(a.clone())).await;
-    drop(a);
-
-    // A server with sharded list and watch on (and the watch cache, which filters watches:
-    // without it kube-apiserver v1.36.2 filters LISTs by shardSelector but not WATCH events).
-    let flags = "--feature-gates=ShardedListAndWatch=true";
-    if let Some(b) = seeded(&mut suite, &target, flags).await {
-        suite
-            .run("sharded-server-filters", shard::sharded(b.clone(), true))
-            .await;
-        suite
-            .run("reshard-narrowing", shard::narrowing(b.clone()))
-            .await;
-    }
-    // A server with the watch cache off for Pods: a resume from a compacted version
-    // answers 410 at once.
-    if let Some(c) = seeded(&mut suite, &target, "--watch-cache-sizes=pods#0").await {
-        suite.run("compaction", sync::compaction(c.clone())).await;
-        suite
-            .run("fresh-after-compaction", fresh::after_compaction(c))
-            .await;
-    }
-    suite
 }
 
 /// `deploy/`'s manifests, applied with server-side dry run: every object accepted.

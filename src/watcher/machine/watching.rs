@@ -168,6 +168,11 @@ impl Machine {
             return Err(self.watch_status(status));
         }
         if ended {
+            if let (Some((lasted, quiet)), Some(checkpoint)) =
+                (conn.ended_after(), &self.disk.state.last_synced)
+            {
+                self.fresh.watch_ended(checkpoint, lasted, quiet);
+            }
             tracing::debug!(url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
             self.set_live(false);
             return Ok(Stage::Watching {
