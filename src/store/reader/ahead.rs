@@ -157,6 +157,8 @@ struct Pipe<T> {
     next: u64,
     /// No job will find another chunk (the range ended).
     ended: bool,
+    /// A chunk was lost and the error in its place handed out: nothing follows it.
+    broken: bool,
 }
 
 /// A job's answer.
@@ -217,6 +219,7 @@ impl<T: Send + 'static> Pipe<T> {
             pending: BTreeMap::new(),
             next: 0,
             ended: false,
+            broken: false,
         };
         pipe.top_up();
         Ok(pipe)
@@ -256,7 +259,13 @@ impl<T: Send + 'static> Pipe<T> {
     /// The next chunk in key order; `None` at the end. While it is not mapped yet, this
     /// thread maps the next chunk not taken rather than wait (on a busy machine the CPU
     /// threads may get no CPU at all: the caller then does the work, as without them).
+    ///
+    /// A lost chunk (reading it panicked) ends the iteration: an error in its place, then
+    /// `None`, whatever the other jobs still send.
     fn next_chunk(&mut self) -> Option<Vec<T>> {
+        if self.broken {
+            return None;
+        }
         loop {
             if let Some(chunk) = self.pending.remove(&self.next) {
                 self.next += 1;
@@ -268,46 +277,53 @@ impl<T: Send + 'static> Pipe<T> {
             let received = match self.rx.try_recv() {
                 Ok(mapped) => Some(mapped),
                 Err(_) if !room && self.in_flight > 0 => self.rx.recv().ok(),
-                Err(_) => match take_chunk(&self.shared, self.failed) {
-                    Some((seq, read)) => {
+                Err(_) => match take_chunk_caught(&self.shared, self.failed) {
+                    Ok(Some((seq, read))) => {
                         let chunk = map_chunk(read, &self.map, self.failed, &self.path);
                         self.pending.insert(seq, chunk);
                         continue;
                     }
                     // Everything is taken: wait for the chunks being mapped.
-                    None if self.in_flight > 0 => {
+                    Ok(None) if self.in_flight > 0 => {
                         // This pipe holds a sender: `recv` cannot fail while jobs run.
                         self.rx.recv().ok()
                     }
-                    None => None,
+                    Ok(None) => None,
+                    // Reading the chunk panicked here (no job's answer: `in_flight` stays).
+                    Err(Panicked) => return Some(self.lost("reading ahead panicked")),
                 },
             };
-            let lost = match received {
+            match received {
                 Some(Mapped::Chunk(seq, chunk)) => {
                     self.in_flight -= 1;
                     self.pending.insert(seq, chunk);
-                    continue;
                 }
                 Some(Mapped::Ended) => {
                     self.in_flight -= 1;
                     self.ended = true;
-                    continue;
                 }
-                Some(Mapped::Lost) => "reading ahead panicked",
+                Some(Mapped::Lost) => {
+                    self.in_flight -= 1;
+                    return Some(self.lost("reading ahead panicked"));
+                }
                 // Nothing in flight and nothing left to take: the range ended.
                 None if self.pending.is_empty() => return None,
-                None => "a read-ahead chunk was lost",
-            };
-            // The chunks after the lost one are dropped: the iteration ends with an error
-            // in the lost chunk's place.
-            self.pending.clear();
-            self.ended = true;
-            self.shared.lock().ended = true;
-            return Some(vec![(self.failed)(Error::Storage {
-                path: self.path.to_path_buf(),
-                detail: lost.into(),
-            })]);
+                None => return Some(self.lost("a read-ahead chunk was lost")),
+            }
         }
+    }
+
+    /// End the iteration with an error in the lost chunk's place: the chunks after it, and
+    /// those the jobs still running send later, are dropped.
+    fn lost(&mut self, why: &str) -> Vec<T> {
+        self.pending.clear();
+        self.ended = true;
+        self.broken = true;
+        self.shared.lock().ended = true;
+        vec![(self.failed)(Error::Storage {
+            path: self.path.to_path_buf(),
+            detail: why.into(),
+        })]
     }
 }
 
@@ -341,6 +357,23 @@ fn take_chunk<T>(
     Some((seq, read))
 }
 
+/// A read that panicked (the engine's iterator), on the calling thread.
+struct Panicked;
+
+/// [`take_chunk`] on the calling thread, which must not unwind into the caller: a panic
+/// is reported as on a CPU thread (the source is then ended).
+fn take_chunk_caught<T>(
+    shared: &Shared,
+    failed: fn(Error) -> T,
+) -> std::result::Result<Option<(u64, Vec<std::result::Result<Entry, T>>)>, Panicked> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| take_chunk(shared, failed))).map_err(
+        |_| {
+            shared.lock().ended = true;
+            Panicked
+        },
+    )
+}
+
 /// Map a chunk; a panic becomes an error in its place.
 fn map_chunk<T>(
     read: Vec<std::result::Result<Entry, T>>,
@@ -362,4 +395,97 @@ fn map_chunk<T>(
             detail: "reading an object panicked".into(),
         })]
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Keys 0..n in order (4 big-endian bytes each). Reading key `at` or a later one
+    /// panics: on a CPU thread only (`ahead_only`), or on any thread.
+    fn breaking_entries(n: u32, at: u32, ahead_only: bool) -> Entries {
+        Box::new((0..n).map(move |i| {
+            let on_cpu = std::thread::current().name() == Some("kube-persist-cpu");
+            if i >= at && (on_cpu || !ahead_only) {
+                panic!("the engine's iterator broke at {i} (a test panic)");
+            }
+            Ok((i.to_be_bytes().to_vec(), Vec::new()))
+        }))
+    }
+
+    /// Iterate on another thread; an error if it did not end within `limit` (a hang) or if
+    /// `next()` panicked.
+    fn collect_within(
+        mut ahead: Ahead<Result<u32>>,
+        limit: Duration,
+    ) -> std::result::Result<Vec<Result<u32>>, &'static str> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut out = Vec::new();
+                // More items than keys would be a bug too: stop there, not loop forever.
+                while let (Some(item), true) = (ahead.next(), out.len() <= 10_000) {
+                    out.push(item);
+                }
+                out
+            }));
+            let _ = tx.send(out.map_err(|_| "next() panicked"));
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or(Err("the iteration hung after the error"))
+    }
+
+    /// A read ahead that panics (the engine's iterator, on a CPU thread or on the caller's)
+    /// ends the iteration: the keys before it in order, one error, then the end; never a
+    /// hang on the `next()` after the error, nor a later chunk of another job, nor a panic
+    /// in the caller.
+    #[test]
+    fn a_panicking_read_ahead_ends_with_one_error() {
+        let map: MapFn<Result<u32>> =
+            Arc::new(|(k, _)| Ok(u32::from_be_bytes(k.as_slice().try_into().unwrap())));
+        let path = Arc::new(PathBuf::from("/nowhere"));
+        let n = 5000;
+        for ahead_only in [true, false] {
+            let mut errors = 0;
+            // Past the chunks read inline (8 + 16 + 32 + 64), at and after a chunk boundary.
+            for at in [120, 150, 400, 2000] {
+                for threads in [2, 4] {
+                    for round in 0..5 {
+                        let entries = breaking_entries(n, at, ahead_only);
+                        let ahead = Ahead::new(entries, map.clone(), Err, path.clone(), threads);
+                        let what = format!(
+                            "break at {at} (read ahead only: {ahead_only}), {threads} jobs, round {round}"
+                        );
+                        let out = collect_within(ahead, Duration::from_secs(20))
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let keys = out.iter().take_while(|item| item.is_ok()).count();
+                        for (i, item) in out[..keys].iter().enumerate() {
+                            assert_eq!(*item.as_ref().unwrap(), i as u32, "{what}: out of order");
+                        }
+                        if keys == n as usize {
+                            // The caller read every key from `at` on itself: nothing broke.
+                            assert!(ahead_only, "{what}: no error");
+                            continue;
+                        }
+                        // Read ahead only, the caller may have read keys from `at` on itself.
+                        assert!(
+                            ahead_only || keys <= at as usize,
+                            "{what}: {keys} keys before the error"
+                        );
+                        match &out[keys..] {
+                            [Err(Error::Storage { detail, .. })] => {
+                                assert_eq!(detail, "reading ahead panicked", "{what}");
+                                errors += 1;
+                            }
+                            rest => {
+                                panic!("{what}: after {keys} keys, {} items: {rest:?}", rest.len())
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(errors > 0, "read ahead only: {ahead_only}: never broke");
+        }
+    }
 }
