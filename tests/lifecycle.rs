@@ -10,7 +10,12 @@
 //! middle of a relist, a sweep, a prune or a reconcile batch, and between runs: streaming
 //! lists on or off, the shard narrowed (or widened again), a label index added or dropped,
 //! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
-//! then loses the last commits and the store reopens in an older phase).
+//! then loses the last commits and the store reopens in an older phase). Triggers at random
+//! moments, also right after a restart (during the startup pass and the catch-up wait):
+//! `reconcile_on` requests, changes of related objects (a `watches_store` stream) and
+//! `reconcile_all_on` ticks, to a controller that reaches its concurrency limit, skips
+//! versions of an unchanged generation, and whose reconcilers write their own object (a
+//! change that keeps the generation), run long, requeue after a second or an hour, and fail.
 //!
 //! Invariants, checked in this process once the server is quiescent and the store reports
 //! `Synced`, live and a checkpoint equal to the server's resourceVersion: the store equals the
@@ -20,7 +25,11 @@
 //! fails and is retried) is reconciled again (no due requeue is lost); no run, in this process
 //! or a child, reconciles an object outside its shard; a store that reports ready holds nothing
 //! outside its shard (a narrowed store is pruned first); a stream and its controller reopen in
-//! the same `Db` at once after an abort; a child process runs until it is killed.
+//! the same `Db` at once after an abort; a child process runs until it is killed; every
+//! trigger is followed by a reconcile of its object (of every object, for a tick) that starts
+//! after it, within the longest reconciles ahead of it and a margin, never at a later
+//! requeue's due time; no reconcile record is forgotten for a stored object, none is kept
+//! for an object the store does not hold, and `controller_states()` counts the stored objects.
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`

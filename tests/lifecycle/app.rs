@@ -1,24 +1,46 @@
 //! The system under test of the lifecycle model: one ConfigMap stream with a durable
 //! controller on it, built the same way in the test process and in its child processes.
+//! The controller reaches its concurrency limit, skips versions of an unchanged generation,
+//! watches related ConfigMaps (namespace [`REL_NS`]) and takes `reconcile_on` requests and
+//! `reconcile_all_on` ticks; its reconciler writes its own object (mode `write`), runs long
+//! (`slow`), requeues (`short`, and a minute for `slow` and `write`) and fails (`fail`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::Controller;
 use kube_persist::{Db, DbConfig, Durability, Engine, Reader, Shard, ShardKey};
 
 /// Namespace of the ConfigMaps the controller reconciles.
 pub const NS: &str = "lc";
+/// Namespace of the related ConfigMaps: `rel-<name>` triggers a reconcile of `<name>`.
+pub const REL_NS: &str = "lc-rel";
 /// The stream's name in the `Db`.
 pub const STREAM: &str = "cms";
+/// The related objects' stream.
+pub const REL_STREAM: &str = "rel";
 /// The durable controller's name.
 pub const CONTROLLER: &str = "lifecycle";
 /// Requeue (and retry) delay of `short` and `fail` objects: they are reconciled forever.
 pub const SHORT: Duration = Duration::from_millis(200);
+/// Requeue of `slow` and `write` objects: inside the requeue window (so it waits in the
+/// scheduler, where triggers merge into it) and far beyond the checks' trigger bound (so a
+/// trigger held until it is due is seen as lost).
+pub const LONG: Duration = Duration::from_secs(60);
+/// How long a `slow` reconcile runs (and a `write` one after its write).
+pub const SLOW: Duration = Duration::from_millis(400);
+/// The controller's concurrency limit: reached by bursts, ticks and slow reconciles.
+pub const CONCURRENCY: u16 = 4;
+/// The annotation a `write` reconcile sets to its object's `data.value` (a write that keeps
+/// the generation).
+pub const MIRRORED: &str = "mirrored";
 
 /// One run's configuration (what changes between runs).
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +121,9 @@ impl RunCfg {
 }
 
 /// The `mode` label: `ok` (reconciled once per version), `short` (requeued every
-/// [`SHORT`]), `fail` (fails; the error policy retries after [`SHORT`]).
+/// [`SHORT`]), `fail` (fails; the error policy retries after [`SHORT`]), `slow` (runs
+/// [`SLOW`], requeued after [`LONG`]), `write` (writes [`MIRRORED`] on its own object when it
+/// differs from `data.value`, runs [`SLOW`], requeued after [`LONG`]).
 pub fn mode(cm: &ConfigMap) -> &str {
     cm.metadata
         .labels
@@ -109,14 +133,49 @@ pub fn mode(cm: &ConfigMap) -> &str {
         .unwrap_or("ok")
 }
 
-/// What a reconcile reports: `(name, resourceVersion, uid)`.
-pub type Sink = Arc<dyn Fn(&str, &str, &str) + Send + Sync>;
+/// What a reconciler reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// A reconcile started, of the object at this version.
+    Reconciled,
+    /// A reconcile wrote its object (only [`MIRRORED`]: the generation is kept), which is now
+    /// at this version: with `skip_unchanged_generation`, a version that needs no reconcile.
+    Wrote,
+}
+
+impl Seen {
+    /// The word a child process prints before `name rv uid`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Seen::Reconciled => "reconciled",
+            Seen::Wrote => "wrote",
+        }
+    }
+}
+
+/// What a reconcile reports: `(what, name, resourceVersion, uid)`.
+pub type Sink = Arc<dyn Fn(Seen, &str, &str, &str) + Send + Sync>;
+
+/// The reconciler's context.
+pub struct Ctx {
+    sink: Sink,
+    api: Api<ConfigMap>,
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("injected failure")]
 pub struct Injected;
 
-async fn reconcile(cm: Arc<ConfigMap>, sink: Arc<Sink>) -> Result<Action, Injected> {
+fn value(cm: &ConfigMap) -> Option<&str> {
+    cm.data.as_ref()?.get("value").map(String::as_str)
+}
+
+/// Whether a `write` object's [`MIRRORED`] annotation shows its current value.
+pub fn mirrored(cm: &serde_json::Value) -> bool {
+    cm["metadata"]["annotations"][MIRRORED] == cm["data"]["value"]
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Injected> {
     let m = &cm.metadata;
     let (name, rv, uid) = (
         m.name.as_deref().unwrap_or_default(),
@@ -124,38 +183,108 @@ async fn reconcile(cm: Arc<ConfigMap>, sink: Arc<Sink>) -> Result<Action, Inject
         m.uid.as_deref().unwrap_or_default(),
     );
     // Reported before the result is returned, so before the durable state records it.
-    sink(name, rv, uid);
+    (ctx.sink)(Seen::Reconciled, name, rv, uid);
     match mode(&cm) {
         "short" => Ok(Action::requeue(SHORT)),
         "fail" => Err(Injected),
+        "slow" => {
+            tokio::time::sleep(SLOW).await;
+            Ok(Action::requeue(LONG))
+        }
+        "write" => {
+            let annotated = m.annotations.as_ref().and_then(|a| a.get(MIRRORED));
+            if annotated.map(String::as_str) != value(&cm) {
+                let mut next = (*cm).clone();
+                next.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(MIRRORED.into(), value(&cm).unwrap_or_default().into());
+                // At this resourceVersion only: the write changes nothing but the annotation.
+                // A failed write (a conflict with a newer version, the server restarting)
+                // fails the reconcile, which the error policy retries.
+                let w = ctx
+                    .api
+                    .replace(name, &PostParams::default(), &next)
+                    .await
+                    .map_err(|_| Injected)?;
+                let written = w.metadata.resource_version.unwrap_or_default();
+                (ctx.sink)(Seen::Wrote, name, &written, uid);
+            }
+            tokio::time::sleep(SLOW).await;
+            Ok(Action::requeue(LONG))
+        }
         _ => Ok(Action::await_change()),
     }
 }
 
-/// The durable controller of a run, on stream [`STREAM`] of `db`.
+/// The store configuration of the related objects' stream.
+fn rel_config() -> kube_persist::Config {
+    kube_persist::Config::default()
+        .backoff(Duration::from_millis(20), Duration::from_millis(300))
+        .relist_jitter(Duration::from_millis(20))
+}
+
+/// The reconcile requests and "reconcile everything" ticks a run takes.
+pub struct Inputs {
+    pub requests: BoxStream<'static, ObjectRef<ConfigMap>>,
+    pub ticks: BoxStream<'static, ()>,
+}
+
+impl Inputs {
+    /// A run that takes neither (a child process).
+    pub fn none() -> Self {
+        Inputs {
+            requests: futures::stream::pending().boxed(),
+            ticks: futures::stream::pending().boxed(),
+        }
+    }
+}
+
+/// The durable controller of a run, on stream [`STREAM`] of `db`, with the related stream
+/// [`REL_STREAM`].
 pub fn controller(
     db: &Db,
     client: kube::Client,
     cfg: &RunCfg,
+    inputs: Inputs,
 ) -> kube_persist::Result<Controller<ConfigMap>> {
+    let related = db.store(
+        REL_STREAM,
+        Api::<ConfigMap>::namespaced(client.clone(), REL_NS),
+        rel_config(),
+    )?;
     Controller::for_store(
         db,
         STREAM,
         Api::<ConfigMap>::namespaced(client, NS),
         cfg.store_config(),
-        kube_persist::controller::Config::default(),
+        kube_persist::controller::Config::default()
+            .concurrency(CONCURRENCY)
+            .skip_unchanged_generation(true),
     )?
+    .watches_store(related, |rel: ConfigMap| {
+        let name = rel.metadata.name.unwrap_or_default();
+        name.strip_prefix("rel-")
+            .map(|n| ObjectRef::new(n).within(NS))
+    })
+    .reconcile_on(inputs.requests)
+    .reconcile_all_on(inputs.ticks)
     .durable_state(db, CONTROLLER)
 }
 
 /// Runs `c` until `stop` resolves (a graceful stop) or the future is dropped (an abort).
 pub async fn run(
     c: Controller<ConfigMap>,
+    client: kube::Client,
     sink: Sink,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    let ctx = Ctx {
+        sink,
+        api: Api::namespaced(client, NS),
+    };
     c.graceful_shutdown_on(stop)
-        .run(reconcile, |_, _, _| Action::requeue(SHORT), Arc::new(sink))
+        .run(reconcile, |_, _, _| Action::requeue(SHORT), Arc::new(ctx))
         .for_each(|_| async {})
         .await;
 }
@@ -182,7 +311,7 @@ pub const CHILD_KILL_ENV: &str = "KP_LIFECYCLE_CHILD_KILL";
 /// The child process: the controller on the store at `dir`, printing `child-started`,
 /// `phase <phase>` and `len <n>` at each change of the store's phase and length (watched on
 /// a thread, every 200 µs), `ready-outside <n>` once ready, and `reconciled <name> <rv>
-/// <uid>`, until it is killed (by the test, or by itself as `CHILD_KILL_ENV` says).
+/// <uid>` (and `wrote ...`), until it is killed (by the test, or by itself as `CHILD_KILL_ENV` says).
 pub fn child_main(dir: String) {
     let url = std::env::var(CHILD_URL_ENV).expect("the server's URL");
     let cfg = RunCfg::decode(&std::env::var(CHILD_CFG_ENV).expect("the run's config"));
@@ -193,7 +322,8 @@ pub fn child_main(dir: String) {
         let db = cfg
             .open_db(crate::common::child_engine(), dir.as_ref())
             .expect("the child opens the store");
-        let c = controller(&db, client, &cfg).expect("the child's controller");
+        let c =
+            controller(&db, client.clone(), &cfg, Inputs::none()).expect("the child's controller");
         let reader = c.reader();
         println!("child-started");
         let watched = reader.clone();
@@ -204,8 +334,9 @@ pub fn child_main(dir: String) {
                 println!("ready-outside {n}");
             }
         });
-        let sink: Sink = Arc::new(|name, rv, uid| println!("reconciled {name} {rv} {uid}"));
-        run(c, sink, futures::future::pending()).await;
+        let sink: Sink =
+            Arc::new(|seen, name, rv, uid| println!("{} {name} {rv} {uid}", seen.word()));
+        run(c, client, sink, futures::future::pending()).await;
     });
 }
 

@@ -8,16 +8,17 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube_persist::{Reader, SyncPhase};
 use kube_persist_testkit::{ResourceType, ServerHandle};
 
-use crate::app::{NS, RunCfg};
+use crate::app::{NS, RunCfg, Seen};
 
 /// How long the store may take to be `Synced`, live and at the server's resourceVersion.
 pub const SYNC_WAIT: Duration = Duration::from_secs(20);
 /// How long the controller may take to reconcile what it owes, once the store is synced.
 const RECONCILE_WAIT: Duration = Duration::from_secs(5);
 
-/// One reconcile, as seen by the test process.
+/// One reconcile (or a reconciler's write), as seen by the test process.
 #[derive(Debug, Clone)]
 pub struct Rec {
+    pub seen: Seen,
     pub at: Instant,
     pub run: usize,
     pub name: String,
@@ -28,12 +29,14 @@ pub struct Rec {
 /// Every reconcile of every run, in the order the test saw them.
 pub type Log = Arc<Mutex<Vec<Rec>>>;
 
-/// A server object: resourceVersion, uid, mode label.
+/// A server object: resourceVersion, uid, mode label, and whether a `write` object shows
+/// its value in its annotation.
 #[derive(Debug, Clone)]
 pub struct Obj {
     pub rv: String,
     pub uid: String,
     pub mode: String,
+    pub mirrored: bool,
 }
 
 /// `name -> object` of the model's ConfigMaps on the server.
@@ -48,6 +51,7 @@ pub fn server_objects(h: &ServerHandle) -> BTreeMap<String, Obj> {
                 rv: s(&m["resourceVersion"]),
                 uid: s(&m["uid"]),
                 mode: s(&m["labels"]["mode"]),
+                mirrored: crate::app::mirrored(&o),
             };
             (s(&m["name"]), obj)
         })
@@ -206,8 +210,9 @@ pub fn store_matches(
 }
 
 /// The controller, once the store is quiescent: every owned object reconciled at its
-/// current version (by any run), every owned `short`/`fail` object reconciled again after
-/// `since` (its due requeue or retry fired).
+/// current version (by any run; a version a reconcile wrote itself, keeping the generation,
+/// counts as reconciled), every owned `short`/`fail` object reconciled again after `since`
+/// (its due requeue or retry fired).
 pub async fn reconciled(
     log: &Log,
     cfg: &RunCfg,
@@ -224,7 +229,11 @@ pub async fn reconciled(
         .collect();
     let requeued: Vec<String> = server
         .iter()
-        .filter(|(n, o)| cfg.owns(&o.uid) && o.mode != "ok" && !rc.lost_requeues.contains(*n))
+        .filter(|(n, o)| {
+            cfg.owns(&o.uid)
+                && ["short", "fail"].contains(&o.mode.as_str())
+                && !rc.lost_requeues.contains(*n)
+        })
         .map(|(n, _)| n.clone())
         .collect();
     let deadline = Instant::now() + RECONCILE_WAIT;
@@ -239,6 +248,7 @@ pub async fn reconciled(
                 .iter()
                 .rev()
                 .take_while(|r| r.at > since)
+                .filter(|r| r.seen == Seen::Reconciled)
                 .map(|r| r.name.as_str())
                 .collect();
             let missing: Vec<(String, String)> = owed
@@ -298,4 +308,155 @@ pub fn owned_only(log: &Log, run: usize, cfg: &RunCfg, rc: &mut RunChecks) -> Ve
         "no object reconciled by a replica that does not own it",
         format!("shard {:?}: {}", cfg.shard, few(foreign)),
     )]
+}
+
+/// How long a trigger may wait for its reconcile: the debounce (none), the longest running
+/// reconcile ([`crate::app::SLOW`]) times the queue before it at the concurrency limit (a
+/// tick reconciles every object), and a margin; far below a `slow` or `write` object's one-minute requeue.
+const TRIGGER_WAIT: Duration = Duration::from_secs(15);
+
+/// A trigger sent to the live run: a reconcile of `name` (every object if `None`) must start
+/// after `at`.
+#[derive(Debug, Clone)]
+pub struct Trig {
+    pub at: Instant,
+    pub name: Option<String>,
+    pub what: &'static str,
+}
+
+/// Every trigger of this run is followed by a reconcile of its object (of every owned object,
+/// for a tick) that started after it, within [`TRIGGER_WAIT`]: never held until a later
+/// requeue's due time, never skipped as already reconciled. Objects deleted since (or outside
+/// the shard) owe nothing. Checked triggers are removed from `pending`.
+pub async fn triggered(
+    log: &Log,
+    cfg: &RunCfg,
+    server: &BTreeMap<String, Obj>,
+    pending: &mut Vec<Trig>,
+) -> Vec<Found> {
+    let owed = |t: &Trig| -> Vec<String> {
+        match &t.name {
+            Some(n) if server.get(n).is_some_and(|o| cfg.owns(&o.uid)) => vec![n.clone()],
+            Some(_) => Vec::new(),
+            None => server
+                .iter()
+                .filter(|(_, o)| cfg.owns(&o.uid))
+                .map(|(n, _)| n.clone())
+                .collect(),
+        }
+    };
+    let deadline = pending
+        .iter()
+        .map(|t| t.at + TRIGGER_WAIT)
+        .max()
+        .map_or(Instant::now(), |d| {
+            d.max(Instant::now() + Duration::from_secs(1))
+        });
+    loop {
+        let late: Vec<(&'static str, Duration, String)> = {
+            let log = log.lock().unwrap();
+            let mut last: BTreeMap<&str, Instant> = BTreeMap::new();
+            for r in log.iter().filter(|r| r.seen == Seen::Reconciled) {
+                last.insert(r.name.as_str(), r.at);
+            }
+            pending
+                .iter()
+                .flat_map(|t| {
+                    owed(t)
+                        .into_iter()
+                        .filter(|n| last.get(n.as_str()).is_none_or(|at| *at <= t.at))
+                        .map(|n| (t.what, t.at.elapsed(), n))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        if late.is_empty() {
+            pending.clear();
+            return Vec::new();
+        }
+        if Instant::now() > deadline {
+            pending.clear();
+            return vec![found(
+                "every trigger is followed by a reconcile of its object",
+                format!("not within {TRIGGER_WAIT:?}: {}", few(late)),
+            )];
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The owned `write` objects that do not show their value yet: once there are none, the
+/// controller's own writes are done, and the server stays put during the checks.
+pub fn unmirrored(server: &BTreeMap<String, Obj>, cfg: &RunCfg) -> Vec<(String, String)> {
+    server
+        .iter()
+        .filter(|(_, o)| o.mode == "write" && !o.mirrored && cfg.owns(&o.uid))
+        .map(|(n, o)| (n.clone(), o.rv.clone()))
+        .collect()
+}
+
+/// What `log` shows of the objects `names` (for a violation's detail).
+pub fn history(log: &Log, names: &[String]) -> String {
+    let log = log.lock().unwrap();
+    let seen: Vec<String> = log
+        .iter()
+        .filter(|r| names.contains(&r.name))
+        .map(|r| format!("{} {} {} (run {})", r.seen.word(), r.name, r.rv, r.run))
+        .collect();
+    let from = seen.len().saturating_sub(8);
+    seen[from..].join(", ")
+}
+
+/// How long the durable state may take to show the stored objects: its batching window,
+/// and the reconciles of deletions that forget records.
+const RECORDS_WAIT: Duration = Duration::from_secs(5);
+
+/// The durable reconcile state tracks exactly the stored objects: no record is forgotten
+/// for a stored object, none is kept for an object the store no longer holds, and
+/// `controller_states()` counts as many objects.
+pub async fn records(db: &kube_persist::Db, reader: &Reader<ConfigMap>) -> Vec<Found> {
+    let deadline = Instant::now() + RECORDS_WAIT;
+    loop {
+        let stored: BTreeSet<String> = reader
+            .iter()
+            .filter_map(|o| o.ok()?.metadata.name.clone())
+            .collect();
+        let recorded: BTreeSet<String> = match db.reconcile_states(crate::app::CONTROLLER) {
+            Ok(records) => records.filter_map(|r| Some(r.ok()?.name)).collect(),
+            Err(e) => return vec![found("the reconcile state reads", e.to_string())],
+        };
+        let counted = db
+            .controller_states()
+            .ok()
+            .and_then(|s| s.into_iter().find(|c| c.name == crate::app::CONTROLLER))
+            .map_or(0, |c| c.objects);
+        let forgotten: Vec<_> = stored.difference(&recorded).collect();
+        let kept: Vec<_> = recorded.difference(&stored).collect();
+        if forgotten.is_empty() && kept.is_empty() && counted == stored.len() as u64 {
+            return Vec::new();
+        }
+        if Instant::now() > deadline {
+            let mut out = Vec::new();
+            if !forgotten.is_empty() {
+                out.push(found(
+                    "no reconcile record is forgotten for a stored object",
+                    few(forgotten),
+                ));
+            }
+            if !kept.is_empty() {
+                out.push(found(
+                    "no reconcile record of an object the store does not hold",
+                    few(kept),
+                ));
+            }
+            if counted != stored.len() as u64 {
+                out.push(found(
+                    "controller_states() counts the stored objects",
+                    format!("{counted} objects counted, {} stored", stored.len()),
+                ));
+            }
+            return out;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -207,11 +207,14 @@ impl Model {
         let (sink, other) = (self.sink(run), lines.clone());
         let output = std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                match line
-                    .strip_prefix("reconciled ")
-                    .map(|l| l.split(' ').collect::<Vec<_>>())
-                {
-                    Some(f) if f.len() == 3 => sink(f[0], f[1], f[2]),
+                let seen = [app::Seen::Reconciled, app::Seen::Wrote]
+                    .into_iter()
+                    .find_map(|seen| {
+                        let rest = line.strip_prefix(seen.word())?.strip_prefix(' ')?;
+                        Some((seen, rest.split(' ').collect::<Vec<_>>()))
+                    });
+                match seen {
+                    Some((seen, f)) if f.len() == 3 => sink(seen, f[0], f[1], f[2]),
                     _ => other.lock().unwrap().push(line),
                 }
             }

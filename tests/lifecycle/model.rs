@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube_persist::{Db, Engine, Reader};
@@ -14,9 +15,13 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::app::{self, NS, RunCfg};
-use crate::checks::{self, Found, Log, Rec, RunChecks};
+use crate::checks::{self, Found, Log, Rec, RunChecks, Trig};
 
 mod kill;
+mod poke;
+mod writes;
+
+use poke::Poke;
 
 const OBJECTS: usize = 100;
 const BUSY_PODS: usize = 300;
@@ -77,10 +82,15 @@ enum Op {
     /// An object written, then read back through the live store after
     /// `wait_for_resource_version` (read your writes).
     WriteRead,
+    /// A trigger sent to the live run.
+    Poke(Poke),
 }
 
 struct Live {
     reader: Reader<ConfigMap>,
+    requests:
+        futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<ConfigMap>>,
+    ticks: futures::channel::mpsc::UnboundedSender<()>,
     task: JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
     /// Objects outside the shard when the store first reported ready.
@@ -119,6 +129,8 @@ pub struct Model {
     violations: usize,
     reported: HashSet<(usize, &'static str)>,
     kills: BTreeMap<String, (usize, usize)>,
+    /// Triggers sent to the live run and not checked yet.
+    triggers: Vec<Trig>,
 }
 
 fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
@@ -169,6 +181,7 @@ impl Model {
             violations: 0,
             reported: HashSet::new(),
             kills: BTreeMap::new(),
+            triggers: Vec::new(),
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -252,7 +265,8 @@ impl Model {
                 }
             };
         }
-        match r.random_range(0..11) {
+        match r.random_range(0..14) {
+            11..=13 => Op::Poke(Poke::draw(r)),
             0..=4 => Op::Churn {
                 creates: r.random_range(0..6),
                 updates: r.random_range(0..10),
@@ -288,6 +302,7 @@ impl Model {
                 faults.close_watches();
             }
             Op::WriteRead => self.write_read(step).await,
+            Op::Poke(poke) => self.poke(poke),
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
                 self.server
@@ -341,6 +356,8 @@ impl Model {
         let mode = match self.rng.random_range(0..100) {
             0..=11 => "short",
             12..=19 => "fail",
+            20..=27 => "slow",
+            28..=35 => "write",
             _ => "ok",
         };
         let name = format!("cm-{}", self.created);
@@ -374,62 +391,6 @@ impl Model {
         for _ in 0..deletes.min(names.len()) {
             let name = names.swap_remove(self.rng.random_range(0..names.len()));
             self.h.delete(&rt, Some(NS), &name);
-        }
-    }
-
-    /// Writes an object and reads it back once `wait_for_resource_version` says the store
-    /// holds that version: it must (or a newer one), if the object is in the shard.
-    async fn write_read(&mut self, step: usize) {
-        let Some(reader) = self.live.as_ref().map(|l| l.reader.clone()) else {
-            return;
-        };
-        let rt = ResourceType::configmaps();
-        let names: Vec<String> = checks::server_objects(&self.h).into_keys().collect();
-        if names.is_empty() {
-            return;
-        }
-        let name = names[self.rng.random_range(0..names.len())].clone();
-        let Some(mut o) = self.h.get(&rt, Some(NS), &name) else {
-            return;
-        };
-        o["data"]["value"] = json!(format!("w{}", self.rng.random::<u32>()));
-        let written = self.h.apply(&rt, o);
-        let rv = written["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let uid = written["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if let Err(e) = reader
-            .wait_for_resource_version(Some(NS), &name, &rv, checks::SYNC_WAIT)
-            .await
-        {
-            return self.report(
-                step,
-                checks::found("wait_for_resource_version resolves", e.to_string()),
-            );
-        }
-        if !self.cfg.owns(&uid) {
-            return;
-        }
-        let stored = reader
-            .get_named(Some(NS), &name)
-            .ok()
-            .flatten()
-            .and_then(|c| c.metadata.resource_version.clone());
-        let fresh = stored
-            .as_deref()
-            .is_some_and(|s| kube_persist::resource_version::at_least(s, &rv).unwrap_or(false));
-        if !fresh {
-            self.report(
-                step,
-                checks::found(
-                    "read your writes",
-                    format!("{name}: read {stored:?} after wait_for_resource_version({rv})"),
-                ),
-            );
         }
     }
 
@@ -477,9 +438,10 @@ impl Model {
 
     fn sink(&self, run: usize) -> app::Sink {
         let log = self.log.clone();
-        Arc::new(move |name, rv, uid| {
+        Arc::new(move |seen, name, rv, uid| {
             let mut log = log.lock().unwrap();
             let rec = Rec {
+                seen,
                 at: Instant::now(),
                 run,
                 name: name.into(),
@@ -522,14 +484,23 @@ impl Model {
             owned_upto: self.log.lock().unwrap().len(),
             ..RunChecks::default()
         };
+        // Requests queued in a run that stopped are lost with it, as in kube-runtime.
+        self.triggers.clear();
         let client = self.server.client();
         let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
         self.open_db().await;
         let db = &self.db.as_ref().expect("open").0;
         let mut refused = None;
         let deadline = Instant::now() + Duration::from_secs(10);
+        let (requests, requests_rx) = futures::channel::mpsc::unbounded();
+        let (ticks, ticks_rx) = futures::channel::mpsc::unbounded();
+        let mut inputs = Some(app::Inputs {
+            requests: requests_rx.boxed(),
+            ticks: ticks_rx.boxed(),
+        });
         let c = loop {
-            match app::controller(db, client.clone(), &cfg) {
+            let i = inputs.take().unwrap_or_else(app::Inputs::none);
+            match app::controller(db, client.clone(), &cfg, i) {
                 Ok(c) => break c,
                 Err(e) if Instant::now() < deadline => {
                     refused.get_or_insert(e.to_string());
@@ -556,11 +527,13 @@ impl Model {
         ));
         let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app::run(c, sink, async move {
+        let task = tokio::spawn(app::run(c, client, sink, async move {
             let _ = rx.await;
         }));
         self.live = Some(Live {
             reader,
+            requests,
+            ticks,
             task,
             stop,
             outside_at_ready: Some(outside),
@@ -570,6 +543,13 @@ impl Model {
     async fn restart(&mut self, _step: usize) {
         self.restarts += 1;
         self.start_run().await;
+        // Half the restarts get a trigger at once: during the startup pass or the wait for
+        // the store to catch up.
+        if self.rng.random_bool(0.5) {
+            let poke = Poke::draw(&mut self.rng);
+            self.history.push(format!("(at start: {poke:?})"));
+            self.poke(poke);
+        }
     }
 
     async fn stop_graceful(&mut self, step: usize) {
@@ -604,7 +584,7 @@ impl Model {
             self.report(step, ready_outside(n));
         }
         let cfg = self.cfg.clone();
-        match checks::quiesce(&reader, &self.h).await {
+        match self.quiesce(&reader, &cfg).await {
             Err(f) => self.report(step, f),
             Ok(()) => {
                 let since = Instant::now();
@@ -618,6 +598,15 @@ impl Model {
                 self.rc = rc;
                 for f in found {
                     self.report(step, f);
+                }
+                let mut triggers = std::mem::take(&mut self.triggers);
+                for f in checks::triggered(&log, &cfg, &server, &mut triggers).await {
+                    self.report(step, f);
+                }
+                if let Some((db, _)) = self.db.as_ref() {
+                    for f in checks::records(db, &reader).await {
+                        self.report(step, f);
+                    }
                 }
             }
         }
