@@ -1,0 +1,172 @@
+//! The runner's sweeps: the sweep over every stored object (`reconcile_all_on`, a cold
+//! start, a warm start without durable state) and the startup pass of a durable controller,
+//! which waits until the main store has caught up; both feed the scheduler chunk by chunk.
+
+use std::task::{Context, Poll};
+
+use futures::FutureExt;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use super::super::StartupMode;
+use super::super::error::ControllerError;
+use super::super::state::{instant_at, now_ms};
+use super::super::sweep::{Pass, PassMode, Plan, Sweep};
+use super::Runner;
+use crate::store::reconcile::StateOp;
+
+impl<K, Ctx, E> Runner<K, Ctx, E>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: Send + 'static,
+{
+    pub(super) fn sweep_all(&mut self) {
+        tracing::debug!("reconciling every stored object (sweep from disk)");
+        self.sweep_outstanding.clear();
+        self.sweep = Some(Sweep::all(
+            self.p.reader.clone(),
+            self.p.dyntype.clone(),
+            self.p.config.sweep_chunk,
+        ));
+    }
+
+    /// The main store is consistent: run the startup pass once it has caught up with the
+    /// server too (see `Config::catch_up_before_startup`).
+    pub(super) fn request_startup(&mut self, cold: bool) {
+        let Some(limit) = self.p.config.startup_catch_up else {
+            return self.startup(cold);
+        };
+        if self.p.reader.is_caught_up() {
+            return self.startup(cold);
+        }
+        tracing::info!(
+            timeout_ms = limit.as_millis() as u64,
+            "startup pass waits until the store has caught up with the server"
+        );
+        let reader = self.p.reader.clone();
+        let wait = async move {
+            matches!(
+                tokio::time::timeout(limit, reader.wait_until_caught_up()).await,
+                Ok(Ok(()))
+            )
+        };
+        self.catching_up = Some((cold, wait.boxed()));
+    }
+
+    /// Runs the startup pass that waited for the store to catch up, once it has (or the
+    /// wait gave up); true if it started.
+    pub(super) fn poll_catch_up(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((cold, wait)) = self.catching_up.as_mut() else {
+            return false;
+        };
+        let Poll::Ready(caught_up) = wait.poll_unpin(cx) else {
+            return false;
+        };
+        let cold = *cold;
+        self.catching_up = None;
+        if caught_up {
+            tracing::debug!("store caught up: the startup pass starts");
+        } else {
+            tracing::warn!(
+                checkpoint = ?self.p.reader.checkpoint(),
+                "the store did not catch up with the server in time: the startup pass runs on the data it has"
+            );
+        }
+        self.startup(cold);
+        true
+    }
+
+    /// Reconcile what the startup mode says.
+    pub(super) fn startup(&mut self, cold: bool) {
+        let mode = self.p.config.startup;
+        let Some(d) = self.durable.as_mut() else {
+            if cold || mode != StartupMode::Nothing {
+                self.sweep_all();
+            }
+            return;
+        };
+        let pass_mode = match (mode, cold) {
+            (StartupMode::ReconcileAll, _) => PassMode::All,
+            (StartupMode::Nothing, false) => PassMode::DueOnly,
+            _ => PassMode::Changed,
+        };
+        tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
+        let loaded_until = d.start_window();
+        self.pass = Some(Sweep::startup(
+            self.p.reader.clone(),
+            d.keyspace(),
+            self.p.dyntype.clone(),
+            self.p.config.sweep_chunk,
+            Pass {
+                mode: pass_mode,
+                loaded_until,
+                generation_filter: self.p.config.skip_unchanged_generation,
+            },
+        ));
+    }
+
+    /// Feeds the next chunk of the sweep and of the startup pass, each once half of the
+    /// previous chunk has started.
+    pub(super) fn poll_sweep(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.sweep_outstanding.len() > self.p.config.sweep_chunk / 2 {
+            return false; // re-checked after each dispatch
+        }
+        let mut progressed = false;
+        for pass in [false, true] {
+            let slot = if pass {
+                &mut self.pass
+            } else {
+                &mut self.sweep
+            };
+            let Some(sweep) = slot.as_mut() else {
+                continue;
+            };
+            let chunk = match sweep.poll_chunk(cx) {
+                Poll::Pending => continue,
+                Poll::Ready(None) => {
+                    *slot = None;
+                    progressed = true;
+                    continue;
+                }
+                Poll::Ready(Some(chunk)) => chunk,
+            };
+            progressed = true;
+            match chunk {
+                Ok(plans) => self.plan(plans),
+                Err(e) => self.out.push_back(Err(ControllerError::Store(e))),
+            }
+        }
+        progressed
+    }
+
+    /// Schedules what a sweep chunk asks for.
+    pub(super) fn plan(&mut self, plans: Vec<Plan<K>>) {
+        let (now, wall) = (Instant::now(), now_ms());
+        for plan in plans {
+            match plan {
+                Plan::Reconcile {
+                    obj_ref,
+                    reason,
+                    at_ms,
+                } => match at_ms.filter(|&at| at > wall) {
+                    None => {
+                        self.sweep_outstanding.insert(obj_ref.clone());
+                        self.schedule(obj_ref, reason, now);
+                    }
+                    Some(at) => self.schedule(obj_ref, reason, instant_at(at)),
+                },
+                Plan::Forget { suffix, seen } => {
+                    if let Some(d) = self.durable.as_mut() {
+                        d.push(StateOp::Forget {
+                            suffix,
+                            only_if: Some(seen),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
