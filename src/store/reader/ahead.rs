@@ -337,12 +337,13 @@ impl<T> Drop for Pipe<T> {
     }
 }
 
+/// A chunk taken from the source: its sequence number and its entries (or a failed read
+/// in the place of the last one).
+type Taken<T> = (u64, Vec<std::result::Result<Entry, T>>);
+
 /// The next chunk of entries to map, with its sequence number; `None` once the range ended
 /// or the iterator was dropped.
-fn take_chunk<T>(
-    shared: &Shared,
-    failed: fn(Error) -> T,
-) -> Option<(u64, Vec<std::result::Result<Entry, T>>)> {
+fn take_chunk<T>(shared: &Shared, failed: fn(Error) -> T) -> Option<Taken<T>> {
     let mut s = shared.lock();
     if s.ended {
         return None;
@@ -365,7 +366,7 @@ struct Panicked;
 fn take_chunk_caught<T>(
     shared: &Shared,
     failed: fn(Error) -> T,
-) -> std::result::Result<Option<(u64, Vec<std::result::Result<Entry, T>>)>, Panicked> {
+) -> std::result::Result<Option<Taken<T>>, Panicked> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| take_chunk(shared, failed))).map_err(
         |_| {
             shared.lock().ended = true;
