@@ -133,10 +133,49 @@ pub(crate) struct DiskWorker {
     /// List pages fetched, parsed or queued for the disk thread, over every stream of the
     /// directory: a page holds a permit from before its GET until it is committed.
     pages: Arc<tokio::sync::Semaphore>,
-    /// Emptied list-page buffers, reused by the next pages (at most one per permit): a
-    /// buffer of a few MiB freed and allocated again for every page leaves the allocator
-    /// holding freed memory of every size in every thread's arena.
-    buffers: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    /// Emptied list-page buffers, reused by the next pages while some stream of the
+    /// directory lists (see [`Pool`]).
+    buffers: Arc<Mutex<Pool>>,
+}
+
+/// Emptied list-page buffers: a buffer of a few MiB freed and allocated again for every
+/// page leaves the allocator holding freed memory of every size in every thread's arena.
+/// At most one per permit and [`KEPT_BUFFER_BYTES`] in all are kept, and only while a list
+/// runs: pages grown up to 16x after expired continue tokens are not held for the life of
+/// the `Db`.
+#[derive(Debug, Default)]
+struct Pool {
+    buffers: Vec<Vec<u8>>,
+    /// Streams of the directory whose persisted phase is a list ([`ListingGuard`]s).
+    lists: usize,
+}
+
+/// The most bytes of emptied list-page buffers a directory keeps. A larger buffer is
+/// freed at once: glibc maps allocations from 32 MiB up on their own and unmaps them on
+/// free, so keeping those saves no fragmentation.
+const KEPT_BUFFER_BYTES: usize = 64 << 20;
+
+/// A stream of the directory is listing (see [`DiskWorker::listing`]); dropping the last
+/// one frees the kept list-page buffers.
+#[derive(Debug)]
+pub(crate) struct ListingGuard {
+    pool: Arc<Mutex<Pool>>,
+}
+
+impl Drop for ListingGuard {
+    fn drop(&mut self) {
+        let freed = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.lists = pool.lists.saturating_sub(1);
+            if pool.lists == 0 {
+                std::mem::take(&mut pool.buffers)
+            } else {
+                Vec::new()
+            }
+        };
+        // Freed outside the lock.
+        drop(freed);
+    }
 }
 
 /// A list page's place in the budget of its store directory (see [`DiskWorker::page_permit`]).
@@ -168,20 +207,53 @@ impl DiskWorker {
     /// An empty buffer for a list page's body, with room for `bytes` (one given back by an
     /// earlier page when there is one).
     pub(crate) fn page_buffer(&self, bytes: usize) -> Vec<u8> {
-        let reused = self.buffers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let reused = self.pool().buffers.pop();
         let mut buffer = reused.unwrap_or_default();
         buffer.reserve(bytes);
         buffer
     }
 
-    /// Give a list page's buffer back once the page is parsed.
+    /// Give a list page's buffer back once the page is parsed: kept for the next page
+    /// while a list runs and the pool has room for it, freed otherwise.
     pub(crate) fn give_page_buffer(&self, mut buffer: Vec<u8>) {
         buffer.clear();
-        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
-        if buffers.len() < pages_in_flight() {
-            buffers.push(buffer);
+        let mut pool = self.pool();
+        let kept: usize = pool.buffers.iter().map(Vec::capacity).sum();
+        if pool.lists > 0
+            && pool.buffers.len() < pages_in_flight()
+            && kept.saturating_add(buffer.capacity()) <= KEPT_BUFFER_BYTES
+        {
+            pool.buffers.push(buffer);
+            return;
+        }
+        drop(pool);
+        // Freed outside the lock.
+        drop(buffer);
+    }
+
+    /// Mark a stream of this directory as listing until the guard is dropped: list-page
+    /// buffers are kept for reuse only while one is held.
+    pub(crate) fn listing(&self) -> ListingGuard {
+        self.pool().lists += 1;
+        ListingGuard {
+            pool: self.buffers.clone(),
         }
     }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The list-page buffers kept (how many, and their bytes).
+    #[cfg(test)]
+    pub(crate) fn kept_page_buffers(&self) -> (usize, usize) {
+        let pool = self.pool();
+        (
+            pool.buffers.len(),
+            pool.buffers.iter().map(Vec::capacity).sum(),
+        )
+    }
+
 
     /// Wait for a place for one more list page in flight in this directory; the page keeps
     /// the permit until it is committed (dropping it gives the place back).
@@ -234,6 +306,49 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::Storage { .. }), "{err}");
         assert_eq!(rt.block_on(worker.submit(|| Ok(7))).unwrap(), 7);
+    }
+
+    /// Emptied list-page buffers are kept only while a list runs, at most one per permit and
+    /// `KEPT_BUFFER_BYTES` in all; the last list's end frees them.
+    #[test]
+    fn page_buffers_are_bounded_and_freed_when_no_list_runs() {
+        let worker = DiskWorker::spawn(Path::new("/tmp/x")).unwrap();
+        let mib = 1 << 20;
+        // No list: nothing is kept.
+        worker.give_page_buffer(Vec::with_capacity(mib));
+        assert_eq!(worker.kept_page_buffers(), (0, 0));
+        let (a, b) = (worker.listing(), worker.listing());
+        for _ in 0..pages_in_flight() + 3 {
+            worker.give_page_buffer(Vec::with_capacity(mib));
+        }
+        let (n, bytes) = worker.kept_page_buffers();
+        assert_eq!(n, pages_in_flight());
+        assert!(
+            bytes >= n * mib && bytes < 2 * n * mib,
+            "{bytes} bytes kept"
+        );
+        // Reused by the next page.
+        let reused = worker.page_buffer(mib / 2);
+        assert!(reused.capacity() >= mib && reused.is_empty());
+        assert_eq!(worker.kept_page_buffers().0, n - 1);
+        worker.give_page_buffer(reused);
+        // Pages grown after expired continue tokens: never more than the byte bound.
+        for _ in 0..pages_in_flight() {
+            let grown = worker.page_buffer(KEPT_BUFFER_BYTES / 2);
+            worker.give_page_buffer(grown);
+            worker.give_page_buffer(Vec::with_capacity(KEPT_BUFFER_BYTES / 2));
+        }
+        worker.give_page_buffer(Vec::with_capacity(KEPT_BUFFER_BYTES + 1));
+        let (n, bytes) = worker.kept_page_buffers();
+        assert!(n <= pages_in_flight(), "{n} buffers kept");
+        assert!(bytes <= KEPT_BUFFER_BYTES, "{bytes} bytes kept");
+        // One list ends: the other still uses them. The last one ends: all freed.
+        drop(a);
+        assert_eq!(worker.kept_page_buffers().0, n);
+        drop(b);
+        assert_eq!(worker.kept_page_buffers(), (0, 0));
+        worker.give_page_buffer(Vec::with_capacity(mib));
+        assert_eq!(worker.kept_page_buffers(), (0, 0));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::store::Status;
 use crate::store::record::{Phase, State};
-use crate::store::worker::{DiskWorker, PagePermit, compute};
+use crate::store::worker::{DiskWorker, ListingGuard, PagePermit, compute};
 use crate::store::writer::{Change, ListProgress, Op, Writer};
 
 /// How long a live watch burst waits for more events after its first one: events that
@@ -245,6 +245,9 @@ pub(crate) struct Machine {
     fresh: Tracker,
     /// A configuration error the server will not accept ended the watcher.
     pub(crate) fatal: bool,
+    /// Held while the persisted phase is a list: the directory keeps list-page buffers
+    /// for reuse only while some stream lists (see [`DiskWorker::listing`]).
+    listing: Option<ListingGuard>,
 }
 
 impl Machine {
@@ -296,6 +299,7 @@ impl Machine {
             last_page_bytes: Default::default(),
             fresh,
             fatal: false,
+            listing: None,
         }
     }
 
@@ -348,7 +352,12 @@ impl Machine {
         let retry = stage.retry_point();
         let was_synced = self.synced();
         let span = tracing::debug_span!("kube_persist", url = %self.request.url_path, stage = stage.name());
-        match self.transition(stage).instrument(span).await {
+        let result = self.transition(stage).instrument(span).await;
+        let listing = matches!(self.disk.state.phase, Phase::Listing { .. });
+        if listing != self.listing.is_some() {
+            self.listing = listing.then(|| self.disk.worker.listing());
+        }
+        match result {
             Ok(next) => self.stage = next,
             Err(e) => {
                 Counters::add(&self.stats.errors, 1);
