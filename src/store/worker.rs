@@ -256,7 +256,9 @@ impl DiskWorker {
 
 
     /// Wait for a place for one more list page in flight in this directory; the page keeps
-    /// the permit until it is committed (dropping it gives the place back).
+    /// the permit until it is committed (dropping it gives the place back). Never held
+    /// across a watcher's steps, only by a page on its way (in a disk job once submitted),
+    /// so that a watcher whose consumer stops polling does not keep its place.
     pub(crate) async fn page_permit(&self) -> PagePermit {
         // The semaphore is never closed.
         self.pages

@@ -70,11 +70,11 @@ pub(crate) enum Stage {
     Pruning { then_build: bool },
     /// Derive the next stage from the persisted phase (after start, and after any error).
     Resume,
-    /// A paginated LIST; the next page continues from `continue_token`, and may already
-    /// have been fetched and parsed while the previous one was written (`prefetched`).
+    /// A paginated LIST; the next page continues from `continue_token` (the first page
+    /// without one), fetched while the page before is still `committing` on the disk thread.
     Listing {
         continue_token: Option<String>,
-        prefetched: Option<Box<(Page, PagePermit)>>,
+        committing: Option<listing::Committing>,
     },
     /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
     /// (`None`: connect next). `received`: initial events seen on this connection.
@@ -407,8 +407,8 @@ impl Machine {
             }
             Stage::Listing {
                 continue_token,
-                prefetched,
-            } => self.list_page(continue_token, prefetched).await,
+                committing,
+            } => self.list_page(continue_token, committing).await,
             Stage::StreamingInitial { conn: None, .. } => self.connect_initial().await,
             Stage::StreamingInitial {
                 conn: Some(conn),
@@ -525,7 +525,7 @@ impl Machine {
                 ..
             } if !self.streaming => Ok(Stage::Listing {
                 continue_token: Some(token),
-                prefetched: None,
+                committing: None,
             }),
             Phase::Listing { .. } => self.begin_list().await,
             Phase::Sweeping { .. } => Ok(Stage::Sweeping { then: None }),
@@ -556,7 +556,7 @@ impl Machine {
         } else {
             Stage::Listing {
                 continue_token: None,
-                prefetched: None,
+                committing: None,
             }
         }
     }

@@ -9,6 +9,27 @@ use kube::core::params::ListParams;
 
 use super::*;
 
+/// A LIST page's commit, submitted to the disk thread by one step and taken in by the next
+/// (see [`Machine::list_page`]). The page and its permit are in the disk job, which ends
+/// whether or not the watcher is polled.
+pub(crate) struct Committing {
+    done: CommitDone,
+    /// The list's last page: nothing more to fetch.
+    last: bool,
+}
+
+/// A page's commit on the disk thread: its events and the objects the store refused.
+type CommitDone =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Done<(Vec<Change>, Vec<Rejected>)>> + Send>>;
+
+impl std::fmt::Debug for Committing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committing")
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Machine {
     /// What a LIST needs, borrowed from the machine (without the watch connection, which
     /// is not `Sync`), so that a page can be fetched while another is being committed.
@@ -47,48 +68,80 @@ impl Machine {
         })?
     }
 
-    /// Commit one LIST page on the disk thread while the next page is fetched and parsed
-    /// (its continue token is known once this one is parsed): page N+1 travels and is
-    /// parsed while page N is written (at most two pages in memory).
+    /// One step of a paginated LIST: fetch and parse the next page while the page before
+    /// (`committing`, submitted by the previous step) is committed on the disk thread, take
+    /// in that commit's events, then submit this page's commit and carry it to the next
+    /// step (at most two pages in memory, three while one is parsed).
     ///
-    /// Each page holds a permit of the directory's page budget from before its GET until
-    /// it is committed, so that streams listing at once share a bounded number of pages.
+    /// A page holds a permit of the directory's page budget from when its response arrives
+    /// until it is committed. The permit travels with the page into its disk job, never in
+    /// the stage: a watcher whose consumer stops polling between steps gives its place back
+    /// once its commit ends, so it cannot starve the other streams' lists.
     pub(super) async fn list_page(
         &mut self,
         continue_token: Option<String>,
-        prefetched: Option<Box<(Page, PagePermit)>>,
+        committing: Option<Committing>,
     ) -> Result<Stage> {
         let url = self.url().to_string();
         let context = |continued: bool| format!("LIST {url} (continue: {continued})");
-        let (page, permit) = match prefetched {
-            Some(p) => *p,
-            None => {
-                let permit = self.disk.worker.page_permit().await;
-                match self.lister().fetch_page(continue_token.as_deref()).await? {
-                    Some(b) => {
-                        let context = context(continue_token.is_some());
-                        (
-                            Self::parse_page(
-                                self.ingest.clone(),
-                                self.disk.worker.clone(),
-                                b,
-                                context,
-                            )
-                            .await?,
-                            permit,
-                        )
-                    }
-                    None => {
-                        self.pacing.token_expired();
-                        return self.relist("continue token expired (410)").await;
-                    }
+        // After the last page there is nothing more to fetch: only its commit to take in.
+        let fetch_next = !committing.as_ref().is_some_and(|c| c.last);
+        let (lister, ingest, worker) =
+            (self.lister(), self.ingest.clone(), self.disk.worker.clone());
+        let page_context = context(continue_token.is_some());
+        let fetch = async {
+            if !fetch_next {
+                return Ok(None);
+            }
+            match lister.fetch_page(continue_token.as_deref()).await? {
+                Some((bytes, permit)) => {
+                    let page = Self::parse_page(ingest, worker, bytes, page_context).await?;
+                    Ok(Some(Some((page, permit))))
                 }
+                // The continue token expired (410).
+                None => Ok(Some(None)),
+            }
+        };
+        let commit = async {
+            match committing {
+                Some(c) => Some(c.done.await),
+                None => None,
+            }
+        };
+        let (committed, fetched) = tokio::join!(commit, fetch);
+        // The commit first: its events are emitted, and a failed commit drops the page
+        // fetched after it (the retry resumes from the persisted phase).
+        if let Some(done) = committed {
+            let (changes, rejected) = self.disk.finish(done)?;
+            self.push_changes(changes);
+            self.push_rejected(rejected);
+        }
+        let (page, permit) = match fetched? {
+            Some(Some(fetched)) => fetched,
+            Some(None) => {
+                self.pacing.token_expired();
+                return self.relist("continue token expired (410)").await;
+            }
+            None => {
+                return Ok(match self.disk.state.phase.clone() {
+                    Phase::Listing { continue_token, .. } => Stage::Listing {
+                        continue_token,
+                        committing: None,
+                    },
+                    Phase::Sweeping { .. } => Stage::Sweeping { then: None },
+                    _ => Stage::Watching {
+                        conn: None,
+                        deferred: Deferred::Nothing,
+                    },
+                });
             }
         };
         let next_token = page.continue_token.clone();
         let emit = self.emit;
         let last_page_context = context(continue_token.is_some());
-        let commit = self.disk.start(move |w| {
+        let done = self.disk.start(move |w| {
+            // The page's place in the budget is given back once it is committed.
+            let _permit = permit;
             let progress = match page.continue_token {
                 Some(t) => ListProgress::More(Some(t)),
                 None => {
@@ -106,39 +159,12 @@ impl Machine {
             }
             Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
         });
-        // The page's place in the budget is given back once it is committed (not once the
-        // next page is also here: that one may be waiting for this place).
-        let commit = async move {
-            let done = commit.await;
-            drop(permit);
-            done
-        };
-        let (lister, ingest, next_context) = (self.lister(), self.ingest.clone(), context(true));
-        let worker = self.disk.worker.clone();
-        let prefetch = async {
-            let next = next_token?;
-            let permit = worker.page_permit().await;
-            // A failed prefetch is dropped: the next step fetches (and reports) again.
-            let bytes = lister.fetch_page(Some(&next)).await.ok().flatten()?;
-            let page = Self::parse_page(ingest, worker.clone(), bytes, next_context)
-                .await
-                .ok()?;
-            Some((page, permit))
-        };
-        let (committed, next_page) = tokio::join!(commit, prefetch);
-        let (changes, rejected) = self.disk.finish(committed)?;
-        self.push_changes(changes);
-        self.push_rejected(rejected);
-        Ok(match self.disk.state.phase.clone() {
-            Phase::Listing { continue_token, .. } => Stage::Listing {
-                continue_token,
-                prefetched: next_page.map(Box::new),
-            },
-            Phase::Sweeping { .. } => Stage::Sweeping { then: None },
-            _ => Stage::Watching {
-                conn: None,
-                deferred: Deferred::Nothing,
-            },
+        Ok(Stage::Listing {
+            continue_token: next_token.clone(),
+            committing: Some(Committing {
+                done: Box::pin(done),
+                last: next_token.is_none(),
+            }),
         })
     }
 
@@ -274,7 +300,7 @@ struct Lister<'a> {
     /// size at once, not grown by doubling (which copies it and leaves freed blocks of
     /// every size behind, and the allocator keeps those).
     last_page_bytes: &'a AtomicUsize,
-    /// Where page buffers are reused from.
+    /// The directory's page budget, and where page buffers are reused from.
     worker: &'a DiskWorker,
 }
 
@@ -283,8 +309,13 @@ impl Lister<'_> {
         &self.request.url_path
     }
 
-    /// GET one LIST page (network only); `None` when its continue token expired (410).
-    async fn fetch_page(&self, continue_token: Option<&str>) -> Result<Option<Vec<u8>>> {
+    /// GET one LIST page (network only) with its place in the directory's page budget,
+    /// taken once the response arrives (a LIST the server has not answered holds none);
+    /// `None` when its continue token expired (410).
+    async fn fetch_page(
+        &self,
+        continue_token: Option<&str>,
+    ) -> Result<Option<(Vec<u8>, PagePermit)>> {
         let lp = ListParams {
             label_selector: self.cfg.label_selector.clone(),
             field_selector: self.cfg.field_selector.clone(),
@@ -319,6 +350,7 @@ impl Lister<'_> {
                 });
             }
         };
+        let permit = self.worker.page_permit().await;
         /// Never reserve more than this ahead of the body.
         const MAX_HINT: usize = 64 << 20;
         let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
@@ -332,6 +364,7 @@ impl Lister<'_> {
             })?;
         Counters::add(&self.stats.list_pages, 1);
         self.last_page_bytes.store(bytes.len(), Ordering::Relaxed);
-        Ok(Some(bytes))
+        Ok(Some((bytes, permit)))
     }
 }
+
