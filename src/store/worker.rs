@@ -181,8 +181,9 @@ impl Drop for ListingGuard {
 /// A list page's place in the budget of its store directory (see [`DiskWorker::page_permit`]).
 pub(crate) type PagePermit = tokio::sync::OwnedSemaphorePermit;
 
-/// List pages in flight per store directory: enough to keep each CPU thread parsing while
-/// the disk thread commits one page and another is on the network. Streams started
+/// List pages in flight per store directory (paginated LIST pages and streaming lists'
+/// bursts of initial events alike): enough to keep each CPU thread parsing while the disk
+/// thread commits one page and another is on the network. Streams started
 /// together share them, so memory does not grow with their number (twenty streams starting
 /// at once would otherwise hold forty pages, a few MiB each).
 pub(crate) fn pages_in_flight() -> usize {
@@ -254,6 +255,11 @@ impl DiskWorker {
         )
     }
 
+    /// Places left in the page budget.
+    #[cfg(test)]
+    pub(crate) fn free_page_permits(&self) -> usize {
+        self.pages.available_permits()
+    }
 
     /// Wait for a place for one more list page in flight in this directory; the page keeps
     /// the permit until it is committed (dropping it gives the place back). Never held

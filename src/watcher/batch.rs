@@ -1,7 +1,8 @@
 //! From server bytes to one batch of writes: a LIST page or a burst of watch lines is parsed
 //! (borrowing the response buffer), each object reduced and validated, and the result is a
 //! list of [`Op`]s for the writer plus what the state machine must know (new checkpoint,
-//! end of the initial events, an `ERROR` event). Runs on the disk thread, not on the runtime.
+//! end of the initial events, an `ERROR` event). Runs on the process's CPU threads
+//! (`store::worker::compute`), not on the runtime nor on the disk thread.
 
 use std::sync::Arc;
 

@@ -210,12 +210,6 @@ impl Disk {
     }
 }
 
-/// What a committed burst or page means for the next stage.
-struct Applied {
-    changes: Vec<Change>,
-    parsed: Parsed,
-}
-
 pub(crate) struct Machine {
     client: kube::Client,
     request: Request,

@@ -206,30 +206,40 @@ impl Machine {
                 .await;
         }
         let ended = burst.ended;
-        let (ingest, emit) = (self.ingest.clone(), self.emit);
-        let applied = self
+        // A burst of initial events is a list page: parsed on the CPU threads and committed
+        // on the disk thread under a permit of the directory's page budget, taken once the
+        // burst is read (a stream waiting for its server holds none).
+        let permit = self.disk.worker.page_permit().await;
+        let ingest = self.ingest.clone();
+        let mut parsed = compute(move || ingest.lines(burst.lines, true))
+            .await
+            .ok_or_else(|| Error::Protocol {
+                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                detail: "parsing a burst of initial events panicked".into(),
+            })?;
+        let objects: Vec<_> = std::mem::take(&mut parsed.ops)
+            .into_iter()
+            .filter_map(|op| match op {
+                Op::Put(o) => Some(o),
+                _ => None,
+            })
+            .collect();
+        let (end, emit) = (parsed.end.clone(), self.emit);
+        let changes = self
             .disk
             .run(move |w| {
-                let mut parsed = ingest.lines(burst.lines, true);
-                let objects: Vec<_> = std::mem::take(&mut parsed.ops)
-                    .into_iter()
-                    .filter_map(|op| match op {
-                        Op::Put(o) => Some(o),
-                        _ => None,
-                    })
-                    .collect();
-                let changes = match &parsed.end {
-                    Some(rv) => w.list_page(objects, ListProgress::Done(rv.clone()), emit)?,
+                let _permit = permit;
+                match end {
+                    Some(rv) => w.list_page(objects, ListProgress::Done(rv), emit),
                     None if !objects.is_empty() => {
-                        w.list_page(objects, ListProgress::More(None), emit)?
+                        w.list_page(objects, ListProgress::More(None), emit)
                     }
-                    None => Vec::new(),
-                };
-                Ok(Applied { changes, parsed })
+                    None => Ok(Vec::new()),
+                }
             })
             .await?;
-        self.push_changes(applied.changes);
-        let p = applied.parsed;
+        self.push_changes(changes);
+        let p = parsed;
         let received = received + p.delivered;
         self.push_rejected(p.rejected);
         if let Some(rv) = p.end {
@@ -368,3 +378,64 @@ impl Lister<'_> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+
+    use crate::store::worker::pages_in_flight;
+
+    /// Every list page, a paginated LIST's or a streaming list's burst of initial events, is
+    /// parsed on the CPU threads while it holds a place in its directory's page budget.
+    /// (Streaming lists' bursts were parsed on the disk thread, outside the budget.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_pages_are_parsed_on_the_cpu_threads_within_the_page_budget() {
+        let server = kube_persist_testkit::TestServer::start().await;
+        server.handle().seed_pods(300, 3);
+        for streaming in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = crate::Db::open(dir.path()).unwrap();
+            // Where each object is parsed (its transform runs in the parse), and the places
+            // left in the budget meanwhile.
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let probe = {
+                let (seen, worker) = (seen.clone(), db.worker());
+                move |_: &mut serde_json::Value| {
+                    let thread = std::thread::current().name().unwrap_or("").to_string();
+                    let free = worker.free_page_permits();
+                    seen.lock().unwrap().push((thread, free));
+                }
+            };
+            let mut cfg = crate::Config::default()
+                .page_size(50)
+                .transform("probe", probe);
+            if streaming {
+                cfg = cfg.streaming_lists();
+            }
+            let api = kube::Api::<Pod>::all(server.client());
+            let (reader, watcher) = db.store("pods", api, cfg).unwrap();
+            let task = tokio::spawn(watcher.run());
+            tokio::time::timeout(Duration::from_secs(60), reader.wait_until_ready())
+                .await
+                .expect("the list completed")
+                .unwrap();
+            task.abort();
+            let _ = task.await;
+            let seen = seen.lock().unwrap();
+            assert!(
+                seen.len() >= 300,
+                "streaming {streaming}: {} parsed",
+                seen.len()
+            );
+            for (thread, free) in seen.iter() {
+                assert_eq!(thread, "kube-persist-cpu", "streaming {streaming}");
+                assert!(
+                    *free < pages_in_flight(),
+                    "streaming {streaming}: a page parsed without a permit"
+                );
+            }
+        }
+    }
+}
