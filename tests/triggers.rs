@@ -476,3 +476,65 @@ async fn read_your_writes_on_opaque_versions_waits_for_the_awaited_version() {
     );
     task.abort();
 }
+
+/// A `reconcile_all_on` tick that comes before the store is ready (here: wiped by a new
+/// selector, so it lists again) reconciles every object once the store is, even those the
+/// durable state shows reconciled at their version (which the cold start's pass skips).
+/// Found by the lifecycle model (a tick right after a restart that wiped the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
+    common::init_tracing();
+    const NAME: &str = "early-tick";
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(3, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let run = |book: Arc<Book>, cfg: kube_persist::Config, ticks| {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = Controller::for_store(
+            &db,
+            "pods",
+            Api::<Pod>::all(server.client()),
+            cfg,
+            Config::default(),
+        )
+        .unwrap()
+        .durable_state(&db, NAME)
+        .unwrap()
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        })
+        .run(
+            |pod: Arc<Pod>, book: Arc<Book>| async move {
+                book.start(&name_of(&pod));
+                Ok::<_, Never>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            book,
+        );
+        (spawn_run(run), stop_tx)
+    };
+    let pods = ["pod-0", "pod-1", "pod-2"];
+    let book = Book::new();
+    let (task, stop) = run(book.clone(), store_cfg(), futures::stream::pending().boxed());
+    common::eventually("every pod reconciled", || {
+        pods.iter().all(|p| book.started(p) == 1)
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+
+    // Another selector (matching the same pods) wipes the store: it lists again, and the
+    // tick, sent before the controller even starts, comes before the store is ready.
+    let (tx, ticks) = unbounded::<()>();
+    tx.unbounded_send(()).unwrap();
+    let book = Book::new();
+    let (task, _stop) = run(book.clone(), store_cfg().labels("!absent"), ticks.boxed());
+    within(PROMPT, "every pod reconciled after the tick", || {
+        pods.iter().all(|p| book.started(p) >= 1)
+    })
+    .await;
+    task.abort();
+}

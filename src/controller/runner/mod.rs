@@ -109,6 +109,10 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
+    /// A `reconcile_all_on` tick came before the stores were ready: its sweep runs once
+    /// they are (a sweep of a store still listing, or wiped, would miss objects the tick
+    /// owes a reconcile, which a durable startup pass may then skip as unchanged).
+    sweep_when_ready: bool,
     /// A startup pass (`cold` or not) waiting until the main store has caught up (true)
     /// or the wait timed out (false).
     catching_up: Option<(bool, BoxFuture<'static, bool>)>,
@@ -145,6 +149,7 @@ where
             pass: None,
             sweep_outstanding: HashSet::new(),
             ready: false,
+            sweep_when_ready: false,
             catching_up: None,
             shutting_down: false,
             out: VecDeque::new(),
@@ -198,8 +203,12 @@ where
                 Poll::Ready(Some(Ok(Trigger::Request(req)))) => {
                     self.schedule(req.obj_ref, req.reason, Instant::now())
                 }
+                Poll::Ready(Some(Ok(Trigger::ReconcileAll))) if self.ready => self.sweep_all(),
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
-                    self.sweep_all();
+                    tracing::debug!(
+                        "reconcile_all_on tick before the stores are ready: swept once they are"
+                    );
+                    self.sweep_when_ready = true;
                 }
                 Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.request_startup(cold),
                 Poll::Ready(Some(Err(e))) => self.out.push_back(Err(e.into())),
@@ -509,6 +518,9 @@ where
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
                 tracing::debug!("stores ready, reconciles may start");
                 this.ready = true;
+                if std::mem::take(&mut this.sweep_when_ready) {
+                    this.sweep_all();
+                }
             }
             let limit = this.p.config.concurrency as usize;
             let busy = this.running.len() + this.fetching.len();
