@@ -518,7 +518,11 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
     };
     let pods = ["pod-0", "pod-1", "pod-2"];
     let book = Book::new();
-    let (task, stop) = run(book.clone(), store_cfg(), futures::stream::pending().boxed());
+    let (task, stop) = run(
+        book.clone(),
+        store_cfg(),
+        futures::stream::pending().boxed(),
+    );
     common::eventually("every pod reconciled", || {
         pods.iter().all(|p| book.started(p) == 1)
     })

@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::{Status, SyncPhase};
 use super::cache::HotCache;
 use super::engine::{Backend, WriteBatch};
 use super::keys::{self, OBJECT, STATE_KEY};
 use super::record::{self, Phase, Record, State};
+use super::{Status, SyncPhase};
 use crate::crypto::Cipher;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
