@@ -16,6 +16,8 @@
 //! server's JSON of 16 x P Pods; `rss_after_list_mib` the child's VmRSS at that moment,
 //! `peak_rss_mib` its VmHWM.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Config, Db, DbConfig, Engine};
 use kube_persist_testkit::{ResourceType, TestServer};
+use support::rss_kib;
 
 /// Set in the child process: the server's URL.
 const URL_ENV: &str = "KP_LIST_BUFFERS_URL";
@@ -137,20 +140,6 @@ fn client(url: &str) {
         );
         task.abort();
     });
-}
-
-/// (VmHWM, VmRSS) of this process in KiB.
-fn rss_kib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmHWM:"), field("VmRSS:"))
 }
 
 fn mib(bytes: f64) -> f64 {
