@@ -55,28 +55,25 @@
 #[doc = include_str!("../ARCHITECTURE.md")]
 pub mod architecture {}
 pub mod controller;
-mod crypto;
-mod error;
-mod json;
+mod disk;
+mod exec;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-pub mod resource_version;
-mod stats;
+mod model;
 mod store;
-mod watcher;
+mod sync;
 
 pub use controller::Controller;
-pub use crypto::EncryptionKey;
-pub use error::{Error, Result};
-pub use stats::Stats;
-pub use store::fresh::{CatchUpRule, Freshness};
-pub use store::inspect::{RawObjects, StreamInfo};
-pub use store::reader::{ByIndex, Iter, Reader};
-pub use store::reconcile::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};
-pub use store::verify::{Difference, Verdict, Verification};
-pub use store::{Compression, Db, DbConfig, Durability, Engine, SyncPhase};
-pub use watcher::{Config, DeletedKey, Event, Pair, Shard, ShardKey, Transform, Watcher, fnv1a64};
+pub use controller::keyspace::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};
+pub use disk::{Compression, DbConfig, Durability, EncryptionKey};
+pub use model::resource_version;
+pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};
+pub use store::{
+    ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
+};
+pub use sync::verify::{Difference, Verdict, Verification};
+pub use sync::{Config, DeletedKey, Event, Pair, Transform, Watcher};
 
 /// The README's code blocks are compiled as doctests.
 #[doc = include_str!("../README.md")]

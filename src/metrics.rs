@@ -56,6 +56,8 @@
 //! # Ok(()) }
 //! ```
 
+// Layer: top (beside lib.rs). May import anything (tests/layers.rs).
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -66,10 +68,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::Reader;
-use crate::stats::{Counters, Stats};
-use crate::store::cache::HotCache;
+use crate::model::Stats;
+use crate::store::Source;
 use crate::store::{Status, SyncPhase};
-use tokio::sync::watch;
 
 /// A metric: name (after `kube_persist_`), help, and how to read it from a value.
 type Metric<T, V> = (&'static str, &'static str, fn(&T) -> V);
@@ -243,14 +244,6 @@ impl Metrics {
             source: reader.metrics_source(),
         });
     }
-}
-
-/// A stream's live counters and status, without its object type: what a scrape reads.
-pub(crate) struct Source {
-    pub(crate) path: Arc<PathBuf>,
-    pub(crate) status: watch::Receiver<Status>,
-    pub(crate) stats: Arc<Counters>,
-    pub(crate) cache: Arc<HotCache>,
 }
 
 impl Source {

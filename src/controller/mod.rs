@@ -64,10 +64,14 @@
 //! # Ok(()) }
 //! ```
 
+// Layer: controller/, above sync/. Owns the controller runtime and its durable-state
+// keyspace (`keyspace.rs`). May import: model, exec, disk, store, sync (tests/layers.rs).
+
 mod action;
 mod compat;
 mod config;
 mod error;
+pub(crate) mod keyspace;
 mod runner;
 mod state;
 mod sweep;
@@ -126,8 +130,8 @@ where
     related: Vec<String>,
     /// The durable reconcile state, if enabled ([`Controller::durable_state`]).
     durable: Option<(
-        crate::store::reconcile::ControllerKeyspace,
-        crate::store::worker::DiskWorker,
+        crate::controller::keyspace::ControllerKeyspace,
+        crate::exec::DiskWorker,
         String,
     )>,
 }
@@ -554,7 +558,7 @@ where
         let window = self.config.requeue_window;
         let durable = self.durable.map(|(ks, worker, name)| {
             let identity =
-                crate::store::reconcile::ControllerIdentity::new(&name, main, self.related);
+                crate::controller::keyspace::ControllerIdentity::new(&name, main, self.related);
             state::Durable::new(ks, worker, identity, window)
         });
         Runner::new(Parts {

@@ -22,10 +22,10 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::time::{Instant, Sleep};
 
-use crate::store::reconcile::{
+use crate::controller::keyspace::{
     ControllerIdentity, ControllerKeyspace, ReconcileRecord, StateOp, unix_ms,
 };
-use crate::store::worker::DiskWorker;
+use crate::exec::DiskWorker;
 
 /// Most ops batched before a write is submitted.
 const FLUSH_OPS: usize = 512;
@@ -51,7 +51,7 @@ pub(crate) struct Durable {
     ks: Arc<ControllerKeyspace>,
     /// Dropped with the controller: a controller of the same name opened next waits for
     /// the batches this one left queued on the disk thread.
-    _closer: crate::store::LeaseCloser,
+    _closer: crate::disk::LeaseCloser,
     worker: DiskWorker,
     window: Duration,
     init: Option<BoxFuture<'static, crate::Result<bool>>>,

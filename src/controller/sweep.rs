@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use super::triggers::bare_ref;
 use crate::Reader;
-use crate::store::reconcile::{ControllerKeyspace, ReconcileRecord};
+use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
 
 /// Reason of a startup-pass reconcile of an object changed (or never reconciled).
 pub(crate) const CHANGED: &str = "changed since its last reconcile (startup pass)";
@@ -81,7 +81,7 @@ pub(crate) struct Sweep<K: Resource> {
 /// The namespace (`None` for cluster-scoped objects) and name of a key suffix
 /// (`namespace \0 name`).
 fn suffix_parts(suffix: &[u8]) -> (Option<&str>, std::borrow::Cow<'_, str>) {
-    let ns = crate::store::suffix_namespace(suffix);
+    let ns = crate::disk::keys::suffix_namespace(suffix);
     let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
     ((!ns.is_empty()).then_some(ns), name)
 }

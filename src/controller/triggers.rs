@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 
 use super::error::TriggerError;
-use crate::watcher::Touched;
+use crate::sync::Touched;
 use crate::{Event, Watcher};
 
 /// One thing a trigger stream asks of the runner.

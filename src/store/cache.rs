@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
+use crate::model::{Counters, Stats};
+
 type Entry = (Arc<dyn Any + Send + Sync>, usize);
 
 /// How many recently written keys are remembered one by one; older ones are summarised by
@@ -266,7 +268,7 @@ impl Inner {
 
 /// The doorkeeper bit of a key (FNV-1a: keys are short, and this runs under the lock).
 fn door_bit(key: &[u8]) -> usize {
-    (crate::watcher::fnv1a64(key) as usize) & (DOOR_BITS - 1)
+    (crate::model::fnv1a64(key) as usize) & (DOOR_BITS - 1)
 }
 
 impl std::fmt::Debug for HotCache {
@@ -277,6 +279,17 @@ impl std::fmt::Debug for HotCache {
             .field("bytes", &inner.bytes)
             .field("entries", &inner.map.len())
             .finish()
+    }
+}
+
+/// The hot cache's hits and misses belong in a stream's [`Stats`] snapshot; the counters
+/// (in `model/`) know nothing of the cache.
+impl Counters {
+    /// The counters with the hot cache's hits and misses, as [`Reader::stats`](crate::Reader::stats) reports them.
+    pub(crate) fn snapshot_with_cache(&self, cache: &HotCache) -> Stats {
+        let mut stats = self.snapshot();
+        (stats.hot_cache_hits, stats.hot_cache_misses) = cache.counts();
+        stats
     }
 }
 

@@ -16,8 +16,8 @@ use serde::de::DeserializeOwned;
 
 use super::Status;
 use super::reader::Reader;
-use crate::error::{Error, Result};
-use crate::resource_version;
+use crate::model::resource_version;
+use crate::model::{Error, Result};
 
 /// How the store knows (or will know) that it has caught up with the server.
 ///

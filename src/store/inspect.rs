@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use super::engine::Backend;
-use super::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
-use super::record::{self, Identity, Record, State};
 use super::{Db, SyncPhase};
-use crate::crypto::Cipher;
-use crate::error::{Error, Result};
-use crate::watcher::Shard;
+use crate::disk::Backend;
+use crate::disk::Cipher;
+use crate::disk::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
+use crate::disk::record::{self, Identity, Record, State};
+use crate::model::Shard;
+use crate::model::{Error, Result};
 
 /// What a stored stream caches and where it is in its list/watch cycle.
 ///

@@ -1,38 +1,38 @@
 //! The on-disk side: one database per directory (redb by default, or sled; see [`Engine`]),
 //! one keyspace per watched stream, an atomic [`writer`] and a concurrent [`Reader`].
+//!
+//! The store layer: one stream's keyspace (open with its identity check and cache reset,
+//! the writer, the hot cache, the reader, inspection). It never makes an HTTP request.
+//!
+//! May import: `model`, `exec`, `disk`.
 
-pub(crate) mod cache;
-mod config;
-mod engine;
-pub(crate) mod fresh;
-pub(crate) mod inspect;
-mod keys;
-mod lease;
-mod perms;
-pub(crate) mod reader;
-pub(crate) mod reconcile;
-pub(crate) mod record;
-pub(crate) mod verify;
-pub(crate) mod worker;
-pub(crate) mod writer;
+mod cache;
+mod fresh;
+mod inspect;
+mod reader;
+mod writer;
+
+pub(crate) use cache::DECODED_PER_JSON_BYTE;
+pub use fresh::{CatchUpRule, Freshness};
+pub use inspect::{RawObjects, StreamInfo};
+#[cfg(feature = "metrics")]
+pub(crate) use reader::Source;
+pub use reader::{ByIndex, Iter, Reader};
+pub(crate) use writer::{Body, Change, Incoming, ListProgress, Op, Writer};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::watcher::Shard;
-pub use config::{Compression, DbConfig, Durability};
-pub(crate) use engine::Backend;
-pub use engine::Engine;
-use engine::{Storage, WriteBatch};
-pub(crate) use keys::{object_suffix, suffix_namespace};
-use record::{Identity, Phase, State};
-
-use crate::crypto::{Cipher, EncryptionKey};
-use crate::error::{Error, Result};
+use crate::disk::record::{self, Identity, Phase, State};
+use crate::disk::{
+    Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StreamLease,
+    WriteBatch, keys, perms,
+};
+use crate::exec::DiskWorker;
+use crate::model::{Engine, Error, Result, Shard};
 use cache::HotCache;
-pub(crate) use lease::{LeaseCloser, StreamLease};
 
 /// A store directory: one database (see [`Engine`]) holding any number of named streams.
 ///
@@ -59,12 +59,12 @@ struct DbInner {
     config: DbConfig,
     cipher: Option<Arc<Cipher>>,
     /// The keyspaces held by a writer in this process.
-    leases: Arc<lease::Leases>,
+    leases: Arc<Leases>,
     /// Each stream's hot cache, shared by every `Reader` and writer of the stream in this
     /// process, across reopens, so that no reader keeps a cache nothing invalidates.
     caches: Mutex<HashMap<String, std::sync::Weak<HotCache>>>,
     /// The thread that runs every write of this directory's streams.
-    worker: worker::DiskWorker,
+    worker: DiskWorker,
 }
 
 /// Store directories whose last `Db` handle in this process was dropped recently. sled
@@ -176,11 +176,11 @@ impl Db {
         // Before the engine creates its files: a directory this process cannot make private
         // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
         perms::tighten(&path)?;
-        let storage = open_after_close(&path, || engine::open(&path, &config))?;
+        let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         perms::tighten(&path)?;
         let engine = storage.engine();
         tracing::info!(path = %path.display(), %engine, "store opened");
-        let worker = worker::DiskWorker::spawn(&path)?;
+        let worker = DiskWorker::spawn(&path)?;
         Ok(Db {
             inner: Arc::new(DbInner {
                 storage,
@@ -228,7 +228,7 @@ impl Db {
             Err(e) => return Err(io(e)),
         };
         drop(entries);
-        open_after_close(path, || engine::check_removable(path))?;
+        open_after_close(path, || crate::disk::check_removable(path))?;
         std::fs::remove_dir_all(path).map_err(io)?;
         tracing::warn!(path = %path.display(), "store removed; the next start lists from scratch");
         Ok(())
@@ -247,11 +247,16 @@ impl Db {
         &self.inner.path
     }
 
+    /// The directory's storage: every keyspace, of streams and of controllers.
+    pub(crate) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.inner.storage
+    }
+
     pub(crate) fn compression(&self) -> Compression {
         self.inner.config.compression
     }
 
-    pub(crate) fn worker(&self) -> worker::DiskWorker {
+    pub(crate) fn worker(&self) -> DiskWorker {
         self.inner.worker.clone()
     }
 
@@ -537,8 +542,8 @@ pub(crate) struct Status {
 
 #[cfg(test)]
 mod tests {
-    use super::record::{Codec, FORMAT_VERSION, Identity, Phase, Record, State};
     use super::*;
+    use crate::disk::record::{Codec, FORMAT_VERSION, Identity, Phase, Record, State};
 
     fn identity(format_version: u32) -> Identity {
         Identity {

@@ -17,13 +17,13 @@ mod iter;
 pub use iter::{ByIndex, Iter};
 
 use super::cache::HotCache;
-use super::engine::Backend;
-use super::keys::{self, OBJECT};
-use super::record;
 use super::{Status, SyncPhase};
-use crate::crypto::Cipher;
-use crate::error::{Error, Result};
-use crate::stats::{Counters, Stats};
+use crate::disk::Backend;
+use crate::disk::Cipher;
+use crate::disk::keys::{self, OBJECT};
+use crate::disk::record;
+use crate::model::{Counters, Stats};
+use crate::model::{Error, Result};
 
 /// Read access to one persistent stream, from any number of tasks while the watcher writes.
 ///
@@ -600,7 +600,7 @@ fn decode_value<T: DeserializeOwned>(
 ) -> Result<(T, usize)> {
     let mut buf = open_body(path, key, value, cipher)?.into_owned();
     let len = buf.len();
-    match crate::json::decode_in_place::<T>(&mut buf) {
+    match crate::model::json::decode_in_place::<T>(&mut buf) {
         Ok(t) => Ok((t, len)),
         Err(simd) => {
             // simd-json rewrote the buffer in place: read the body again for the error.
@@ -622,10 +622,19 @@ fn decode_value<T: DeserializeOwned>(
 }
 
 #[cfg(feature = "metrics")]
+/// A stream's live counters and status, without its object type: what a scrape reads.
+pub(crate) struct Source {
+    pub(crate) path: Arc<PathBuf>,
+    pub(crate) status: watch::Receiver<Status>,
+    pub(crate) stats: Arc<Counters>,
+    pub(crate) cache: Arc<HotCache>,
+}
+
+#[cfg(feature = "metrics")]
 impl<K> Reader<K> {
     /// What the metrics collector reads of this stream at each scrape.
-    pub(crate) fn metrics_source(&self) -> crate::metrics::Source {
-        crate::metrics::Source {
+    pub(crate) fn metrics_source(&self) -> Source {
+        Source {
             path: self.path.clone(),
             status: self.status.clone(),
             stats: self.stats.clone(),

@@ -33,8 +33,8 @@ use super::state::{Durable, effective, instant_at, now_ms};
 use super::sweep::{self, Sweep, suffix_ref};
 use super::triggers::{Trigger, TriggerStream};
 use crate::Reader;
-use crate::store::object_suffix;
-use crate::store::reconcile::{Outcome, ReconcileRecord, StateOp};
+use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
+use crate::disk::keys::object_suffix;
 
 /// What one `run` stream yields.
 pub(crate) type RunItem<K, E> = Result<(ObjectRef<K>, Action), ControllerError<E>>;

@@ -14,7 +14,7 @@ use super::super::error::ControllerError;
 use super::super::state::{instant_at, now_ms};
 use super::super::sweep::{Pass, PassMode, Plan, Sweep};
 use super::Runner;
-use crate::store::reconcile::StateOp;
+use crate::controller::keyspace::StateOp;
 
 impl<K, Ctx, E> Runner<K, Ctx, E>
 where

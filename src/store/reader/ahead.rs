@@ -1,5 +1,5 @@
 //! Reading ahead of an iterator's caller: stored entries are read in key order in chunks
-//! and mapped (decoded) on the process's CPU threads ([`worker::cpu`]) while the caller
+//! and mapped (decoded) on the process's CPU threads ([`exec::cpu`]) while the caller
 //! consumes earlier chunks, then handed out in key order. Memory is bounded: at most
 //! [`PERMITS_PER_WORKER`] chunks per job allowed at once are read and not yet handed out.
 //!
@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 
-use crate::error::{Error, Result};
-use crate::store::engine::Entry;
-use crate::store::worker::{self, Threads};
+use crate::disk::Entry;
+use crate::exec::{self, Threads};
+use crate::model::{Error, Result};
 
 /// Entries per chunk once read ahead.
 const CHUNK: usize = 64;
@@ -68,7 +68,7 @@ impl<T: Send + 'static> Ahead<T> {
             chunk: FIRST_CHUNK,
             inline_chunks: 0,
             threads: if threads == 0 {
-                worker::cpu_threads()
+                exec::cpu_threads()
             } else {
                 threads
             },
@@ -196,7 +196,7 @@ impl<T: Send + 'static> Pipe<T> {
         path: &Arc<PathBuf>,
         jobs: usize,
     ) -> std::result::Result<Self, Entries> {
-        let Some(threads) = worker::cpu() else {
+        let Some(threads) = exec::cpu() else {
             return Err(entries);
         };
         let (tx, rx) = mpsc::channel();

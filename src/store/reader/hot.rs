@@ -8,7 +8,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 
 use super::Reader;
-use crate::store::keys::{self, OBJECT};
+use crate::disk::keys::{self, OBJECT};
 
 impl<K> Reader<K>
 where

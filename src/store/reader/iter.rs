@@ -9,10 +9,10 @@ use serde::de::DeserializeOwned;
 
 use super::ahead::{Ahead, MapFn};
 use super::{Reader, decode_value};
-use crate::error::{Error, Result};
-use crate::stats::Counters;
-use crate::store::engine::Entry;
-use crate::store::keys::{self, OBJECT};
+use crate::disk::Entry;
+use crate::disk::keys::{self, OBJECT};
+use crate::model::Counters;
+use crate::model::{Error, Result};
 
 impl<K> Reader<K>
 where

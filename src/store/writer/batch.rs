@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use super::index::Entries;
 use super::{Body, Change, Op, Tally, Writer};
-use crate::error::{Error, Result};
-use crate::store::engine::WriteBatch;
-use crate::store::keys::{self, OBJECT, SEEN};
-use crate::store::record::{self, Phase, Record, State};
+use crate::disk::WriteBatch;
+use crate::disk::keys::{self, OBJECT, SEEN};
+use crate::disk::record::{self, Phase, Record, State};
+use crate::model::{Error, Result};
 
 impl Writer {
     /// Apply `ops` and the next state in ONE atomic batch.

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use super::Writer;
-use crate::error::{Error, Result};
-use crate::store::engine::WriteBatch;
-use crate::store::keys::{self, ENTRIES, INDEXES_KEY, OBJECT};
-use crate::store::record;
+use crate::disk::WriteBatch;
+use crate::disk::keys::{self, ENTRIES, INDEXES_KEY, OBJECT};
+use crate::disk::record;
+use crate::model::{Error, Result};
 
 /// Index entries of one object: (index name, value).
 pub(crate) type Entries = Vec<(String, String)>;

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::cache::HotCache;
-use super::engine::{Backend, WriteBatch};
-use super::keys::{self, OBJECT, STATE_KEY};
-use super::record::{self, Phase, Record, State};
 use super::{Status, SyncPhase};
-use crate::crypto::Cipher;
-use crate::error::{Error, Result};
-use crate::stats::Counters;
+use crate::disk::Cipher;
+use crate::disk::keys::{self, OBJECT, STATE_KEY};
+use crate::disk::record::{self, Phase, Record, State};
+use crate::disk::{Backend, WriteBatch};
+use crate::model::Counters;
+use crate::model::{Error, Result};
 use crate::store::{Compression, StreamLease};
 
 /// An object as received from the server, reduced to what the store needs.
@@ -36,7 +36,7 @@ pub(crate) struct Incoming {
     /// The body already compressed with the store's compression (watch events, on the CPU
     /// threads that parse them, so that the disk thread only writes); `None`: the writer
     /// compresses it, if it writes it (list pages: a relist skips most objects unchanged).
-    pub(crate) packed: Option<crate::store::record::Packed>,
+    pub(crate) packed: Option<crate::disk::record::Packed>,
 }
 
 /// One write to apply.

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 
 use super::{Tally, Writer};
-use crate::error::{Error, Result};
-use crate::store::engine::WriteBatch;
-use crate::store::keys::{self, OBJECT, PRUNE_KEY, SEEN};
-use crate::store::record;
-use crate::watcher::Shard;
+use crate::disk::WriteBatch;
+use crate::disk::keys::{self, OBJECT, PRUNE_KEY, SEEN};
+use crate::disk::record;
+use crate::model::Shard;
+use crate::model::{Error, Result};
 
 impl Writer {
     /// Whether a prune is pending, and after which key it resumes.

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use super::{Change, Tally, Writer};
-use crate::error::{Error, Result};
-use crate::store::engine::WriteBatch;
-use crate::store::keys::{self, OBJECT, SEEN};
-use crate::store::record::{Phase, Record};
+use crate::disk::WriteBatch;
+use crate::disk::keys::{self, OBJECT, SEEN};
+use crate::disk::record::{Phase, Record};
+use crate::model::{Error, Result};
 
 impl Writer {
     /// Remove up to `limit` objects not seen in the current epoch. Returns the deletions

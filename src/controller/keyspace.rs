@@ -1,0 +1,491 @@
+//! A durable controller's reconcile state: one keyspace per controller (`controller/<name>`)
+//! in the store's database, written in batches on the disk thread (see `keys.rs` for the
+//! layout). The controller runtime (`controller/state.rs`) decides what to write; this
+//! module only stores, scans and describes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::disk::keys::{self, CONTROLLER_KEY, COUNTS_KEY, DUE, RECONCILED};
+use crate::disk::{Backend, CONTROLLERS, WriteBatch};
+use crate::disk::{LeaseCloser, StreamLease, record};
+use crate::model::{Error, Result};
+use crate::store::Db;
+
+/// Version of the controller state's format; part of its identity.
+const STATE_FORMAT: u32 = 1;
+
+/// What one object's last reconciles left behind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReconcileRecord {
+    /// The resourceVersion at which the last reconcile returned `Ok`.
+    pub(crate) ok_rv: Option<String>,
+    /// `metadata.generation` of that version, where the kind has one.
+    pub(crate) ok_generation: Option<i64>,
+    /// The resourceVersion of the last reconcile if it failed (`None` after an `Ok`).
+    pub(crate) failed_rv: Option<String>,
+    /// When the requeue the reconcile (or the error policy) asked for is due, unix ms.
+    pub(crate) due_ms: Option<u64>,
+}
+
+impl ReconcileRecord {
+    /// The version the last reconcile handled (successfully or not): a different current
+    /// version is a change the controller has not seen.
+    pub(crate) fn handled_rv(&self) -> Option<&str> {
+        self.failed_rv.as_deref().or(self.ok_rv.as_deref())
+    }
+}
+
+/// How a finished reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// `Ok(action)`, of an object with this `metadata.generation`.
+    Ok { generation: Option<i64> },
+    /// `Err(..)`: the error policy chose the requeue.
+    Failed,
+}
+
+/// One change of the reconcile state.
+#[derive(Debug, Clone)]
+pub(crate) enum StateOp {
+    /// A reconcile of the object at `rv` returned; `due_ms`: its next requeue, if any.
+    Done {
+        suffix: Vec<u8>,
+        rv: String,
+        outcome: Outcome,
+        due_ms: Option<u64>,
+    },
+    /// The object is gone: forget it. With `only_if`, only while the record is still the
+    /// one the startup pass read: a reconcile that recorded the object since (it was
+    /// created again) keeps its record.
+    Forget {
+        suffix: Vec<u8>,
+        only_if: Option<ReconcileRecord>,
+    },
+}
+
+impl StateOp {
+    pub(crate) fn suffix(&self) -> &[u8] {
+        match self {
+            StateOp::Done { suffix, .. } | StateOp::Forget { suffix, .. } => suffix,
+        }
+    }
+
+    /// The record after this op, from the one before.
+    pub(crate) fn apply_to(&self, old: Option<ReconcileRecord>) -> Option<ReconcileRecord> {
+        match self {
+            StateOp::Forget {
+                only_if: Some(seen),
+                ..
+            } if old.as_ref() != Some(seen) => old,
+            StateOp::Forget { .. } => None,
+            StateOp::Done {
+                rv,
+                outcome,
+                due_ms,
+                ..
+            } => {
+                let mut rec = old.unwrap_or_default();
+                match outcome {
+                    Outcome::Ok { generation } => {
+                        rec.ok_rv = Some(rv.clone());
+                        rec.ok_generation = *generation;
+                        rec.failed_rv = None;
+                    }
+                    Outcome::Failed => rec.failed_rv = Some(rv.clone()),
+                }
+                rec.due_ms = *due_ms;
+                Some(rec)
+            }
+        }
+    }
+}
+
+/// Who a controller state belongs to: a different identity starts fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ControllerIdentity {
+    pub(crate) format: u32,
+    pub(crate) name: String,
+    /// `apiVersion/kind` of the controlled kind first, then the related kinds, sorted.
+    pub(crate) kinds: Vec<String>,
+}
+
+impl ControllerIdentity {
+    pub(crate) fn new(name: &str, main: String, mut related: Vec<String>) -> Self {
+        related.sort();
+        related.dedup();
+        let mut kinds = vec![main];
+        kinds.extend(related);
+        ControllerIdentity {
+            format: STATE_FORMAT,
+            name: name.to_string(),
+            kinds,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct Counts {
+    objects: u64,
+    pending: u64,
+}
+
+/// The reconcile state keyspace of one controller, held open (one writer per process).
+pub(crate) struct ControllerKeyspace {
+    backend: Arc<dyn Backend>,
+    path: std::path::PathBuf,
+    name: String,
+    lease: StreamLease,
+}
+
+impl ControllerKeyspace {
+    /// For the controller that owns this keyspace: dropped, it marks the keyspace closing
+    /// (a controller of the same name then waits for the batches still queued).
+    pub(crate) fn closer(&self) -> LeaseCloser {
+        self.lease.closer()
+    }
+}
+
+impl std::fmt::Debug for ControllerKeyspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerKeyspace")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn corrupt(path: &std::path::Path, name: &str, what: &str, detail: String) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("controller state {name:?}: {what}: {detail}"),
+    }
+}
+
+/// Unix milliseconds of `t` (0 before the epoch).
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64)
+}
+
+fn from_unix_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+impl ControllerKeyspace {
+    fn decode(&self, what: &str, bytes: &[u8]) -> Result<ReconcileRecord> {
+        record::decode(bytes).map_err(|d| corrupt(&self.path, &self.name, what, d))
+    }
+
+    /// Compare the stored identity with `identity`: the same keeps the state (`true` if
+    /// it holds any object), another one clears it and writes `identity` (`false`).
+    /// Blocking: run it on the disk thread.
+    pub(crate) fn check_identity(&self, identity: &ControllerIdentity) -> Result<bool> {
+        let stored = match self.backend.get(CONTROLLER_KEY)? {
+            Some(b) => record::decode::<ControllerIdentity>(&b).ok(),
+            None => None,
+        };
+        if stored.as_ref() == Some(identity) {
+            let counts = self.counts()?;
+            return Ok(counts.objects > 0);
+        }
+        if let Some(stored) = stored {
+            tracing::warn!(controller = %self.name, from = ?stored.kinds, to = ?identity.kinds,
+                "controller identity changed: its reconcile state starts fresh");
+        }
+        self.backend.clear()?;
+        let mut b = WriteBatch::default();
+        b.put(CONTROLLER_KEY.to_vec(), record::encode(identity));
+        b.put(COUNTS_KEY.to_vec(), record::encode(&Counts::default()));
+        self.backend.apply(b)?;
+        Ok(false)
+    }
+
+    fn counts(&self) -> Result<Counts> {
+        match self.backend.get(COUNTS_KEY)? {
+            Some(b) => record::decode(&b).map_err(|d| corrupt(&self.path, &self.name, "counts", d)),
+            None => Ok(Counts::default()),
+        }
+    }
+
+    /// The record of one object. Blocking (a point read).
+    pub(crate) fn get(&self, suffix: &[u8]) -> Result<Option<ReconcileRecord>> {
+        let key = keys::tagged(RECONCILED, suffix);
+        match self.backend.get(&key)? {
+            Some(b) => self.decode("record", &b).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Apply `ops` (in order) in one atomic batch, with the due-time index and the counts.
+    /// Blocking: run it on the disk thread.
+    pub(crate) fn apply(&self, ops: &[StateOp]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let mut order: Vec<&[u8]> = Vec::new();
+        let mut finals: HashMap<&[u8], Option<ReconcileRecord>> = HashMap::new();
+        let mut before: HashMap<&[u8], Option<ReconcileRecord>> = HashMap::new();
+        let rkeys: Vec<Vec<u8>> = ops
+            .iter()
+            .map(|op| keys::tagged(RECONCILED, op.suffix()))
+            .collect();
+        let refs: Vec<&[u8]> = rkeys.iter().map(Vec::as_slice).collect();
+        let mut found: Vec<Option<ReconcileRecord>> = vec![None; ops.len()];
+        self.backend.get_each(&refs, &mut |i, v| {
+            found[i] = Some(self.decode("record", v)?);
+            Ok(())
+        })?;
+        for (op, disk) in ops.iter().zip(found) {
+            let suffix = op.suffix();
+            if !before.contains_key(suffix) {
+                before.insert(suffix, disk.clone());
+                order.push(suffix);
+            }
+            let prev = finals
+                .remove(suffix)
+                .unwrap_or_else(|| before[suffix].clone());
+            finals.insert(suffix, op.apply_to(prev));
+        }
+        let mut counts = self.counts()?;
+        let mut b = WriteBatch::default();
+        for suffix in order {
+            let (old, new) = (&before[suffix], &finals[suffix]);
+            let rkey = keys::tagged(RECONCILED, suffix);
+            match new {
+                Some(rec) => b.put(rkey, record::encode(rec)),
+                None if old.is_some() => b.delete(rkey),
+                None => {}
+            }
+            let old_due = old.as_ref().and_then(|r| r.due_ms);
+            let new_due = new.as_ref().and_then(|r| r.due_ms);
+            if old_due != new_due {
+                if let Some(d) = old_due {
+                    b.delete(keys::due_key(d, suffix));
+                }
+                if let Some(d) = new_due {
+                    b.put(keys::due_key(d, suffix), Vec::new());
+                }
+            }
+            let delta = |o: bool, n: bool, c: &mut u64| match (o, n) {
+                (false, true) => *c += 1,
+                (true, false) => *c = c.saturating_sub(1),
+                _ => {}
+            };
+            delta(old.is_some(), new.is_some(), &mut counts.objects);
+            delta(old_due.is_some(), new_due.is_some(), &mut counts.pending);
+        }
+        b.put(COUNTS_KEY.to_vec(), record::encode(&counts));
+        self.backend.apply(b)
+    }
+
+    /// Up to `limit` records after `cursor` (the last suffix read), in key order. Blocking.
+    pub(crate) fn records_after(
+        &self,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, ReconcileRecord)>> {
+        let (start, end) = keys::range(RECONCILED, None);
+        let start = keys::resume_after(cursor.map(|c| keys::tagged(RECONCILED, c)), start);
+        let mut out = Vec::new();
+        for entry in self.backend.range(&start, &end).take(limit) {
+            let (k, v) = entry?;
+            out.push((k[1..].to_vec(), self.decode("record", &v)?));
+        }
+        Ok(out)
+    }
+
+    /// The pending requeues due in `[from_ms, to_ms)`: (object suffix, due ms). Blocking.
+    pub(crate) fn due_between(&self, from_ms: u64, to_ms: u64) -> Result<Vec<(Vec<u8>, u64)>> {
+        let start = keys::due_key(from_ms, &[]);
+        let end = keys::due_key(to_ms, &[]);
+        let mut out = Vec::new();
+        for entry in self.backend.range(&start, &end) {
+            let (k, _) = entry?;
+            if let Some((due, suffix)) = keys::parse_due_key(&k) {
+                out.push((suffix.to_vec(), due));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A durable controller's reconcile state, as [`Db::controller_states`] describes it.
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = kube_persist::Db::open(dir.path())?;
+/// // No durable controller has run on this store yet.
+/// let states: Vec<kube_persist::ControllerStateInfo> = db.controller_states()?;
+/// assert!(states.is_empty());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ControllerStateInfo {
+    /// The name the controller was given
+    /// ([`Controller::durable_state`](crate::Controller::durable_state)).
+    pub name: String,
+    /// `apiVersion/kind` of the controlled kind, then of the related kinds it watches.
+    pub kinds: Vec<String>,
+    /// Objects with a reconcile record.
+    pub objects: u64,
+    /// Requeues (and error-policy retries) pending.
+    pub pending_requeues: u64,
+    /// When the earliest pending requeue is (or was) due.
+    pub oldest_due: Option<SystemTime>,
+}
+
+/// One object's reconcile record, as [`Db::reconcile_states`] yields it.
+///
+/// ```no_run
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+/// for record in db.reconcile_states("labeler")? {
+///     let r: kube_persist::ReconcileStateInfo = record?;
+///     println!("{:?}/{} reconciled at {:?}, due {:?}", r.namespace, r.name, r.resource_version, r.due);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReconcileStateInfo {
+    /// The object's namespace (`None` for cluster-scoped kinds).
+    pub namespace: Option<String>,
+    /// The object's name.
+    pub name: String,
+    /// The resourceVersion at which the last reconcile returned `Ok`.
+    pub resource_version: Option<String>,
+    /// The `metadata.generation` of that version, where the kind has one.
+    pub generation: Option<i64>,
+    /// The resourceVersion of the last reconcile, if it failed.
+    pub failed_resource_version: Option<String>,
+    /// When the pending requeue (or retry) is due, if any.
+    pub due: Option<SystemTime>,
+}
+
+/// Records of one controller, read lazily from disk; see [`Db::reconcile_states`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+/// let records: kube_persist::ReconcileStates = db.reconcile_states("labeler")?;
+/// let pending = records.filter_map(Result::ok).filter(|r| r.due.is_some()).count();
+/// println!("{pending} requeues pending");
+/// # Ok(()) }
+/// ```
+pub type ReconcileStates = Box<dyn Iterator<Item = Result<ReconcileStateInfo>> + Send>;
+
+impl Db {
+    /// Open the reconcile state keyspace of controller `name` (one per process).
+    pub(crate) fn open_controller(&self, name: &str) -> Result<ControllerKeyspace> {
+        if name.is_empty() {
+            return Err(Error::Config("controller name must not be empty".into()));
+        }
+        let lease = self.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
+        Ok(ControllerKeyspace {
+            backend: self.storage().space(CONTROLLERS, name)?,
+            path: self.path().to_path_buf(),
+            name: name.to_string(),
+            lease,
+        })
+    }
+
+    fn controller_keyspace(&self, name: &str) -> Result<Arc<dyn Backend>> {
+        if !self
+            .storage()
+            .spaces(CONTROLLERS)?
+            .iter()
+            .any(|n| n == name)
+        {
+            return Err(Error::Config(format!(
+                "no controller state {name:?} in the store at {}",
+                self.path().display()
+            )));
+        }
+        self.storage().space(CONTROLLERS, name)
+    }
+
+    /// The durable controllers' reconcile states kept in this store: objects tracked,
+    /// pending requeues, and the earliest due time. Read from disk (counts are kept with
+    /// each batch, so this reads a few keys per controller).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// for c in db.controller_states()? {
+    ///     println!("{} {:?}: {} objects, {} requeues pending, oldest due {:?}",
+    ///         c.name, c.kinds, c.objects, c.pending_requeues, c.oldest_due);
+    /// }
+    /// assert!(db.controller_states()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn controller_states(&self) -> Result<Vec<ControllerStateInfo>> {
+        let mut names = self.storage().spaces(CONTROLLERS)?;
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let backend = self.storage().space(CONTROLLERS, &name)?;
+            let path = self.path();
+            let Some(id) = backend.get(CONTROLLER_KEY)? else {
+                continue;
+            };
+            let id: ControllerIdentity =
+                record::decode(&id).map_err(|d| corrupt(path, &name, "identity", d))?;
+            let counts: Counts = match backend.get(COUNTS_KEY)? {
+                Some(b) => record::decode(&b).map_err(|d| corrupt(path, &name, "counts", d))?,
+                None => Counts::default(),
+            };
+            let (start, end) = keys::range(DUE, None);
+            let oldest_due = match backend.range(&start, &end).next() {
+                Some(entry) => keys::parse_due_key(&entry?.0).map(|(ms, _)| from_unix_ms(ms)),
+                None => None,
+            };
+            out.push(ControllerStateInfo {
+                name,
+                kinds: id.kinds,
+                objects: counts.objects,
+                pending_requeues: counts.pending,
+                oldest_due,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every object record of controller `name`'s reconcile state, in key order, read
+    /// lazily from disk. An unknown controller is [`Error::Config`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.reconcile_states("pod-labeler").is_err()); // no such controller yet
+    /// # Ok(()) }
+    /// ```
+    pub fn reconcile_states(&self, name: &str) -> Result<ReconcileStates> {
+        let backend = self.controller_keyspace(name)?;
+        let (start, end) = keys::range(RECONCILED, None);
+        let path = self.path().to_path_buf();
+        let name = name.to_string();
+        Ok(Box::new(backend.range(&start, &end).map(move |entry| {
+            let (k, v) = entry?;
+            let rec: ReconcileRecord =
+                record::decode(&v).map_err(|d| corrupt(&path, &name, "record", d))?;
+            let suffix = &k[1..];
+            let ns = keys::suffix_namespace(suffix);
+            let obj_name = String::from_utf8_lossy(&suffix[ns.len() + 1.min(suffix.len())..]);
+            Ok(ReconcileStateInfo {
+                namespace: (!ns.is_empty()).then(|| ns.to_string()),
+                name: obj_name.into_owned(),
+                resource_version: rec.ok_rv,
+                generation: rec.ok_generation,
+                failed_resource_version: rec.failed_rv,
+                due: rec.due_ms.map(from_unix_ms),
+            })
+        })))
+    }
+}

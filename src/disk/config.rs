@@ -1,0 +1,252 @@
+//! Options of a store directory: [`DbConfig`], with [`Durability`] and [`Compression`].
+
+use std::time::Duration;
+
+use crate::disk::EncryptionKey;
+use crate::model::Engine;
+
+/// How stored object bodies are compressed ([`DbConfig::compression_codec`]).
+///
+/// ```
+/// use kube_persist::{Compression, DbConfig};
+/// // Half the disk of LZ4 for Pod-sized objects on redb, at about twice the CPU per write.
+/// let config = DbConfig::default().compression_codec(Compression::Zstd);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Compression {
+    /// Bodies as the server sent them.
+    Off,
+    /// LZ4 (the default): the fastest to write and read; Pod JSON shrinks about 1.9x.
+    #[default]
+    Lz4,
+    /// zstd level 1: Pod JSON shrinks about 2.6x, for 2.3x the compression time and 3.4x
+    /// the decompression time of LZ4 (BENCHMARKS.md). With redb's 4 KiB pages two such
+    /// records of a ~5 KB Pod share a page: earlier zstd runs measured about 2.9 KB per
+    /// Pod on disk, against 4.2 KB with LZ4 at 1M Pods.
+    Zstd,
+}
+
+/// How durable each committed batch is.
+///
+/// Atomicity does not depend on this: after a crash the store is always at some committed
+/// batch boundary, with its checkpoint. Durability only decides how recent that boundary is.
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// use kube_persist::{Db, DbConfig, Durability};
+/// let dir = tempfile::tempdir().unwrap();
+/// // fsync every batch: nothing acknowledged is lost, for much lower write throughput.
+/// let db = Db::open_with(dir.path(), DbConfig::default().durability(Durability::EveryBatch))?;
+/// # drop(db);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Flush to disk in the background at this interval (sled's `flush_every_ms`; for redb,
+    /// non-durable commits made durable at this interval). A crash loses at most this
+    /// window, which the watch replays from the older checkpoint.
+    Periodic(Duration),
+    /// fsync after every batch: nothing acknowledged is ever lost, at a large cost in throughput.
+    EveryBatch,
+}
+
+/// Options for [`Db::open_with`](crate::Db::open_with).
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_persist::{DbConfig, Durability};
+/// let cfg = DbConfig::default()
+///     .cache_capacity(16 << 20)
+///     .durability(Durability::Periodic(Duration::from_millis(200)));
+/// assert_eq!(cfg.cache_capacity_bytes(), 16 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    pub(crate) cache_capacity: u64,
+    pub(crate) durability: Durability,
+    pub(crate) encryption: Option<EncryptionKey>,
+    pub(crate) strict_permissions: bool,
+    pub(crate) compression: Compression,
+    /// The engine the caller chose; `None`: the store's own, or the default for a new one.
+    pub(crate) engine: Option<Engine>,
+}
+
+impl Default for DbConfig {
+    fn default() -> Self {
+        DbConfig {
+            cache_capacity: 8 << 20,
+            durability: Durability::Periodic(Duration::from_millis(500)),
+            encryption: None,
+            strict_permissions: false,
+            compression: Compression::Lz4,
+            engine: None,
+        }
+    }
+}
+
+impl DbConfig {
+    /// Bytes of the engine's page cache (default 8 MiB). Larger speeds up reads, costs RSS.
+    ///
+    /// ```
+    /// use kube_persist::DbConfig;
+    /// assert_eq!(DbConfig::default().cache_capacity_bytes(), 8 << 20);
+    /// let cfg = DbConfig::default().cache_capacity(64 << 20);
+    /// assert_eq!(cfg.cache_capacity_bytes(), 64 << 20);
+    /// ```
+    pub fn cache_capacity(mut self, bytes: u64) -> Self {
+        self.cache_capacity = bytes;
+        self
+    }
+
+    /// How durable each batch is (default: periodic flush every 500 ms).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use std::time::Duration;
+    /// use kube_persist::{DbConfig, Durability};
+    /// // A crash loses at most the last 2 s, which the watch replays from the older checkpoint.
+    /// let cfg = DbConfig::default().durability(Durability::Periodic(Duration::from_secs(2)));
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open_with(dir.path(), cfg)?;
+    /// db.flush()?; // durable now, whatever the setting
+    /// # Ok(()) }
+    /// ```
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Encrypt every stored object body with `key` (XChaCha20-Poly1305, fresh nonce per
+    /// record). The key is never written to disk; streams record its fingerprint, and opening
+    /// them with a missing or different key is [`Error::Encryption`](crate::Error::Encryption).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::{Config, Db, DbConfig, EncryptionKey, Error};
+    /// let key = EncryptionKey::from_bytes([7; 32]);
+    /// let dir = tempfile::tempdir()?;
+    /// let db = Db::open_with(dir.path(), DbConfig::default().encryption_key(key.clone()))?;
+    /// drop(db.store("pods", kube::Api::<Pod>::all(client.clone()), Config::default())?);
+    /// assert_eq!(db.streams()?[0].key_fingerprint, Some(key.fingerprint()));
+    /// drop(db);
+    /// // Reopened without the key, the stream is refused instead of read or wiped.
+    /// let db = Db::open(dir.path())?;
+    /// let err = db.store("pods", kube::Api::<Pod>::all(client), Config::default()).unwrap_err();
+    /// assert!(matches!(err, Error::Encryption { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
+        self.encryption = Some(key);
+        self
+    }
+
+    /// Refuse to open a store whose directory or files are accessible by group or others
+    /// ([`Error::Permissions`](crate::Error::Permissions)) instead of logging a warning and tightening them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use std::os::unix::fs::PermissionsExt;
+    /// use kube_persist::{Db, DbConfig, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("cache");
+    /// std::fs::create_dir(&path).unwrap();
+    /// std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    /// let strict = DbConfig::default().strict_permissions(true);
+    /// assert!(matches!(Db::open_with(&path, strict), Err(Error::Permissions { .. })));
+    /// // Without it, the directory is tightened to 0700 (and a warning logged).
+    /// drop(Db::open(&path)?);
+    /// assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
+    /// # Ok(()) }
+    /// ```
+    pub fn strict_permissions(mut self, strict: bool) -> Self {
+        self.strict_permissions = strict;
+        self
+    }
+
+    /// Compress stored object bodies with LZ4 (default on: Pod JSON shrinks about 2x, and
+    /// the engine keeps less in memory; see BENCHMARKS.md). Each record says how its body
+    /// is packed, so this can change between runs, and bodies written with zstd by format 2
+    /// stores stay readable.
+    ///
+    /// ```
+    /// let config = kube_persist::DbConfig::default().compression(false);
+    /// ```
+    pub fn compression(mut self, on: bool) -> Self {
+        self.compression = if on {
+            Compression::Lz4
+        } else {
+            Compression::Off
+        };
+        self
+    }
+
+    /// Choose how bodies are compressed (default [`Compression::Lz4`]); see
+    /// [`Compression`] for the trade-off. Can change between runs, like
+    /// [`DbConfig::compression`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Compression, Db, DbConfig};
+    /// assert_eq!(Compression::default(), Compression::Lz4);
+    /// let dir = tempfile::tempdir().unwrap();
+    /// // Smaller on disk than LZ4, for more CPU per write and read.
+    /// let db = Db::open_with(dir.path(), DbConfig::default().compression_codec(Compression::Zstd))?;
+    /// # drop(db);
+    /// # Ok(()) }
+    /// ```
+    pub fn compression_codec(mut self, codec: Compression) -> Self {
+        self.compression = codec;
+        self
+    }
+
+    /// Choose the storage engine. Without this call a new store directory gets
+    /// [`Engine::Redb`] (see [`Engine`] for why) and an existing one is opened with the
+    /// engine recorded in it. With it, a new store directory records `engine`, and an
+    /// existing one written by the other engine is [`Error::EngineMismatch`](crate::Error::EngineMismatch) (never a silent
+    /// wipe). [`Db::engine`](crate::Db::engine) tells which engine an opened store uses.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig, Engine, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = Db::open_with(dir.path(), DbConfig::default().engine(Engine::Sled))?;
+    /// assert_eq!(db.engine(), Engine::Sled);
+    /// drop(db);
+    /// // The store records its engine: asking for the other one is refused, not a wipe.
+    /// let err = Db::open_with(dir.path(), DbConfig::default().engine(Engine::Redb)).unwrap_err();
+    /// assert!(matches!(err, Error::EngineMismatch { stored: Engine::Sled, .. }));
+    /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
+    /// # Ok(()) }
+    /// ```
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// The engine chosen with [`DbConfig::engine`], or `None` if none was: then a new store
+    /// gets [`Engine::default`] (redb) and an existing one keeps the engine recorded in it.
+    ///
+    /// ```
+    /// use kube_persist::{DbConfig, Engine};
+    /// assert_eq!(DbConfig::default().selected_engine(), None);
+    /// assert_eq!(DbConfig::default().engine(Engine::Redb).selected_engine(), Some(Engine::Redb));
+    /// ```
+    pub fn selected_engine(&self) -> Option<Engine> {
+        self.engine
+    }
+
+    /// The configured cache capacity in bytes.
+    ///
+    /// ```
+    /// let cfg = kube_persist::DbConfig::default().cache_capacity(1 << 30);
+    /// assert_eq!(cfg.cache_capacity_bytes(), 1 << 30);
+    /// ```
+    pub fn cache_capacity_bytes(&self) -> u64 {
+        self.cache_capacity
+    }
+}

@@ -1,0 +1,341 @@
+//! The storage engines behind two small interfaces: [`Storage`] (one store directory:
+//! open a keyspace, list keyspaces, flush, size) and [`Backend`] (one stream's keyspace:
+//! atomic batch, point get, ordered range scan, flush, clear). Everything above this module
+//! (writer, reader, indexes, hot cache) is engine-agnostic.
+//!
+//! redb 4 is the default engine for new stores; sled 0.34 is the other. Both are always
+//! built. A store directory records which engine wrote it in its `engine` file, and is
+//! reopened with that engine unless the caller asks for another one.
+
+mod redb;
+mod sled;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::DbConfig;
+use crate::model::{Engine, Error, Result};
+
+/// One key/value pair read from the engine.
+pub(crate) type Entry = (Vec<u8>, Vec<u8>);
+
+/// A set of puts and deletes applied atomically: after a crash either all or none are visible.
+#[derive(Default)]
+pub(crate) struct WriteBatch {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl WriteBatch {
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push((key, Some(value)));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.ops.push((key, None));
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The keys this batch writes or deletes.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.ops.iter().map(|(k, _)| k.as_slice())
+    }
+}
+
+/// What the store needs from a storage engine, for one stream's keyspace.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Point lookup.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Point lookups of `keys`: `found(i, value)` for each `keys[i]` that exists, in
+    /// order. Engines override it to read all of them in one read transaction.
+    fn get_each(
+        &self,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(v) = self.get(key)? {
+                found(i, &v)?;
+            }
+        }
+        Ok(())
+    }
+    /// Apply all operations of `batch` atomically.
+    fn apply(&self, batch: WriteBatch) -> Result<()>;
+    /// Ordered scan of keys in `[start, end)`, lazily, without collecting.
+    fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send>;
+    /// Make everything applied so far durable.
+    fn flush(&self) -> Result<()>;
+    /// Remove every key of this keyspace.
+    fn clear(&self) -> Result<()>;
+    /// Bytes this keyspace occupies: for redb the table's stored, metadata and fragmented
+    /// bytes; for sled (which keeps no per-tree figure) its keys and values, counted by a
+    /// scan, before sled's own overhead.
+    fn disk_bytes(&self) -> Result<u64>;
+}
+
+/// Keyspaces of streams are named `stream/<name>` in the engine.
+pub(crate) const STREAMS: &str = "stream/";
+/// Keyspaces of controllers' reconcile state are named `controller/<name>`.
+pub(crate) const CONTROLLERS: &str = "controller/";
+
+/// A store directory's storage: one keyspace per stream, and one per durable controller.
+pub(crate) trait Storage: Send + Sync + 'static {
+    /// Open (creating if needed) the keyspace `<space><name>` (`space`: [`STREAMS`] or
+    /// [`CONTROLLERS`]).
+    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>>;
+    /// Names (without the prefix) of the keyspaces of `space`, in any order.
+    fn spaces(&self, space: &str) -> Result<Vec<String>>;
+    /// Open (creating if needed) the keyspace of stream `stream`.
+    fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+        self.space(STREAMS, stream)
+    }
+    /// Names of the streams that have a keyspace, in any order.
+    fn keyspaces(&self) -> Result<Vec<String>> {
+        self.spaces(STREAMS)
+    }
+    /// Make everything applied so far durable.
+    fn flush(&self) -> Result<()>;
+    /// Bytes the engine's files occupy on disk.
+    fn size_on_disk(&self) -> Result<u64>;
+    /// The engine this storage is kept in.
+    fn engine(&self) -> Engine;
+}
+
+/// The file in a store directory that names its engine.
+const ENGINE_FILE: &str = "engine";
+
+/// What only the disk knows of an engine: which one wrote a store directory, by its files.
+impl Engine {
+    /// Which engine wrote the store at `path`, or `None` if there is no store there yet.
+    ///
+    /// A store without an `engine` file (written before it existed) is told by its files.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// assert_eq!(Engine::of_store(dir.path())?, None);
+    /// drop(Db::open(dir.path())?);
+    /// assert_eq!(Engine::of_store(dir.path())?, Some(Engine::Redb));
+    /// # Ok(()) }
+    /// ```
+    pub fn of_store(path: impl AsRef<Path>) -> Result<Option<Engine>> {
+        let path = path.as_ref();
+        let bytes = match std::fs::read(path.join(ENGINE_FILE)) {
+            Ok(bytes) => bytes,
+            // No engine file: a store from before it existed (sled), or one whose engine
+            // file was lost: tell by the engine's files.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Engine::by_files(path));
+            }
+            Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            // Created but never written (a crash at that moment): as if missing.
+            return Ok(Engine::by_files(path));
+        }
+        std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "its {ENGINE_FILE} file does not name a storage engine: {:?}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(32)])
+                ),
+            })
+    }
+
+    /// The engine whose files `path` holds, ignoring the `engine` file.
+    fn by_files(path: &Path) -> Option<Engine> {
+        if sled::looks_like_store(path) {
+            Some(Engine::Sled)
+        } else {
+            path.join(REDB_FILE).is_file().then_some(Engine::Redb)
+        }
+    }
+
+    /// Names of the files and directories this engine keeps in a store directory, and
+    /// which of them a store must hold.
+    fn files(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            Engine::Sled => (sled::FILES, sled::REQUIRED),
+            Engine::Redb => (REDB_FILES, REDB_FILES),
+        }
+    }
+}
+
+/// The file redb keeps a store in.
+const REDB_FILE: &str = "data.redb";
+const REDB_FILES: &[&str] = &[REDB_FILE];
+
+/// Open the storage of the store directory at `path` (which exists, with private
+/// permissions). An existing store is opened with the engine recorded in it; a new one with
+/// the configured engine, or [`Engine::default`] if none was chosen, which is recorded.
+/// Only an engine chosen explicitly ([`DbConfig::engine`]) that differs from the recorded
+/// one is [`Error::EngineMismatch`].
+pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
+    let requested = config.engine;
+    let stored = match Engine::of_store(path)? {
+        Some(stored) => stored,
+        None => record_engine(path, requested.unwrap_or_default())?,
+    };
+    match requested {
+        Some(requested) if requested != stored => {
+            return Err(Error::EngineMismatch {
+                path: path.to_path_buf(),
+                stored,
+                requested,
+            });
+        }
+        _ => {}
+    }
+    match stored {
+        Engine::Sled => Ok(Arc::new(sled::SledStorage::open(path, config)?)),
+        Engine::Redb => Ok(Arc::new(redb::RedbStorage::open(
+            path.join(REDB_FILE),
+            config,
+        )?)),
+    }
+}
+
+/// Write the `engine` file of a new store: whole or not at all (a temporary file, synced,
+/// then linked into place), and never over another opener's choice. Returns the engine the
+/// store now records: if another process created the store at the same moment, its engine
+/// wins (and [`open`] reports a different explicit choice here as [`Error::EngineMismatch`]).
+fn record_engine(path: &Path, engine: Engine) -> Result<Engine> {
+    use std::io::Write;
+    let io = |e| Error::from_io(path.to_path_buf(), e);
+    let tmp = path.join(format!("{ENGINE_FILE}.new.{}", std::process::id()));
+    let written = (|| {
+        // An engine file created but never written (a crash at that moment) is replaced.
+        let file = path.join(ENGINE_FILE);
+        if std::fs::read(&file).is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
+            std::fs::remove_file(&file)?;
+        }
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(format!("{engine}\n").as_bytes())?;
+        f.sync_all()?;
+        match std::fs::hard_link(&tmp, path.join(ENGINE_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        std::fs::File::open(path)?.sync_all()
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    written.map_err(io)?;
+    Ok(Engine::of_store(path)?.unwrap_or(engine))
+}
+
+/// Check that `path` looks like a store directory that is not open anywhere, before
+/// [`Db::destroy`](crate::Db::destroy) removes it. Any failure other than a held lock (the
+/// corruption being wiped, say) does not prevent the removal.
+pub(crate) fn check_removable(path: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        Error::Config(format!(
+            "refusing to remove {}: {why}, so it does not look like a kube-persist store",
+            path.display()
+        ))
+    };
+    let engine = match Engine::of_store(path) {
+        Ok(engine) => engine,
+        Err(Error::Corrupt { .. }) => Engine::by_files(path),
+        Err(e) => return Err(e),
+    };
+    let Some(engine) = engine else {
+        return Err(refuse("it holds no engine file and no store files".into()));
+    };
+    let (files, required) = engine.files();
+    let io = |e| Error::from_io(path.to_path_buf(), e);
+    for entry in std::fs::read_dir(path).map_err(io)? {
+        let name = entry.map_err(io)?.file_name();
+        let name = name.to_string_lossy();
+        let ours = name == ENGINE_FILE
+            || name.starts_with(&format!("{ENGINE_FILE}.new."))
+            || files.contains(&&*name)
+            || (engine == Engine::Sled && name.starts_with("snap."));
+        if !ours {
+            return Err(refuse(format!(
+                "it holds {name:?}, which is not a {engine} store file"
+            )));
+        }
+    }
+    for file in required {
+        if !path.join(file).exists() {
+            return Err(refuse(format!("it has no {engine} {file:?} file")));
+        }
+    }
+    let probe = match engine {
+        Engine::Sled => sled::probe_lock(path),
+        Engine::Redb => redb::probe_lock(&path.join(REDB_FILE)),
+    };
+    match probe {
+        Err(Error::Locked { path }) => Err(Error::Locked { path }),
+        Ok(()) => Ok(()),
+        Err(e) => {
+            tracing::info!(path = %path.display(), error = %e, "removing a store that does not open");
+            Ok(())
+        }
+    }
+}
+
+/// Run `op` (an engine call on the store at `path`), turning a panic inside the engine
+/// into [`Error::Corrupt`] naming the path. Engines trust their files: a damaged page can
+/// make them index out of bounds while opening or reading, and a damaged store must be an
+/// error the caller can act on (`Db::destroy`), not a crashed watcher.
+pub(crate) fn catch_panic<T>(path: &Path, what: &str, op: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(op)) {
+        Ok(res) => res,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(path = %path.display(), panic = %msg, "the storage engine panicked while {what}");
+            Err(Error::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("the storage engine panicked while {what}: {msg}"),
+            })
+        }
+    }
+}
+
+/// Like [`catch_panic`], for opening the store.
+pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_panic(path, "opening it", open)
+}
+
+/// An engine's range iterator with panics turned into [`Error::Corrupt`]; it ends after one.
+pub(crate) struct Guarded<I> {
+    inner: Option<I>,
+    path: std::path::PathBuf,
+}
+
+impl<I> Guarded<I> {
+    pub(crate) fn new(inner: I, path: &Path) -> Self {
+        Guarded {
+            inner: Some(inner),
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<Entry>>> Iterator for Guarded<I> {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        let inner = self.inner.as_mut()?;
+        match catch_panic(&self.path, "reading a range", || Ok(inner.next())) {
+            Ok(item) => item,
+            Err(e) => {
+                self.inner = None;
+                Some(Err(e))
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Bytes on disk, and nothing about Kubernetes: the storage engines behind [`Storage`] and
+//! [`Backend`] (`engine/`), the key layout of a keyspace (`keys`), the record, state and
+//! identity codec (`record`), encryption of bodies (`crypto`), file permissions (`perms`),
+//! one writer per keyspace (`lease`) and the directory's options ([`DbConfig`]).
+//!
+//! May import: `model`, `exec`.
+
+mod config;
+mod crypto;
+mod engine;
+pub(crate) mod keys;
+mod lease;
+pub(crate) mod perms;
+pub(crate) mod record;
+
+pub use config::{Compression, DbConfig, Durability};
+pub(crate) use crypto::Cipher;
+pub use crypto::EncryptionKey;
+pub(crate) use engine::{
+    Backend, CONTROLLERS, Entry, Storage, WriteBatch, check_removable, open as open_storage,
+};
+pub(crate) use lease::{LeaseCloser, Leases, StreamLease};

@@ -1,0 +1,247 @@
+//! The one error type users of kube-persist see.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in kube-persist, with the context needed to act on it:
+/// which store path, which object, which resourceVersion.
+///
+/// ```
+/// # fn demo() -> Result<(), kube_persist::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = kube_persist::Db::open(dir.path())?;
+/// // A second handle on the same directory is refused with a clear error naming the path.
+/// match kube_persist::Db::open(dir.path()) {
+///     Err(kube_persist::Error::Locked { path }) => assert_eq!(path, dir.path()),
+///     other => panic!("expected Locked, got {other:?}"),
+/// }
+/// # drop(db); Ok(()) }
+/// # demo().unwrap();
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another process (or another handle in this process) holds the store's lock.
+    #[error("store at {} is locked by another process (only one process may open a store directory)", path.display())]
+    Locked {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// The store's files are damaged. Remove the directory to start over; the next start relists.
+    #[error("store at {} is corrupt ({detail}); remove the directory to start over, the next start relists", path.display())]
+    Corrupt {
+        /// The store directory.
+        path: PathBuf,
+        /// What was found to be damaged.
+        detail: String,
+    },
+    /// The disk holding the store is full. The watcher retries with backoff, but both
+    /// engines keep the failure until the store is reopened: once space returns, drop every
+    /// handle of the directory and open it again (nothing is lost).
+    #[error("disk full while writing the store at {}", path.display())]
+    DiskFull {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// The store directory or its files cannot be read or written.
+    #[error("cannot access the store at {}: {source}", path.display())]
+    Io {
+        /// The store directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The storage engine reported an unexpected failure.
+    #[error("storage engine failure in the store at {}: {detail}", path.display())]
+    Storage {
+        /// The store directory.
+        path: PathBuf,
+        /// The engine's message.
+        detail: String,
+    },
+    /// A stored object's JSON body no longer decodes into the requested type.
+    #[error("stored object {key} in {} does not decode: {source}", path.display())]
+    Decode {
+        /// The store directory.
+        path: PathBuf,
+        /// The object's key (`namespace/name`).
+        key: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request to the Kubernetes API failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done (request and resourceVersion).
+        context: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server answered with something that is not a valid list or watch response.
+    #[error("malformed response for {context}: {detail}")]
+    Protocol {
+        /// Which request.
+        context: String,
+        /// What is wrong with the answer.
+        detail: String,
+    },
+    /// The watch stream reported an error `Status` (other than `410 Gone`, which triggers a relist).
+    #[error(
+        "watch of {url} from resourceVersion {resource_version} failed: {code} {reason}: {message}"
+    )]
+    WatchStatus {
+        /// The watched resource URL.
+        url: String,
+        /// The resourceVersion the watch started from.
+        resource_version: String,
+        /// HTTP-style status code.
+        code: u16,
+        /// Status reason.
+        reason: String,
+        /// Status message.
+        message: String,
+    },
+    /// The store directory or its files are accessible by group or others, and
+    /// `DbConfig::strict_permissions` is set.
+    #[error("store at {} is readable by group or others ({} entries, e.g. {:?}); run chmod -R go-rwx on it", path.display(), open.len(), open.first())]
+    Permissions {
+        /// The store directory.
+        path: PathBuf,
+        /// The entries that are too open.
+        open: Vec<PathBuf>,
+    },
+    /// An encrypted store was opened without its key, or with another key.
+    #[error("cannot open the encrypted store at {}: {detail}", path.display())]
+    Encryption {
+        /// The store directory.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The store directory was written by another storage engine than the one explicitly
+    /// requested with [`DbConfig::engine`](crate::DbConfig::engine). (Without that choice a
+    /// store is opened with the engine recorded in it.) Nothing in the store is touched.
+    #[error("store at {} was written by the {stored} engine and cannot be opened with {requested}: open it without DbConfig::engine or with DbConfig::engine(Engine::{stored:?}), or remove it with Db::destroy to start over", path.display())]
+    EngineMismatch {
+        /// The store directory.
+        path: PathBuf,
+        /// The engine that wrote the store.
+        stored: crate::model::Engine,
+        /// The engine the caller asked for.
+        requested: crate::model::Engine,
+    },
+    /// An object from the API server was not stored: it does not decode into the stream's
+    /// type, exceeds `Config::max_object_bytes`, or the transform failed on it. Its previous
+    /// version was removed from the store in the same batch (the store never serves a
+    /// version older than its checkpoint as current); the stream goes on. Yielded by
+    /// `Watcher::stream` and counted in `Stats::bad_objects`.
+    #[error("object {key} (resourceVersion {resource_version:?}) was not stored in {}: {reason}; its previous version was removed", path.display())]
+    ObjectRejected {
+        /// The store directory.
+        path: PathBuf,
+        /// The object's `namespace/name`.
+        key: String,
+        /// The refused version.
+        resource_version: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// [`Db::verify`](crate::Db::verify) cannot compare this stream with the server (no
+    /// such stream, not synced, or a collection URL it cannot list).
+    #[error("cannot verify stream {stream:?}: {detail}")]
+    NotVerifiable {
+        /// The stream.
+        stream: String,
+        /// Why.
+        detail: String,
+    },
+    /// Two resourceVersions were to be ordered but at least one is not of the form
+    /// KEP-5504 makes comparable (a positive decimal integer without leading zeros); see
+    /// [`resource_version::compare`](crate::model::resource_version::compare).
+    #[error("resourceVersions {a:?} and {b:?} are not comparable (KEP-5504): {reason}")]
+    IncomparableResourceVersions {
+        /// The first resourceVersion.
+        a: String,
+        /// The second resourceVersion.
+        b: String,
+        /// Which one is not comparable, and why.
+        reason: String,
+    },
+    /// A wait on the store ([`Reader::wait_for_resource_version`](crate::Reader::wait_for_resource_version))
+    /// did not end in time.
+    #[error("timed out after {} ms waiting for {what} in the store at {} (its checkpoint: {checkpoint:?})", waited.as_millis(), path.display())]
+    Timeout {
+        /// What was awaited (the object and its resourceVersion).
+        what: String,
+        /// The store.
+        path: PathBuf,
+        /// The store's checkpoint when the wait gave up.
+        checkpoint: Option<String>,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+    /// The store was opened with an invalid argument (e.g. an empty stream name).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Convenience alias for results in this crate.
+///
+/// ```
+/// fn cached_streams(path: &std::path::Path) -> kube_persist::Result<usize> {
+///     Ok(kube_persist::Db::open(path)?.streams()?.len())
+/// }
+/// let dir = tempfile::tempdir().unwrap();
+/// assert_eq!(cached_streams(dir.path()).unwrap(), 0);
+/// ```
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Map an I/O error to the most specific variant.
+    pub(crate) fn from_io(path: PathBuf, io: std::io::Error) -> Self {
+        const ENOSPC: i32 = 28;
+        const EDQUOT: i32 = 122;
+        let msg = io.to_string();
+        if msg.contains("could not acquire lock") || io.kind() == std::io::ErrorKind::WouldBlock {
+            Error::Locked { path }
+        } else if io.kind() == std::io::ErrorKind::StorageFull
+            || matches!(io.raw_os_error(), Some(ENOSPC) | Some(EDQUOT))
+            || msg.contains("No space left on device")
+        {
+            Error::DiskFull { path }
+        } else if io.kind() == std::io::ErrorKind::UnexpectedEof
+            || io.kind() == std::io::ErrorKind::InvalidData
+        {
+            Error::Corrupt { path, detail: msg }
+        } else {
+            Error::Io { path, source: io }
+        }
+    }
+
+    /// Whether retrying later may succeed (network, server or disk-space trouble),
+    /// as opposed to a configuration or corruption problem that needs a human.
+    ///
+    /// ```
+    /// use kube_persist::Error;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path()).unwrap();
+    /// // A store locked by another handle needs that handle closed, not a retry.
+    /// let locked = kube_persist::Db::open(dir.path()).unwrap_err();
+    /// assert!(matches!(locked, Error::Locked { .. }) && !locked.is_transient());
+    /// let full = Error::DiskFull { path: dir.path().to_path_buf() };
+    /// assert!(full.is_transient());
+    /// # drop(db);
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::DiskFull { .. }
+                | Error::Kube { .. }
+                | Error::Protocol { .. }
+                | Error::WatchStatus { .. }
+                | Error::Io { .. }
+        )
+    }
+}

@@ -1,0 +1,21 @@
+//! The lowest layer: plain values every other layer speaks in, with no I/O of their own.
+//!
+//! The crate's [`Error`], the storage [`Engine`] as a value, the sharding of a collection
+//! ([`Shard`], [`fnv1a64`]), the one ordering of resourceVersions ([`resource_version`]),
+//! a stream's counters ([`Stats`], `Counters`) and the JSON decoders shared by the read and
+//! write paths (`json`).
+//!
+//! May import: nothing of the crate (std and dependencies only).
+
+mod engine;
+mod error;
+pub(crate) mod json;
+pub mod resource_version;
+mod shard;
+mod stats;
+
+pub use engine::Engine;
+pub use error::{Error, Result};
+pub use shard::{Shard, ShardKey, fnv1a64};
+pub(crate) use stats::Counters;
+pub use stats::Stats;

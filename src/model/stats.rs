@@ -1,0 +1,122 @@
+//! Counters a user can read to see what the store and its watcher did.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A snapshot of a stream's counters since the process opened it.
+///
+/// ```
+/// let stats = kube_persist::Stats::default();
+/// assert_eq!(stats.objects_written, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Objects written to disk (new or changed).
+    pub objects_written: u64,
+    /// Listed or replayed objects skipped because the stored resourceVersion was the same.
+    pub objects_unchanged: u64,
+    /// Objects removed from disk (watch deletions and relist sweeps).
+    pub objects_deleted: u64,
+    /// LIST requests that returned a page.
+    pub list_pages: u64,
+    /// Atomic batches committed.
+    pub batches: u64,
+    /// Watch events applied (bookmarks excluded).
+    pub watch_events: u64,
+    /// Bookmarks that moved the checkpoint.
+    pub bookmarks: u64,
+    /// Lists started after the store had been complete once (410 Gone, expired continue token).
+    pub relists: u64,
+    /// Starts that resumed from a stored checkpoint without listing.
+    pub resumes: u64,
+    /// Objects or events from the server that were skipped because they could not be decoded.
+    pub bad_objects: u64,
+    /// Errors seen (each followed by a retry with backoff).
+    pub errors: u64,
+    /// Times the store was wiped because it was opened with a different identity.
+    pub identity_resets: u64,
+    /// `Reader::get` calls answered from the hot cache (all readers of the stream).
+    pub hot_cache_hits: u64,
+    /// `Reader::get` calls that read from disk while the hot cache was enabled.
+    pub hot_cache_misses: u64,
+    /// Objects of a sharded store ([`Config::shard`](crate::Config::shard)) that the
+    /// server sent although they are outside the shard, dropped by the store: the server
+    /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
+    pub shard_client_filtered: u64,
+    /// `LIST limit=1` requests that read the server's current resourceVersion, to know when
+    /// the store has caught up (one before a watch connects while the store is not caught
+    /// up; none on a cold start or a routine reconnect). Not counted in `list_pages`.
+    pub server_version_reads: u64,
+    /// Objects decoded from JSON by the store: once per incoming object when it is
+    /// validated or indexed ([`Config::validate`](crate::Config::validate)), and once per
+    /// read that decodes a stored body (a `get` that missed the hot cache, each object of
+    /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
+    /// to a reconcile) from the hot cache costs one decode in all.
+    pub decodes: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) objects_written: AtomicU64,
+    pub(crate) objects_unchanged: AtomicU64,
+    pub(crate) objects_deleted: AtomicU64,
+    pub(crate) list_pages: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) watch_events: AtomicU64,
+    pub(crate) bookmarks: AtomicU64,
+    pub(crate) relists: AtomicU64,
+    pub(crate) resumes: AtomicU64,
+    pub(crate) bad_objects: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) identity_resets: AtomicU64,
+    pub(crate) shard_client_filtered: AtomicU64,
+    pub(crate) server_version_reads: AtomicU64,
+    pub(crate) decodes: AtomicU64,
+    /// When the watch last delivered an event or bookmark: milliseconds since the Unix
+    /// epoch, 0 for never.
+    pub(crate) last_watch_activity_ms: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    /// Note that the watch delivered something now.
+    pub(crate) fn watch_activity(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_watch_activity_ms.store(now, Relaxed);
+    }
+
+    /// When the watch last delivered an event or bookmark.
+    pub(crate) fn last_watch_activity(&self) -> Option<std::time::SystemTime> {
+        match self.last_watch_activity_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            objects_written: self.objects_written.load(Relaxed),
+            objects_unchanged: self.objects_unchanged.load(Relaxed),
+            objects_deleted: self.objects_deleted.load(Relaxed),
+            list_pages: self.list_pages.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            watch_events: self.watch_events.load(Relaxed),
+            bookmarks: self.bookmarks.load(Relaxed),
+            relists: self.relists.load(Relaxed),
+            resumes: self.resumes.load(Relaxed),
+            bad_objects: self.bad_objects.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            identity_resets: self.identity_resets.load(Relaxed),
+            hot_cache_hits: 0,
+            hot_cache_misses: 0,
+            shard_client_filtered: self.shard_client_filtered.load(Relaxed),
+            server_version_reads: self.server_version_reads.load(Relaxed),
+            decodes: self.decodes.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! One WATCH connection: the request, the classification of connect failures, and the
+//! response body split into bounded lines, read in bursts.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures::{AsyncBufRead, FutureExt, Stream, StreamExt};
+use kube::core::Request;
+use kube::core::params::WatchParams;
+use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+use super::config::Config;
+use crate::model::{Error, Result};
+
+/// One line of a watch response.
+#[derive(Debug)]
+pub(crate) enum Line {
+    /// A complete line, without its newline (and without its length checked against
+    /// anything else).
+    Data(Bytes),
+    /// A line longer than the limit, reported as soon as it passes the limit: its bytes are
+    /// dropped as they arrive, never buffered.
+    TooLong,
+}
+
+type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Line>> + Send>>;
+
+/// Split a body into lines of at most `max` bytes with tokio-util's codec machinery
+/// (`FramedRead`, `AnyDelimiterCodec`). A longer line is reported as [`Line::TooLong`] and
+/// consumed and dropped as it arrives (memory stays bounded by `max`). Lines are bytes, not
+/// `LinesCodec`'s `String`: a line that is not UTF-8 must not end the stream (the store still
+/// identifies the object in it and refuses it, see `Ingest::lines`), and the JSON parsers
+/// take bytes anyway.
+fn bounded_lines(body: impl AsyncBufRead + Send + 'static, max: usize) -> Lines {
+    let codec = LineCodec(AnyDelimiterCodec::new_with_max_length(
+        b"\n".to_vec(),
+        Vec::new(),
+        max,
+    ));
+    Box::pin(FramedRead::new(Box::pin(body).compat(), codec))
+}
+
+/// `AnyDelimiterCodec` with its "line too long" error turned into an item: the codec then
+/// skips to the next newline, and the stream goes on (`FramedRead` ends a stream after a
+/// decoder error).
+struct LineCodec(AnyDelimiterCodec);
+
+impl LineCodec {
+    fn lift(
+        decoded: std::result::Result<Option<Bytes>, AnyDelimiterCodecError>,
+    ) -> std::io::Result<Option<Line>> {
+        match decoded {
+            Ok(line) => Ok(line.map(Line::Data)),
+            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => Ok(Some(Line::TooLong)),
+            Err(AnyDelimiterCodecError::Io(e)) => Err(e),
+        }
+    }
+}
+
+impl Decoder for LineCodec {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        Self::lift(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        // A last line without newline still counts.
+        Self::lift(self.0.decode_eof(buf))
+    }
+}
+
+/// A burst of lines read from a connection.
+#[derive(Debug, Default)]
+pub(crate) struct Burst {
+    pub(crate) lines: Vec<Line>,
+    /// The server ended the stream (timeout or close) after these lines.
+    pub(crate) ended: bool,
+    /// No line arrived within the idle limit.
+    pub(crate) idle: bool,
+}
+
+/// An open watch response.
+pub(crate) struct WatchConn {
+    lines: Lines,
+    /// Lines of a burst whose read was cancelled (see [`WatchConn::burst`]).
+    pending: Vec<Line>,
+    /// A read error that came after complete lines: those are applied first, and the next
+    /// burst reports it (`FramedRead` reports an error once, then ends the stream).
+    broken: Option<std::io::Error>,
+    /// When the request was sent, when the last line was read, when the stream ended:
+    /// whether a watch ran to its deadline, and how quiet it was at the end.
+    opened: Instant,
+    last_line: Option<Instant>,
+    ended_at: Option<Instant>,
+}
+
+impl std::fmt::Debug for WatchConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WatchConn")
+    }
+}
+
+/// Why a watch could not be opened.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// 410: the resourceVersion is compacted; relist.
+    Gone,
+    /// 504 with cause `ResourceVersionTooLarge` (a lagging replica): retry, then relist.
+    TooLarge(Error),
+    /// 400/422: the server refused the request's parameters.
+    Invalid(Error),
+    /// Anything else (network, 5xx, auth): retry with backoff.
+    Other(Error),
+    /// A configuration the server will never accept (an invalid shard selector): stop.
+    Fatal(Error),
+}
+
+/// What to watch.
+pub(crate) struct Target<'a> {
+    pub(crate) request: &'a Request,
+    pub(crate) metadata_only: bool,
+    pub(crate) cfg: &'a Config,
+    /// The server-side timeout in seconds, when not the configured one.
+    pub(crate) timeout: Option<u32>,
+}
+
+impl WatchConn {
+    /// Open a watch from `resource_version` (`""` with `initial` for a streaming list).
+    pub(crate) async fn connect(
+        client: &kube::Client,
+        target: Target<'_>,
+        resource_version: &str,
+        initial: bool,
+    ) -> std::result::Result<WatchConn, ConnectFailure> {
+        let cfg = target.cfg;
+        let wp = WatchParams {
+            label_selector: cfg.label_selector.clone(),
+            field_selector: cfg.field_selector.clone(),
+            timeout: Some(target.timeout.unwrap_or(cfg.timeout)),
+            bookmarks: true,
+            send_initial_events: initial,
+        };
+        let url = &target.request.url_path;
+        let context = || format!("WATCH {url} from resourceVersion {resource_version:?}");
+        let mut req = if target.metadata_only {
+            target.request.watch_metadata(&wp, resource_version)
+        } else {
+            target.request.watch(&wp, resource_version)
+        }
+        .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))
+        .and_then(|r| with_shard(r, cfg).map_err(ConnectFailure::Fatal))?;
+        // Events must reach the store as they arrive; a compressed stream would be held
+        // back by the decompressor (kube-apiserver does not compress watches anyway).
+        req.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("identity"),
+        );
+        // Before the request: the server's deadline starts later, so a watch it ended at its
+        // deadline lasted at least its timeout measured from here.
+        let opened = Instant::now();
+        match client.request_stream(req).await {
+            Ok(body) => {
+                tracing::debug!(resource_version, initial, "watch connected");
+                Ok(WatchConn {
+                    lines: bounded_lines(body, cfg.max_line_bytes()),
+                    pending: Vec::new(),
+                    broken: None,
+                    opened,
+                    last_line: None,
+                    ended_at: None,
+                })
+            }
+            Err(source) => {
+                if let Some(e) = invalid_shard(&source) {
+                    return Err(ConnectFailure::Fatal(e));
+                }
+                let status = match &source {
+                    kube::Error::Api(s) => Some((s.code, is_too_large(s))),
+                    _ => None,
+                };
+                let err = Error::Kube {
+                    context: context(),
+                    source,
+                };
+                Err(match status {
+                    Some((410, _)) => ConnectFailure::Gone,
+                    Some((_, true)) => ConnectFailure::TooLarge(err),
+                    Some((400 | 422, _)) => ConnectFailure::Invalid(err),
+                    _ => ConnectFailure::Other(err),
+                })
+            }
+        }
+    }
+
+    /// Wait for the next line (at most `idle`, if given), then take the lines that arrive
+    /// within `linger` of it (every line already buffered, then more as they come), up to
+    /// `max` lines in all: one batch per burst of events, not one per TCP read.
+    ///
+    /// Cancel-safe: lines read by a burst that is dropped before it returns are kept and
+    /// start the next burst (the line stream itself keeps a partly read line).
+    pub(crate) async fn burst(
+        &mut self,
+        max: usize,
+        idle: Option<Duration>,
+        linger: Duration,
+    ) -> Result<Burst> {
+        let mut ended = false;
+        if self.pending.is_empty() {
+            if let Some(e) = self.broken.take() {
+                return Err(broke(e));
+            }
+            let first = match idle {
+                Some(d) => match tokio::time::timeout(d, self.lines.next()).await {
+                    Ok(l) => l,
+                    Err(_) => {
+                        return Ok(Burst {
+                            idle: true,
+                            ..Burst::default()
+                        });
+                    }
+                },
+                None => self.lines.next().await,
+            };
+            match first {
+                None => ended = true,
+                Some(Err(e)) => return Err(broke(e)),
+                Some(Ok(l)) => self.take(l),
+            }
+        }
+        let deadline = tokio::time::Instant::now() + linger;
+        while !ended && self.pending.len() < max {
+            let next = match self.lines.next().now_or_never() {
+                Some(next) => next,
+                None if linger.is_zero() => break,
+                None => match tokio::time::timeout_at(deadline, self.lines.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            match next {
+                Some(Ok(l)) => self.take(l),
+                None => ended = true,
+                // An error after complete lines: apply those first; the next burst reports it.
+                Some(Err(e)) => {
+                    self.broken = Some(e);
+                    break;
+                }
+            }
+        }
+        if ended {
+            self.ended_at.get_or_insert_with(Instant::now);
+        }
+        Ok(Burst {
+            lines: std::mem::take(&mut self.pending),
+            ended,
+            idle: false,
+        })
+    }
+
+    fn take(&mut self, line: Line) {
+        self.pending.push(line);
+        self.last_line = Some(Instant::now());
+    }
+
+    /// Once the server ended the stream: how long it lasted from the request, and how long
+    /// it had been quiet (no line) before it ended.
+    pub(crate) fn ended_after(&self) -> Option<(Duration, Duration)> {
+        let end = self.ended_at?;
+        let quiet_since = self.last_line.unwrap_or(self.opened);
+        Some((
+            end.saturating_duration_since(self.opened),
+            end.saturating_duration_since(quiet_since),
+        ))
+    }
+}
+
+fn broke(e: std::io::Error) -> Error {
+    Error::Protocol {
+        context: "WATCH".into(),
+        detail: format!("stream broke: {e}"),
+    }
+}
+
+/// Add the `shardSelector` list option of a sharded stream to a LIST or WATCH request.
+pub(crate) fn with_shard(
+    mut req: http::Request<Vec<u8>>,
+    cfg: &Config,
+) -> std::result::Result<http::Request<Vec<u8>>, Error> {
+    let Some(shard) = cfg.get_shard() else {
+        return Ok(req);
+    };
+    let uri = req.uri().to_string();
+    let sep = if uri.contains('?') { '&' } else { '?' };
+    let selector: String = form_urlencoded::byte_serialize(shard.selector().as_bytes()).collect();
+    *req.uri_mut() = format!("{uri}{sep}shardSelector={selector}")
+        .parse()
+        .map_err(|e| Error::Config(format!("shardSelector does not fit in a URL: {e}")))?;
+    Ok(req)
+}
+
+/// kube-apiserver's answer to a `shardSelector` it cannot parse: HTTP 500 with a message
+/// starting `invalid shard selector:`. A configuration error, not worth retrying.
+pub(crate) fn invalid_shard(e: &kube::Error) -> Option<Error> {
+    match e {
+        kube::Error::Api(s) if s.message.starts_with("invalid shard selector") => Some(
+            Error::Config(format!("the API server refused the shard: {}", s.message)),
+        ),
+        _ => None,
+    }
+}
+
+/// Whether a `Status` says "resourceVersion too large" (kube-apiserver's
+/// `NewTooLargeResourceVersionError`: 504 with cause `ResourceVersionTooLarge`).
+pub(crate) fn is_too_large(s: &kube::core::Status) -> bool {
+    let cause = s.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == "ResourceVersionTooLarge")
+    });
+    cause || (s.code == 504 && s.message.contains("Too large resource version"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<String> {
+        let body = futures::io::Cursor::new(input.to_vec());
+        futures::executor::block_on(
+            bounded_lines(body, max)
+                .map(|l| match l.unwrap() {
+                    Line::Data(d) => String::from_utf8(d.to_vec()).unwrap(),
+                    Line::TooLong => "<too long>".into(),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn long_lines_are_skipped_while_reading() {
+        assert_eq!(lines(b"ab\ncd\n", 10), ["ab", "cd"]);
+        assert_eq!(
+            lines(b"ab\n0123456789abc\ncd", 10),
+            ["ab", "<too long>", "cd"]
+        );
+        assert_eq!(lines(b"0123456789abc", 10), ["<too long>"]);
+        assert_eq!(lines(b"0123456789\n", 10), ["0123456789"]);
+        assert!(lines(b"", 10).is_empty());
+    }
+
+    /// A body that delivers one byte per read: the codec sees every split of a line.
+    struct Trickle(Vec<u8>, usize);
+
+    impl futures::AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut [u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = usize::from(self.1 < self.0.len() && !buf.is_empty());
+            if n == 1 {
+                buf[0] = self.0[self.1];
+                self.1 += 1;
+            }
+            std::task::Poll::Ready(Ok(n))
+        }
+    }
+
+    #[test]
+    fn a_line_far_over_the_limit_arriving_in_pieces_is_one_too_long_item() {
+        let mut input = b"ab\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 1000));
+        input.extend_from_slice(b"\n\xffcd\n");
+        let body = futures::io::BufReader::with_capacity(1, Trickle(input, 0));
+        let got: Vec<String> = futures::executor::block_on(
+            bounded_lines(body, 10)
+                .map(|l| match l.unwrap() {
+                    Line::Data(d) => String::from_utf8_lossy(&d).into_owned(),
+                    Line::TooLong => "<too long>".into(),
+                })
+                .collect(),
+        );
+        assert_eq!(got, ["ab", "<too long>", "\u{FFFD}cd"]);
+    }
+}

@@ -1,0 +1,441 @@
+//! The list stages: paginated LIST pages (fetched ahead while the previous one commits)
+//! and streaming lists (`sendInitialEvents=true`) up to their end bookmark.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::AsyncReadExt;
+use kube::core::Request;
+use kube::core::params::ListParams;
+
+use super::*;
+
+/// A LIST page's commit, submitted to the disk thread by one step and taken in by the next
+/// (see [`Machine::list_page`]). The page and its permit are in the disk job, which ends
+/// whether or not the watcher is polled.
+pub(crate) struct Committing {
+    done: CommitDone,
+    /// The list's last page: nothing more to fetch.
+    last: bool,
+}
+
+/// A page's commit on the disk thread: its events and the objects the store refused.
+type CommitDone =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Done<(Vec<Change>, Vec<Rejected>)>> + Send>>;
+
+impl std::fmt::Debug for Committing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committing")
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Machine {
+    /// What a LIST needs, borrowed from the machine (without the watch connection, which
+    /// is not `Sync`), so that a page can be fetched while another is being committed.
+    fn lister(&self) -> Lister<'_> {
+        Lister {
+            client: &self.client,
+            request: &self.request,
+            metadata_only: self.metadata_only,
+            cfg: &self.cfg,
+            stats: &self.stats,
+            worker: &self.disk.worker,
+            last_page_bytes: &self.last_page_bytes,
+            page_size: self
+                .pacing
+                .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
+        }
+    }
+
+    /// Parse a LIST page on the CPU threads (CPU only, no disk).
+    /// Its buffer goes back to `worker` for the next page.
+    async fn parse_page(
+        ingest: Ingest,
+        worker: DiskWorker,
+        bytes: Vec<u8>,
+        context: String,
+    ) -> Result<Page> {
+        compute(move || {
+            let (page, buffer) = ingest.list_page(bytes, &context)?;
+            worker.give_page_buffer(buffer);
+            Ok(page)
+        })
+        .await
+        .ok_or_else(|| Error::Protocol {
+            context: "LIST".into(),
+            detail: "parsing a list page panicked".into(),
+        })?
+    }
+
+    /// One step of a paginated LIST: fetch and parse the next page while the page before
+    /// (`committing`, submitted by the previous step) is committed on the disk thread, take
+    /// in that commit's events, then submit this page's commit and carry it to the next
+    /// step (at most two pages in memory, three while one is parsed).
+    ///
+    /// A page holds a permit of the directory's page budget from when its response arrives
+    /// until it is committed. The permit travels with the page into its disk job, never in
+    /// the stage: a watcher whose consumer stops polling between steps gives its place back
+    /// once its commit ends, so it cannot starve the other streams' lists.
+    pub(super) async fn list_page(
+        &mut self,
+        continue_token: Option<String>,
+        committing: Option<Committing>,
+    ) -> Result<Stage> {
+        let url = self.url().to_string();
+        let context = |continued: bool| format!("LIST {url} (continue: {continued})");
+        // After the last page there is nothing more to fetch: only its commit to take in.
+        let fetch_next = !committing.as_ref().is_some_and(|c| c.last);
+        let (lister, ingest, worker) =
+            (self.lister(), self.ingest.clone(), self.disk.worker.clone());
+        let page_context = context(continue_token.is_some());
+        let fetch = async {
+            if !fetch_next {
+                return Ok(None);
+            }
+            match lister.fetch_page(continue_token.as_deref()).await? {
+                Some((bytes, permit)) => {
+                    let page = Self::parse_page(ingest, worker, bytes, page_context).await?;
+                    Ok(Some(Some((page, permit))))
+                }
+                // The continue token expired (410).
+                None => Ok(Some(None)),
+            }
+        };
+        let commit = async {
+            match committing {
+                Some(c) => Some(c.done.await),
+                None => None,
+            }
+        };
+        let (committed, fetched) = tokio::join!(commit, fetch);
+        // The commit first: its events are emitted, and a failed commit drops the page
+        // fetched after it (the retry resumes from the persisted phase).
+        if let Some(done) = committed {
+            let (changes, rejected) = self.disk.finish(done)?;
+            self.push_changes(changes);
+            self.push_rejected(rejected);
+        }
+        let (page, permit) = match fetched? {
+            Some(Some(fetched)) => fetched,
+            Some(None) => {
+                self.pacing.token_expired();
+                return self.relist("continue token expired (410)").await;
+            }
+            None => {
+                return Ok(match self.disk.state.phase.clone() {
+                    Phase::Listing { continue_token, .. } => Stage::Listing {
+                        continue_token,
+                        committing: None,
+                    },
+                    Phase::Sweeping { .. } => Stage::Sweeping { then: None },
+                    _ => Stage::Watching {
+                        conn: None,
+                        deferred: Deferred::Nothing,
+                    },
+                });
+            }
+        };
+        let next_token = page.continue_token.clone();
+        let emit = self.emit;
+        let last_page_context = context(continue_token.is_some());
+        let done = self.disk.start(move |w| {
+            // The page's place in the budget is given back once it is committed.
+            let _permit = permit;
+            let progress = match page.continue_token {
+                Some(t) => ListProgress::More(Some(t)),
+                None => {
+                    ListProgress::Done(page.resource_version.ok_or_else(|| Error::Protocol {
+                        context: last_page_context,
+                        detail: "last page has no metadata.resourceVersion".into(),
+                    })?)
+                }
+            };
+            match &progress {
+                ListProgress::Done(rv) => {
+                    tracing::info!(items = page.items, resource_version = %rv, "last list page")
+                }
+                ListProgress::More(_) => tracing::debug!(items = page.items, "list page"),
+            }
+            Ok((w.list_page(page.objects, progress, emit)?, page.rejected))
+        });
+        Ok(Stage::Listing {
+            continue_token: next_token.clone(),
+            committing: Some(Committing {
+                done: Box::pin(done),
+                last: next_token.is_none(),
+            }),
+        })
+    }
+
+    pub(super) async fn connect_initial(&mut self) -> Result<Stage> {
+        match WatchConn::connect(&self.client, self.target(None), "", true).await {
+            Ok(conn) => Ok(Stage::StreamingInitial {
+                conn: Some(conn),
+                received: 0,
+            }),
+            Err(ConnectFailure::Gone) => self.relist("streaming list answered 410").await,
+            Err(ConnectFailure::Invalid(e)) => {
+                self.fall_back(&format!("the server refused it: {e}")).await
+            }
+            Err(
+                ConnectFailure::TooLarge(e) | ConnectFailure::Other(e) | ConnectFailure::Fatal(e),
+            ) => Err(e),
+        }
+    }
+
+    pub(super) async fn read_initial(
+        &mut self,
+        mut conn: WatchConn,
+        received: u64,
+    ) -> Result<Stage> {
+        let timeout = self.cfg.initial_events_timeout;
+        let burst = match conn
+            .burst(self.cfg.page_size as usize, Some(timeout), INITIAL_LINGER)
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => return self.streaming_cut(e).await,
+        };
+        if burst.idle {
+            return self
+                .fall_back(&format!(
+                    "no initial-events-end bookmark and no event for {} ms",
+                    timeout.as_millis()
+                ))
+                .await;
+        }
+        let ended = burst.ended;
+        // A burst of initial events is a list page: parsed on the CPU threads and committed
+        // on the disk thread under a permit of the directory's page budget, taken once the
+        // burst is read (a stream waiting for its server holds none).
+        let permit = self.disk.worker.page_permit().await;
+        let ingest = self.ingest.clone();
+        let mut parsed = compute(move || ingest.lines(burst.lines, true))
+            .await
+            .ok_or_else(|| Error::Protocol {
+                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                detail: "parsing a burst of initial events panicked".into(),
+            })?;
+        let objects: Vec<_> = std::mem::take(&mut parsed.ops)
+            .into_iter()
+            .filter_map(|op| match op {
+                Op::Put(o) => Some(o),
+                _ => None,
+            })
+            .collect();
+        let (end, emit) = (parsed.end.clone(), self.emit);
+        let changes = self
+            .disk
+            .run(move |w| {
+                let _permit = permit;
+                match end {
+                    Some(rv) => w.list_page(objects, ListProgress::Done(rv), emit),
+                    None if !objects.is_empty() => {
+                        w.list_page(objects, ListProgress::More(None), emit)
+                    }
+                    None => Ok(Vec::new()),
+                }
+            })
+            .await?;
+        self.push_changes(changes);
+        let p = parsed;
+        let received = received + p.delivered;
+        self.push_rejected(p.rejected);
+        if let Some(rv) = p.end {
+            tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
+            self.set_live(true);
+            self.pacing.watch_up();
+            return Ok(match self.disk.state.phase {
+                Phase::Sweeping { .. } => Stage::Sweeping {
+                    then: Some((conn, p.rest)),
+                },
+                _ => Stage::Watching {
+                    conn: Some(conn),
+                    deferred: Deferred::Lines(p.rest),
+                },
+            });
+        }
+        if p.plain_bookmark_initial {
+            return self
+                .fall_back("a bookmark without k8s.io/initial-events-end came before the end of the initial events")
+                .await;
+        }
+        if let Some(status) = p.error {
+            if status.code == 410 {
+                return self.relist("streaming list ERROR 410").await;
+            }
+            if status.is_too_large() {
+                return self.too_large(self.watch_status(status)).await;
+            }
+            if received == 0 {
+                // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage
+                // lacks the progress notifications the list needs) with an ERROR event.
+                return self
+                    .fall_back(&format!(
+                        "ERROR event {} {}: {}",
+                        status.code, status.reason, status.message
+                    ))
+                    .await;
+            }
+            return Err(self.watch_status(status));
+        }
+        if ended {
+            // The retry (after a backoff) starts a new list: a new epoch, a sweep at its end.
+            let e = Error::Protocol {
+                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                detail: format!(
+                    "the stream ended after {received} initial events, before the end bookmark"
+                ),
+            };
+            return self.streaming_cut(e).await;
+        }
+        Ok(Stage::StreamingInitial {
+            conn: Some(conn),
+            received,
+        })
+    }
+}
+
+/// See [`Machine::lister`].
+struct Lister<'a> {
+    client: &'a kube::Client,
+    request: &'a Request,
+    metadata_only: bool,
+    cfg: &'a Config,
+    stats: &'a Counters,
+    /// The configured page size, or more after continue tokens expired (see `Pacing`).
+    page_size: u32,
+    /// The size of the last page's body: the next body's buffer is allocated at about that
+    /// size at once, not grown by doubling (which copies it and leaves freed blocks of
+    /// every size behind, and the allocator keeps those).
+    last_page_bytes: &'a AtomicUsize,
+    /// The directory's page budget, and where page buffers are reused from.
+    worker: &'a DiskWorker,
+}
+
+impl Lister<'_> {
+    fn url(&self) -> &str {
+        &self.request.url_path
+    }
+
+    /// GET one LIST page (network only) with its place in the directory's page budget,
+    /// taken once the response arrives (a LIST the server has not answered holds none);
+    /// `None` when its continue token expired (410).
+    async fn fetch_page(
+        &self,
+        continue_token: Option<&str>,
+    ) -> Result<Option<(Vec<u8>, PagePermit)>> {
+        let lp = ListParams {
+            label_selector: self.cfg.label_selector.clone(),
+            field_selector: self.cfg.field_selector.clone(),
+            limit: Some(self.page_size),
+            continue_token: continue_token.map(str::to_string),
+            ..ListParams::default()
+        };
+        let context = || {
+            format!(
+                "LIST {} (continue: {})",
+                self.url(),
+                continue_token.is_some()
+            )
+        };
+        let req = if self.metadata_only {
+            self.request.list_metadata(&lp)
+        } else {
+            self.request.list(&lp)
+        }
+        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        let req = with_shard(req, self.cfg)?;
+        let body = match self.client.request_stream(req).await {
+            Ok(b) => b,
+            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
+            Err(source) => {
+                if let Some(e) = invalid_shard(&source) {
+                    return Err(e);
+                }
+                return Err(Error::Kube {
+                    context: context(),
+                    source,
+                });
+            }
+        };
+        let permit = self.worker.page_permit().await;
+        /// Never reserve more than this ahead of the body.
+        const MAX_HINT: usize = 64 << 20;
+        let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
+        let mut bytes = self.worker.page_buffer(hint + hint / 16);
+        Box::pin(body)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| Error::Protocol {
+                context: context(),
+                detail: format!("reading the list body: {e}"),
+            })?;
+        Counters::add(&self.stats.list_pages, 1);
+        self.last_page_bytes.store(bytes.len(), Ordering::Relaxed);
+        Ok(Some((bytes, permit)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+
+    use crate::exec::pages_in_flight;
+
+    /// Every list page, a paginated LIST's or a streaming list's burst of initial events, is
+    /// parsed on the CPU threads while it holds a place in its directory's page budget.
+    /// (Streaming lists' bursts were parsed on the disk thread, outside the budget.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_pages_are_parsed_on_the_cpu_threads_within_the_page_budget() {
+        let server = kube_persist_testkit::TestServer::start().await;
+        server.handle().seed_pods(300, 3);
+        for streaming in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = crate::Db::open(dir.path()).unwrap();
+            // Where each object is parsed (its transform runs in the parse), and the places
+            // left in the budget meanwhile.
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let probe = {
+                let (seen, worker) = (seen.clone(), db.worker());
+                move |_: &mut serde_json::Value| {
+                    let thread = std::thread::current().name().unwrap_or("").to_string();
+                    let free = worker.free_page_permits();
+                    seen.lock().unwrap().push((thread, free));
+                }
+            };
+            let mut cfg = crate::Config::default()
+                .page_size(50)
+                .transform("probe", probe);
+            if streaming {
+                cfg = cfg.streaming_lists();
+            }
+            let api = kube::Api::<Pod>::all(server.client());
+            let (reader, watcher) = db.store("pods", api, cfg).unwrap();
+            let task = tokio::spawn(watcher.run());
+            tokio::time::timeout(Duration::from_secs(60), reader.wait_until_ready())
+                .await
+                .expect("the list completed")
+                .unwrap();
+            task.abort();
+            let _ = task.await;
+            let seen = seen.lock().unwrap();
+            assert!(
+                seen.len() >= 300,
+                "streaming {streaming}: {} parsed",
+                seen.len()
+            );
+            for (thread, free) in seen.iter() {
+                assert_eq!(thread, "kube-persist-cpu", "streaming {streaming}");
+                assert!(
+                    *free < pages_in_flight(),
+                    "streaming {streaming}: a page parsed without a permit"
+                );
+            }
+        }
+    }
+}

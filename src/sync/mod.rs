@@ -1,0 +1,630 @@
+//! The persistent watcher: lists and watches one collection and drives the store's writer.
+//!
+//! The sync layer: everything that speaks HTTP to the API server (the watcher's state
+//! machine, the catch-up read, [`Db::verify`](crate::Db::verify) in `verify.rs`) and the
+//! composition root that pairs a store with its machine ([`Db::store`]).
+//!
+//! May import: `model`, `exec`, `disk`, `store`.
+
+mod backoff;
+mod batch;
+mod config;
+mod conn;
+mod fresh;
+mod index;
+mod machine;
+mod pacing;
+mod raw;
+pub(crate) mod verify;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use futures::Stream;
+use kube::Resource;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use serde::de::DeserializeOwned;
+
+pub use config::{Config, Transform};
+use machine::{Machine, RawEvent};
+
+use crate::disk::LeaseCloser;
+use crate::disk::record::{FORMAT_VERSION, Identity};
+use crate::model::Counters;
+use crate::model::Result;
+use crate::store::Writer;
+use crate::store::{Db, Status};
+use crate::{Reader, store};
+
+/// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
+///
+/// Events report exact changes of the store: a relist after `410 Gone` yields `Apply` only
+/// for objects that changed and `Delete` for objects that disappeared, not a flood of re-adds.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// use futures::StreamExt;
+/// use kube_persist::Event;
+/// let mut events = std::pin::pin!(watcher.stream());
+/// let mut seen = Vec::new();
+/// while let Some(event) = events.next().await {
+///     match event? {
+///         Event::Init => seen.push("init".to_string()),
+///         Event::InitApply(pod) => seen.push(pod.metadata.name.clone().unwrap_or_default()),
+///         Event::InitDone => break,
+///         other => panic!("unexpected {other:?}"),
+///     }
+/// }
+/// assert_eq!(seen, ["init", "web-0", "web-1"]); // a restart would yield `Resumed` instead
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<K> {
+    /// The start signal of a store that was synced before: given once per watcher, when
+    /// the store is consistent. Reopened synced, that is at once (after the prune of a
+    /// narrowed shard and the build of new indexes, if any), and the watch resumes from the
+    /// checkpoint without LIST; reopened in the middle of a relist or its sweep (a crash
+    /// or a stop during a relist), it is when that relist completes (its changes come
+    /// first, as `Apply`/`Delete`). The stored objects are the state at
+    /// `resource_version`; changes since then follow. Consistent is not caught up: the
+    /// events missed while the process was down (or a relist after `410 Gone`) may still
+    /// come; [`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up) waits
+    /// for them.
+    Resumed {
+        /// The checkpoint the store is consistent at.
+        resource_version: String,
+    },
+    /// The first list of an empty store started.
+    Init,
+    /// An object of the first list.
+    InitApply(K),
+    /// The first list is complete and on disk.
+    InitDone,
+    /// An object was created or changed (watch event, or a change found by a relist).
+    Apply(K),
+    /// An object was deleted (watch event, or absent from a relist).
+    Delete(K),
+    /// An object was deleted, but its last state does not decode into `K`: a relist's
+    /// deletion on a [keys-only](Config::keys_only) stream (which stores no bodies), or a
+    /// deleted object whose schema no longer fits the type. Carries its key.
+    DeleteKey(DeletedKey),
+}
+
+/// The key of a deleted object whose last state does not decode (see [`Event::DeleteKey`]).
+///
+/// ```
+/// let key = kube_persist::DeletedKey {
+///     namespace: Some("default".into()),
+///     name: "web-0".into(),
+///     uid: None,
+///     resource_version: None,
+/// };
+/// assert_eq!(key.to_string(), "default/web-0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletedKey {
+    /// Its namespace (`None` for a cluster-scoped object).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// Its uid, when known.
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// Its last resourceVersion, when known.
+    #[serde(default)]
+    pub resource_version: Option<String>,
+}
+
+impl std::fmt::Display for DeletedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Just the metadata of an object, to carry the key of a deletion that does not decode.
+#[derive(serde::Deserialize)]
+struct KeyOnly {
+    metadata: DeletedKey,
+}
+
+/// A stream's [`Reader`] and the [`Watcher`] that fills it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let dir = tempfile::tempdir()?;
+/// let db = kube_persist::Db::open(dir.path())?;
+/// let pair: kube_persist::Pair<Pod> = db.store("pods", kube::Api::all(client), Default::default())?;
+/// let (reader, _watcher) = pair;
+/// assert!(reader.is_empty());
+/// # Ok(()) }
+/// ```
+pub type Pair<K> = (Reader<K>, Watcher<K>);
+
+/// Drives one persistent stream: lists, watches, relists and writes to disk.
+///
+/// Poll it as a [`Stream`] of [`Event`]s with [`Watcher::stream`], or let it run without
+/// decoding events with [`Watcher::run`]. Either way, every page and every burst of watch
+/// events is committed to disk in one atomic batch with the checkpoint.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+/// # let dir = tempfile::tempdir()?;
+/// # let db = kube_persist::Db::open(dir.path())?;
+/// # let client = server.client();
+/// use k8s_openapi::api::core::v1::Pod;
+/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+/// tokio::spawn(watcher.run()); // or poll `watcher.stream()` to react to changes
+/// reader.wait_until_ready().await?;
+/// assert_eq!(reader.len(), 2);
+/// # Ok(()) }
+/// ```
+pub struct Watcher<K> {
+    machine: Machine,
+    /// Marks the stream closing when the watcher is dropped: a reopen then waits for the
+    /// jobs this watcher left queued on the disk thread (they hold the lease).
+    _closer: LeaseCloser,
+    path: std::path::PathBuf,
+    /// The stream's counters (decodes of event objects).
+    stats: Arc<Counters>,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<K> std::fmt::Debug for Watcher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Watcher<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
+    /// the stream goes on after each, retrying with jittered exponential backoff, except
+    /// after an [`Error::Config`](crate::Error::Config) the API server gave (an invalid
+    /// shard selector): retrying cannot fix it, so the stream ends after yielding it.
+    ///
+    /// An object the store refuses (it does not decode into `K`, exceeds
+    /// [`Config::max_object_bytes`], or the transform fails) is yielded as
+    /// `Err(`[`Error::ObjectRejected`](crate::Error::ObjectRejected)`)` naming its key and
+    /// resourceVersion, and counted in [`crate::Stats::bad_objects`]. Its previous version is
+    /// removed from the store in the same batch (a store never serves, as current, a
+    /// version older than its checkpoint), without a `Delete` event: the object still
+    /// exists on the server. The stream goes on.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// use futures::StreamExt;
+    /// use kube_persist::Event;
+    /// let mut events = std::pin::pin!(watcher.stream());
+    /// while let Some(event) = events.next().await {
+    ///     if matches!(event?, Event::InitDone) {
+    ///         break;
+    ///     }
+    /// }
+    /// // A change on the server: one event, once it is on disk.
+    /// server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-0");
+    /// match events.next().await.transpose()? {
+    ///     Some(Event::Delete(pod)) => assert_eq!(pod.metadata.name.as_deref(), Some("web-0")),
+    ///     other => panic!("expected a deletion, got {other:?}"),
+    /// }
+    /// assert_eq!(reader.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn stream(self) -> impl Stream<Item = Result<Event<K>>> + Send {
+        use futures::StreamExt;
+        self.events(false).map(|item| match item {
+            Ok(Touched::Event(ev)) => Ok(ev),
+            // Only asked for with `refs`.
+            Ok(Touched::Changed(obj)) => Err(crate::Error::Config(format!(
+                "unexpected shared object {:?}",
+                obj.meta().name
+            ))),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// The events; with `refs` (the controller's main kind, which needs only which object
+    /// changed): an applied object as [`Touched::Changed`], shared with the hot cache when
+    /// the write path kept its decode, and the first list's objects not decoded at all.
+    pub(crate) fn events(mut self, refs: bool) -> impl Stream<Item = Result<Touched<K>>> + Send {
+        self.machine.set_emit(true);
+        futures::stream::unfold(self, move |mut w| async move {
+            loop {
+                if let Some(raw) = w.machine.pending.pop_front() {
+                    if let Some(item) = w.decode(raw, refs) {
+                        return Some((item, w));
+                    }
+                    continue;
+                }
+                if w.machine.fatal {
+                    return None;
+                }
+                if let Err(e) = w.machine.step().await {
+                    return Some((Err(e), w));
+                }
+            }
+        })
+    }
+
+    /// Keep the store in sync without producing events. Errors are logged and retried with
+    /// backoff; only a configuration the API server refuses (an invalid shard selector)
+    /// ends it, logged as an error. Spawn it, and read through the [`Reader`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// let task = tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.len(), 2);
+    /// task.abort(); // stop caching (a controller would keep it running)
+    /// # Ok(()) }
+    /// ```
+    pub async fn run(mut self) {
+        self.machine.set_emit(false);
+        while !self.machine.fatal {
+            // Errors are logged (with the backoff delay) inside `step`.
+            let _ = self.machine.step().await;
+        }
+    }
+
+    /// An event's object, counted in `Stats::decodes`.
+    fn decode_counted(&self, body: &[u8]) -> std::result::Result<K, serde_json::Error> {
+        Counters::add(&self.stats.decodes, 1);
+        crate::model::json::decode_copy::<K>(body)
+    }
+
+    fn decode(&self, raw: RawEvent, refs: bool) -> Option<Result<Touched<K>>> {
+        let obj = |body: &[u8]| match self.decode_counted(body) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
+                None
+            }
+        };
+        if refs {
+            match raw {
+                RawEvent::InitApply(_) => return None,
+                RawEvent::Apply(b) => {
+                    let shared = b.decoded.and_then(|d| d.downcast::<K>().ok());
+                    let obj = match shared {
+                        Some(obj) => obj,
+                        None => Arc::new(obj(&b.json)?),
+                    };
+                    return Some(Ok(Touched::Changed(obj)));
+                }
+                other => return self.decode(other, false),
+            }
+        }
+        Some(Ok(Touched::Event(match raw {
+            RawEvent::Rejected(r) => {
+                return Some(Err(crate::Error::ObjectRejected {
+                    path: self.path.clone(),
+                    key: r.key,
+                    resource_version: r.resource_version,
+                    reason: r.reason,
+                }));
+            }
+            RawEvent::Resumed(resource_version) => Event::Resumed { resource_version },
+            RawEvent::Init => Event::Init,
+            RawEvent::InitDone => Event::InitDone,
+            RawEvent::InitApply(b) => Event::InitApply(obj(&b.json)?),
+            RawEvent::Apply(b) => Event::Apply(obj(&b.json)?),
+            RawEvent::Delete(b) => match self.decode_counted(&b) {
+                Ok(k) => Event::Delete(k),
+                Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
+                    Ok(k) => {
+                        tracing::debug!(path = %self.path.display(), object = %k.metadata, error = %e,
+                            "deleted object does not decode; its key is delivered");
+                        Event::DeleteKey(k.metadata)
+                    }
+                    Err(_) => {
+                        tracing::warn!(path = %self.path.display(), error = %e,
+                            "deleted object has no readable metadata, skipped");
+                        return None;
+                    }
+                },
+            },
+        })))
+    }
+}
+
+/// An event as [`Watcher::events`] hands it out.
+pub(crate) enum Touched<K> {
+    Event(Event<K>),
+    /// An applied object (created or changed by the watch), with `refs`.
+    Changed(Arc<K>),
+}
+
+impl Db {
+    /// Open the persistent stream `name` for the collection of `api`, returning its
+    /// [`Reader`] and the [`Watcher`] that fills it.
+    ///
+    /// If the stream was stored before with the same identity (kind, URL, selectors,
+    /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
+    ///
+    /// Opening reads the stream's metadata from disk on the calling thread. A stream is
+    /// open once per process: while its `Watcher` lives, opening it again is
+    /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
+    /// aborted task, a lost leader election), this call waits, blocking, until the writes
+    /// that watcher left queued on the store's disk thread are done (usually milliseconds,
+    /// at most 60 s), so the new watcher starts from the latest checkpoint. A task running
+    /// the `Watcher` that was just aborted and not awaited still holds the stream until the
+    /// runtime drops it: on a multi-thread runtime (or outside one) this call waits up to
+    /// 2 s for that (in `block_in_place`); on a current-thread runtime nothing else runs
+    /// while it blocks, so it fails at once: await the aborted `JoinHandle` first.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::{Api, Client};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), kube_persist::Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// println!("{} pods cached", reader.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        self.store_with(name, api, config, &K::DynamicType::default())
+    }
+
+    /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+    /// let gvk = GroupVersionKind::gvk("", "v1", "Pod");
+    /// let resource = ApiResource::from_gvk(&gvk);
+    /// let api = Api::<DynamicObject>::all_with(client, &resource);
+    /// let (reader, watcher) = db.store_with("pods", api, kube_persist::Config::default(), &resource)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(pod.data["spec"]["nodeName"], "node-1");
+    /// # Ok(()) }
+    /// ```
+    pub fn store_with<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+        dyntype: &K::DynamicType,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
+    {
+        config.check()?;
+        let url = api.resource_url().to_string();
+        let kind = K::kind(dyntype);
+        if config.sensitive.unwrap_or(kind == "Secret")
+            && !config.allow_sensitive_data
+            && !config.keys_only
+        {
+            return Err(crate::Error::Config(format!(
+                "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
+                 Config::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
+                self.path().display()
+            )));
+        }
+        let identity = identity::<K>(&url, &config, dyntype, false, self.key_fingerprint());
+        let keys_only = config
+            .keys_only
+            .then(|| (identity.api_version.clone(), identity.kind.clone()));
+        let validate = index::inspector::<K>(config.validate, &config.indexes)?;
+        let (reader, mut watcher) = self.open_pair(
+            name,
+            api.into_client(),
+            url,
+            config,
+            identity,
+            validate,
+            false,
+        )?;
+        match keys_only {
+            Some(type_meta) => {
+                watcher
+                    .machine
+                    .configure_writer(|w| w.set_keys_only(Some(type_meta)));
+                Ok((reader.keys_only(), watcher))
+            }
+            None => Ok((reader, watcher)),
+        }
+    }
+
+    /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
+    /// annotations, owners, versions) instead of whole objects, like kube-runtime's
+    /// `metadata_watcher`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let api = kube::Api::<Pod>::all(client);
+    /// let (reader, watcher) = db.metadata_store("pods-meta", api, kube_persist::Config::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let meta = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(meta.metadata.labels.as_ref().unwrap()["app"], "web");
+    /// # Ok(()) }
+    /// ```
+    pub fn metadata_store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: Config,
+    ) -> Result<Pair<PartialObjectMeta<K>>>
+    where
+        K: Resource + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        config.check()?;
+        let url = api.resource_url().to_string();
+        let identity = identity::<K>(
+            &url,
+            &config,
+            &K::DynamicType::default(),
+            true,
+            self.key_fingerprint(),
+        );
+        let validate = index::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
+        self.open_pair(
+            name,
+            api.into_client(),
+            url,
+            config,
+            identity,
+            validate,
+            true,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_pair<K>(
+        &self,
+        name: &str,
+        client: kube::Client,
+        url: String,
+        config: Config,
+        identity: Identity,
+        validate: Option<index::Inspector>,
+        metadata_only: bool,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
+    {
+        let opened = self.open_stream(name, &identity, config.get_shard())?;
+        let stats = Arc::new(Counters::default());
+        if opened.reset.is_some() {
+            Counters::add(&stats.identity_resets, 1);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(Status::default());
+        let path = self.path().to_path_buf();
+        let cache = self.hot_cache(name, config.hot_cache_bytes);
+        let cipher = self.cipher();
+        let closer = opened.lease.closer();
+        let writer = Writer::new(
+            opened.backend.clone(),
+            path.clone(),
+            opened.state,
+            tx,
+            stats.clone(),
+            cache.clone(),
+            cipher.clone(),
+            opened.lease,
+        );
+        let reader = store::Reader::new(
+            opened.backend,
+            path.clone(),
+            rx,
+            stats.clone(),
+            cache,
+            cipher,
+        );
+        let mut writer = writer;
+        // A narrowed shard still holding objects it no longer owns is not ready.
+        writer.set_pruning(writer.prune_pending()?.is_some());
+        writer.publish();
+        // Indexes already built for exactly this configuration are usable at once.
+        writer.set_compress(self.compression());
+        let built = writer.built_indexes()?;
+        if built == config.index_names() {
+            writer.set_built_indexes(&built)?;
+        }
+        let machine = Machine::new(
+            client,
+            url,
+            metadata_only,
+            config,
+            validate,
+            writer,
+            self.worker(),
+            stats.clone(),
+        );
+        Ok((
+            reader,
+            Watcher {
+                machine,
+                _closer: closer,
+                path,
+                stats,
+                _k: PhantomData,
+            },
+        ))
+    }
+}
+
+fn identity<K: Resource>(
+    url: &str,
+    cfg: &Config,
+    dt: &K::DynamicType,
+    metadata_only: bool,
+    encryption: Option<String>,
+) -> Identity {
+    Identity {
+        format_version: FORMAT_VERSION,
+        api_version: K::api_version(dt).into_owned(),
+        kind: K::kind(dt).into_owned(),
+        url: url.to_string(),
+        label_selector: cfg.label_selector.clone(),
+        field_selector: cfg.field_selector.clone(),
+        metadata_only,
+        keys_only: cfg.keys_only,
+        transform: cfg.transform.as_ref().map(|t| t.0.clone()),
+        encryption,
+    }
+}

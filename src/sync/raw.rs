@@ -1,0 +1,326 @@
+//! The write path's view of server responses: raw JSON, never a decoded page.
+//!
+//! A LIST page is parsed into borrowed `RawValue` slices of one response buffer; each item
+//! is reduced to the few fields the store needs and its JSON bytes. Decoding into `K`
+//! (optional validation) happens one object at a time.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::config::Config;
+use super::index::Inspector;
+use crate::disk::keys::object_suffix;
+use crate::store::Incoming;
+
+#[derive(Deserialize)]
+pub(crate) struct ListPage<'a> {
+    #[serde(default)]
+    pub(crate) metadata: ListMeta,
+    #[serde(borrow, default)]
+    pub(crate) items: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct ListMeta {
+    #[serde(rename = "resourceVersion", default)]
+    pub(crate) resource_version: Option<String>,
+    #[serde(rename = "continue", default)]
+    pub(crate) continue_token: Option<String>,
+    /// Set by a server that filtered the list by `shardSelector` (the selector, echoed).
+    #[serde(rename = "shardInfo", default)]
+    pub(crate) shard_info: Option<ShardInfo>,
+}
+
+/// `ListMeta.shardInfo`.
+#[derive(Deserialize, Default)]
+pub(crate) struct ShardInfo {
+    #[serde(default)]
+    pub(crate) selector: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WatchLine<'a> {
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    #[serde(borrow)]
+    pub(crate) object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct Head {
+    metadata: HeadMeta,
+}
+
+#[derive(Deserialize)]
+struct HeadMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// The parts of an `ERROR` watch event's `Status`.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct StatusBody {
+    #[serde(default)]
+    pub(crate) code: u16,
+    #[serde(default)]
+    pub(crate) reason: String,
+    #[serde(default)]
+    pub(crate) message: String,
+    #[serde(default)]
+    pub(crate) details: Option<StatusDetails>,
+}
+
+/// `Status.details`, for its causes.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct StatusDetails {
+    #[serde(default)]
+    pub(crate) causes: Vec<StatusCause>,
+}
+
+/// One `Status.details.causes` entry.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct StatusCause {
+    #[serde(default)]
+    pub(crate) reason: String,
+}
+
+impl StatusBody {
+    /// 504 with cause `ResourceVersionTooLarge`, as kube-apiserver's watch cache sends it
+    /// in an `ERROR` event when the requested resourceVersion is newer than it has seen.
+    pub(crate) fn is_too_large(&self) -> bool {
+        self.details.as_ref().is_some_and(|d| {
+            d.causes
+                .iter()
+                .any(|c| c.reason == "ResourceVersionTooLarge")
+        }) || (self.code == 504 && self.message.contains("Too large resource version"))
+    }
+}
+
+/// A bookmark's resourceVersion and whether it ends a streaming list's initial events.
+pub(crate) fn bookmark(object: &RawValue) -> Option<(String, bool)> {
+    let head: Head = serde_json::from_str(object.get()).ok()?;
+    let end = head
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("k8s.io/initial-events-end"))
+        .is_some_and(|v| v == "true");
+    Some((head.metadata.resource_version?, end))
+}
+
+/// Why an object from the server was not stored.
+#[derive(Debug)]
+pub(crate) struct BadObject {
+    /// Best-effort `namespace/name` or a prefix of the JSON.
+    pub(crate) what: String,
+    pub(crate) why: String,
+    /// The object's key suffix, when its name (and namespace) could be read: the stored
+    /// version of that object must then be removed, not kept as current.
+    pub(crate) key: Option<Vec<u8>>,
+    /// The rejected version, when it could be read.
+    pub(crate) resource_version: Option<String>,
+}
+
+impl BadObject {
+    /// A bad object that cannot be identified.
+    pub(crate) fn anonymous(what: String, why: String) -> Self {
+        BadObject {
+            what,
+            why,
+            key: None,
+            resource_version: None,
+        }
+    }
+}
+
+/// Reduce one object to what the store needs, applying the transform and validation.
+/// `keep`: keep the validation decode (the object decoded from the body as stored) in
+/// [`Incoming::decoded`]. Every decode is counted in `decodes`.
+pub(crate) fn incoming(
+    raw: &RawValue,
+    cfg: &Config,
+    inspect: Option<&Inspector>,
+    keep: bool,
+    decodes: &AtomicU64,
+) -> Result<Incoming, BadObject> {
+    let check = |body: &[u8]| {
+        decodes.fetch_add(1, Relaxed);
+        inspect.map(|f| f(body))
+    };
+    let json = raw.get();
+    // Validating decodes the object into the stream's type anyway: that one decode also
+    // gives the metadata, when the body is stored as received (no transform).
+    let decoded = match inspect {
+        Some(_) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+            check(json.as_bytes()).and_then(|r| r.ok())
+        }
+        _ => None,
+    };
+    let (m, entries, mut object) = match decoded {
+        Some(d) => (
+            HeadMeta {
+                name: d.name,
+                namespace: d.namespace,
+                uid: d.uid,
+                resource_version: d.resource_version,
+                annotations: None,
+            },
+            Some(d.entries),
+            d.object,
+        ),
+        None => {
+            let head: Head = serde_json::from_str(json).map_err(|e| {
+                BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+            })?;
+            (head.metadata, None, None)
+        }
+    };
+    let name = match m.name {
+        Some(n) if !n.is_empty() && !n.contains('\0') => n,
+        _ => {
+            return Err(BadObject::anonymous(
+                snippet(json),
+                "missing or invalid metadata.name".into(),
+            ));
+        }
+    };
+    let what = match &m.namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.clone(),
+    };
+    if m.namespace.as_deref().is_some_and(|ns| ns.contains('\0')) {
+        return Err(BadObject::anonymous(
+            what,
+            "invalid metadata.namespace".into(),
+        ));
+    }
+    let key = object_suffix(m.namespace.as_deref(), &name);
+    let rv = m.resource_version.filter(|rv| !rv.is_empty());
+    let bad = |why: String| BadObject {
+        what: what.clone(),
+        why,
+        key: Some(key.clone()),
+        resource_version: rv.clone(),
+    };
+    if json.len() > cfg.max_object_bytes {
+        return Err(bad(format!(
+            "{} bytes exceeds max_object_bytes {}",
+            json.len(),
+            cfg.max_object_bytes
+        )));
+    }
+    let Some(resource_version) = rv.clone() else {
+        return Err(bad("missing metadata.resourceVersion".into()));
+    };
+    let body = match &cfg.transform {
+        Some((_, f)) => {
+            let mut v: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            f(&mut v);
+            serde_json::to_vec(&v).map_err(|e| bad(format!("transform output: {e}")))?
+        }
+        None => json.as_bytes().to_vec(),
+    };
+    let index = match (entries, inspect.is_some()) {
+        (Some(entries), _) => entries,
+        (None, true) => {
+            let d = check(&body)
+                .expect("an inspector")
+                .map_err(|e| bad(format!("does not decode into the store's type: {e}")))?;
+            object = d.object;
+            d.entries
+        }
+        (None, false) => Vec::new(),
+    };
+    Ok(Incoming {
+        suffix: key,
+        uid: m.uid.unwrap_or_default(),
+        resource_version,
+        body,
+        index,
+        decoded: object.filter(|_| keep),
+        packed: None,
+    })
+}
+
+/// The key suffix of a deleted object (only name and namespace are needed).
+pub(crate) fn deleted_suffix(raw: &RawValue) -> Result<Vec<u8>, BadObject> {
+    let json = raw.get();
+    let head: Head = serde_json::from_str(json).map_err(|e| {
+        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+    })?;
+    match head.metadata.name {
+        Some(n) if !n.is_empty() => Ok(object_suffix(head.metadata.namespace.as_deref(), &n)),
+        _ => Err(BadObject::anonymous(
+            snippet(json),
+            "missing metadata.name".into(),
+        )),
+    }
+}
+
+/// The first bytes of a JSON text, for log lines about objects without a usable name.
+pub(crate) fn snippet(json: &str) -> String {
+    let mut end = json.len().min(120);
+    while !json.is_char_boundary(end) {
+        end -= 1;
+    }
+    json[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).unwrap()
+    }
+
+    #[test]
+    fn reduces_objects_and_rejects_bad_ones() {
+        let cfg = Config::default();
+        let ok = incoming(
+            &raw(r#"{"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}}"#),
+            &cfg,
+            None,
+            false,
+            &AtomicU64::new(0),
+        )
+        .unwrap();
+        assert_eq!(ok.resource_version, "7");
+        assert_eq!(ok.suffix, object_suffix(Some("n"), "a"));
+        let err = incoming(
+            &raw(r#"{"metadata":{"name":5,"resourceVersion":"7"}}"#),
+            &cfg,
+            None,
+            false,
+            &AtomicU64::new(0),
+        )
+        .unwrap_err();
+        assert!(err.why.contains("metadata"), "{err:?}");
+        let err = incoming(
+            &raw(r#"{"metadata":{"name":"a"}}"#),
+            &cfg,
+            None,
+            false,
+            &AtomicU64::new(0),
+        )
+        .unwrap_err();
+        assert_eq!(err.what, "a");
+        assert_eq!(err.key, Some(object_suffix(None, "a")));
+    }
+
+    #[test]
+    fn bookmarks_carry_the_initial_events_end() {
+        let b = raw(
+            r#"{"metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}"#,
+        );
+        assert_eq!(bookmark(&b), Some(("9".to_string(), true)));
+    }
+}
