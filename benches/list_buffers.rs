@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, DbConfig, Engine};
+use kube_persist::{Db, DbConfig, Engine, StreamConfig};
 use kube_persist_testkit::{ResourceType, TestServer};
 use support::rss_kib;
 
@@ -120,7 +120,7 @@ fn client(url: &str) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open_with(dir.path(), DbConfig::default().engine(engine)).expect("open");
         let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
-        let cfg = Config::default().page_size(page_size);
+        let cfg = StreamConfig::default().page_size(page_size);
         let (reader, watcher) = db.store("pods", api, cfg).expect("store");
         let started = Instant::now();
         let task = tokio::spawn(watcher.run());

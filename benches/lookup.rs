@@ -223,7 +223,7 @@ async fn measure_persist(
     } else {
         128 << 20
     };
-    let config = || kube_persist::Config::default().hot_cache(cache);
+    let config = || kube_persist::StreamConfig::default().hot_cache(cache);
     let (reader, persist_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .expect("stream");

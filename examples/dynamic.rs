@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
-use kube_persist::{Config, Db};
+use kube_persist::{Db, StreamConfig};
 
 /// Cache a custom resource (any kind) of the cluster your kubeconfig points at on disk.
 #[derive(Parser)]
@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let api = Api::<DynamicObject>::all_with(Client::try_default().await?, &ar);
 
     let db = Db::open(&dir)?;
-    let (reader, watcher) = db.store_with(&plural, api, Config::default(), &ar)?;
+    let (reader, watcher) = db.store_with(&plural, api, StreamConfig::default(), &ar)?;
     tokio::spawn(watcher.run());
     reader.wait_until_ready().await?;
     loop {

@@ -129,14 +129,14 @@ pub fn persistent_controller(
     db: &kube_persist::Db,
     client: Client,
 ) -> kube_persist::Result<kube_persist::Controller<Pod>> {
-    persistent_controller_with(db, client, kube_persist::Config::default())
+    persistent_controller_with(db, client, kube_persist::StreamConfig::default())
 }
 
 /// [`persistent_controller`] with the store's configuration (e.g. its shard).
 pub fn persistent_controller_with(
     db: &kube_persist::Db,
     client: Client,
-    store: kube_persist::Config,
+    store: kube_persist::StreamConfig,
 ) -> kube_persist::Result<kube_persist::Controller<Pod>> {
     use kube_persist::controller::{Config, Controller};
     Controller::for_store(

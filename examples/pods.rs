@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
-use kube_persist::{Config, Db, DbConfig, Engine, Event};
+use kube_persist::{Db, DbConfig, Engine, Event, StreamConfig};
 
 /// Cache every Pod of the cluster your kubeconfig points at on disk, and look them up.
 #[derive(Parser)]
@@ -63,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = Db::open_with(&dir, db_config)?;
     eprintln!("store {dir} ({} engine)", db.engine());
     // managedFields are often half of a Pod; few controllers read them.
-    let (reader, watcher) = db.store("pods", api, Config::default().drop_managed_fields())?;
+    let (reader, watcher) = db.store("pods", api, StreamConfig::default().drop_managed_fields())?;
 
     let started = Instant::now();
     tokio::spawn(async move {

@@ -4,7 +4,7 @@
 //! cargo run --release --example sharded [-- --shards 4] [--pods 20000] [--server-ignores-shards]
 //! ```
 //! Starts `testkit-server` (a Kubernetes API server for tests) with N Pods and one process
-//! per shard (`Config::shards(i, S)`, split by uid), each with its own store directory, and
+//! per shard (`StreamConfig::shards(i, S)`, split by uid), each with its own store directory, and
 //! checks, object by object (key and resourceVersion), that the shards are disjoint and
 //! that their union equals the server. Then:
 //!
@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, Shard, ShardKey};
+use kube_persist::{Db, Shard, ShardKey, StreamConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::{TcpListener, TcpStream};
@@ -120,7 +120,7 @@ async fn replica(index: u32, args: &Args) {
     let db = Db::open(dir).expect("open the store");
     let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
     let (reader, watcher) = db
-        .store("pods", api, Config::default().shard(shard.clone()))
+        .store("pods", api, StreamConfig::default().shard(shard.clone()))
         .expect("open the pods stream");
     let task = tokio::spawn(watcher.run());
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();

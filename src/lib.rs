@@ -25,12 +25,12 @@
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kube::{Api, Client, runtime::reflector::ObjectRef};
-//! use kube_persist::{Config, Db, Event};
+//! use kube_persist::{StreamConfig, Db, Event};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::try_default().await?;
 //! let db = Db::open("/var/lib/my-controller/cache")?;
-//! let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), Config::default().drop_managed_fields())?;
+//! let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), StreamConfig::default().drop_managed_fields())?;
 //!
 //! // Drive the store and react to changes (or `tokio::spawn(watcher.run())` to only cache).
 //! tokio::spawn(async move {
@@ -55,6 +55,7 @@
 #[doc = include_str!("../ARCHITECTURE.md")]
 pub mod architecture {}
 pub mod controller;
+mod db;
 mod disk;
 mod exec;
 #[cfg(feature = "metrics")]
@@ -73,7 +74,11 @@ pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
 };
 pub use sync::verify::{Difference, Verdict, Verification};
-pub use sync::{Config, DeletedKey, Event, Pair, Transform, Watcher};
+pub use sync::{DeletedKey, Event, Pair, StreamConfig, Transform, Watcher};
+
+/// The former name of [`StreamConfig`], kept so that code written against it still builds.
+#[deprecated(note = "renamed to `StreamConfig` (kube-runtime's root `Config` is the controller's)")]
+pub type Config = StreamConfig;
 
 /// The README's code blocks are compiled as doctests.
 #[doc = include_str!("../README.md")]

@@ -28,12 +28,12 @@
 //! use std::sync::{Arc, Mutex};
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kube::{Api, Client};
-//! use kube_persist::{Config, Db, metrics::Metrics};
+//! use kube_persist::{StreamConfig, Db, metrics::Metrics};
 //! use prometheus_client::{encoding::text::encode, registry::Registry};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let db = Db::open("/var/lib/my-controller/cache")?;
-//! let (reader, watcher) = db.store("pods", Api::<Pod>::all(Client::try_default().await?), Config::default())?;
+//! let (reader, watcher) = db.store("pods", Api::<Pod>::all(Client::try_default().await?), StreamConfig::default())?;
 //! let mut registry = Registry::default();
 //! let metrics = Metrics::register(&mut registry);
 //! metrics.add("pods", &reader);
@@ -173,7 +173,7 @@ const PHASES: [(SyncPhase, &str); 4] = [
 /// let db = kube_persist::Db::open(dir.path())?;
 /// let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
 /// let (reader, _watcher) =
-///     db.store("pods", kube::Api::<Pod>::all(client), kube_persist::Config::default())?;
+///     db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
 ///
 /// let mut registry = Registry::default();
 /// kube_persist::metrics::Metrics::register(&mut registry).add("pods", &reader);
@@ -225,7 +225,7 @@ impl Metrics {
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, _watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, _watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// use prometheus_client::{encoding::text::encode, registry::Registry};
     /// let mut registry = Registry::default();
     /// let metrics = kube_persist::metrics::Metrics::register(&mut registry);

@@ -9,7 +9,7 @@ use std::path::Path;
 use common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
-use kube_persist::{Compression, Config, Db, DbConfig, EncryptionKey, Error};
+use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};
 use kube_persist_testkit::{ResourceType, TestServer};
 
 fn modes(dir: &Path) -> Vec<(String, u32)> {
@@ -56,7 +56,11 @@ async fn store_is_private_whatever_the_umask(engine: Engine) {
         // The store reopens and resumes under the same umask.
         let db = try_open_db(engine, &dir).unwrap();
         let (reader, _w) = db
-            .store("pods", Api::<Pod>::all(server.client()), Config::default())
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                StreamConfig::default(),
+            )
             .unwrap();
         assert_eq!(reader.len(), 50, "umask {mask:o}");
         unsafe { libc::umask(old) };
@@ -112,7 +116,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         .store(
             "secrets",
             Api::<Secret>::all(server.client()),
-            Config::default(),
+            StreamConfig::default(),
         )
         .unwrap_err();
     assert!(err.to_string().contains("allow_sensitive_data"), "{err}");
@@ -121,7 +125,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         .metadata_store(
             "secret-meta",
             Api::<Secret>::all(server.client()),
-            Config::default(),
+            StreamConfig::default(),
         )
         .unwrap();
     let mut w = drive(watcher);
@@ -132,7 +136,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         .store(
             "secrets",
             Api::<Secret>::all(server.client()),
-            Config::default().allow_sensitive_data(),
+            StreamConfig::default().allow_sensitive_data(),
         )
         .unwrap();
     let mut w2 = drive(watcher);
@@ -143,7 +147,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         .store(
             "pods",
             Api::<Pod>::all(server.client()),
-            Config::default().sensitive(true),
+            StreamConfig::default().sensitive(true),
         )
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
@@ -185,7 +189,11 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
     {
         let db = open(Some(key(1)));
         let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), Config::default())
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                StreamConfig::default(),
+            )
             .unwrap();
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
@@ -201,7 +209,11 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
 
     for (k, what) in [(None, "missing key"), (Some(key(2)), "wrong key")] {
         let db = open(k);
-        match db.store("pods", Api::<Pod>::all(server.client()), Config::default()) {
+        match db.store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        ) {
             Err(Error::Encryption { path, .. }) => assert_eq!(path, dir, "{what}"),
             Err(e) => panic!("{what}: expected an encryption error, got {e}"),
             Ok(_) => panic!("{what}: opened an encrypted store"),
@@ -211,7 +223,11 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
     h.reset_counts();
     let db = open(Some(key(1)));
     let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
         .unwrap();
     let mut w = drive(watcher);
     assert!(matches!(w.until(|_| true).await[0], Ev::Resumed(_)));
@@ -260,7 +276,11 @@ async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
     )
     .unwrap();
     let (reader, _w) = db
-        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
         .unwrap();
     match reader.get_named(Some("ns-0"), "pod-3") {
         Err(Error::Corrupt { detail, .. }) => {
@@ -302,7 +322,11 @@ async fn every_codec_reads_back_and_codecs_mix_in_one_store(engine: Engine) {
             let db = Db::open_with(&dir, cfg).unwrap();
             h.reset_counts();
             let (reader, watcher) = db
-                .store("pods", Api::<Pod>::all(server.client()), Config::default())
+                .store(
+                    "pods",
+                    Api::<Pod>::all(server.client()),
+                    StreamConfig::default(),
+                )
                 .unwrap();
             let w = drive(watcher);
             converge(&reader, &h, &ResourceType::pods()).await;

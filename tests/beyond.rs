@@ -10,7 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::{Expression, Selector};
-use kube_persist::{Config, Reader};
+use kube_persist::{Reader, StreamConfig};
 use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, make_pod};
 
 fn node_of(p: &Pod) -> Vec<String> {
@@ -21,8 +21,8 @@ fn node_of(p: &Pod) -> Vec<String> {
         .collect()
 }
 
-fn cfg() -> Config {
-    Config::default()
+fn cfg() -> StreamConfig {
+    StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
         .index("node", node_of)
@@ -140,7 +140,8 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: E
     let h = server.handle();
     h.seed_pods(1200, 2);
     let dir = tempfile::tempdir().unwrap();
-    let base = || Config::default().backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let base =
+        || StreamConfig::default().backoff(Duration::from_millis(20), Duration::from_millis(200));
     {
         let db = try_open_db(engine, dir.path()).unwrap();
         let (_r, watcher) = db
@@ -206,7 +207,11 @@ async fn select_by_labels_with_and_without_an_index(engine: Engine) {
         .store("indexed", Api::<Pod>::all(server.client()), cfg())
         .unwrap();
     let (plain, w2) = db
-        .store("plain", Api::<Pod>::all(server.client()), Config::default())
+        .store(
+            "plain",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
         .unwrap();
     let mut d1 = drive(w1);
     let mut d2 = drive(w2);
@@ -269,7 +274,7 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
     h.seed_pods(1000, 2);
     let tmp = tempfile::tempdir().unwrap();
     let cfg = || {
-        Config::default()
+        StreamConfig::default()
             .keys_only()
             .backoff(Duration::from_millis(20), Duration::from_millis(200))
             .relist_jitter(Duration::from_millis(10))
@@ -282,7 +287,7 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
             .store(
                 "pods",
                 Api::<Pod>::all(server.client()),
-                Config::default().drop_managed_fields(),
+                StreamConfig::default().drop_managed_fields(),
             )
             .unwrap();
         let mut w = drive(w);

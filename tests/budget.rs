@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Event};
+use kube_persist::{Event, StreamConfig};
 use kube_persist_testkit::TestServer;
 
 use common::{Engine, init_tracing, try_open_db};
@@ -35,7 +35,7 @@ async fn idle_consumers_do_not_starve_other_lists(engine: Engine) {
         .seed_pods(per_namespace * (idle + 1), idle + 1);
     let dir = tempfile::tempdir().unwrap();
     let db = try_open_db(engine, dir.path()).unwrap();
-    let cfg = || Config::default().page_size(10);
+    let cfg = || StreamConfig::default().page_size(10);
     // Each idle stream is polled (on its own task, all at once) until its first object,
     // then handed back and kept, not polled.
     let mut tasks = Vec::new();

@@ -29,8 +29,8 @@ use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, Verb};
 use serde_json::json;
 use tokio::sync::oneshot;
 
-fn store_cfg() -> kube_persist::Config {
-    kube_persist::Config::default()
+fn store_cfg() -> kube_persist::StreamConfig {
+    kube_persist::StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
 }

@@ -28,7 +28,7 @@ use common::{Engine, last_line, try_open_db};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, VersionMatch};
-use kube_persist::{Config, SyncPhase};
+use kube_persist::{StreamConfig, SyncPhase};
 use kube_persist_testkit::{ServerOptions, TestServer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -39,11 +39,11 @@ const FLUSH_ENV: &str = "KP_CRASH_FLUSH";
 /// The schedule's seed unless `KP_CRASH_SEED` says otherwise.
 const DEFAULT_SEED: u64 = 0x6b70_6372_6173_6801;
 
-fn config() -> Config {
+fn config() -> StreamConfig {
     let c = if std::env::var("KP_CRASH_STREAMING").is_ok_and(|v| v == "1") {
-        Config::default().streaming_lists()
+        StreamConfig::default().streaming_lists()
     } else {
-        Config::default()
+        StreamConfig::default()
     };
     c.index("node", |p: &Pod| {
         p.spec

@@ -27,14 +27,14 @@ use common::{
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, Resource};
-use kube_persist::{Config, Db, DbConfig, Error, Event, Reader, SyncPhase};
+use kube_persist::{Db, DbConfig, Error, Event, Reader, StreamConfig, SyncPhase};
 use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer, Verb, make_pod};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-fn cfg() -> Config {
-    Config::default()
+fn cfg() -> StreamConfig {
+    StreamConfig::default()
         .backoff(Duration::from_millis(10), Duration::from_millis(100))
         .relist_jitter(Duration::from_millis(5))
 }
@@ -69,7 +69,7 @@ fn open_client<K>(
     engine: Engine,
     dir: &Path,
     api: Api<K>,
-    config: Config,
+    config: StreamConfig,
 ) -> Result<Client<K>, Error>
 where
     K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
@@ -79,7 +79,7 @@ where
 }
 
 /// A store of stream `s` in `db`, with its watcher's event stream driven on a task.
-fn client_on<K>(db: Db, api: Api<K>, config: Config) -> Result<Client<K>, Error>
+fn client_on<K>(db: Db, api: Api<K>, config: StreamConfig) -> Result<Client<K>, Error>
 where
     K: Resource + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default,
@@ -141,7 +141,7 @@ impl<K> Client<K> {
     }
 }
 
-fn pods_client(engine: Engine, dir: &Path, url: &str, config: Config) -> Client<Pod> {
+fn pods_client(engine: Engine, dir: &Path, url: &str, config: StreamConfig) -> Client<Pod> {
     let client = kube_persist_testkit::client_for_opts(url, None, false);
     open_client(engine, dir, Api::<Pod>::all(client), config).expect("store opens")
 }
@@ -154,7 +154,7 @@ async fn reopen_pods_client(
     engine: Engine,
     dir: &Path,
     url: &str,
-    config: Config,
+    config: StreamConfig,
 ) -> (Client<Pod>, Option<Duration>) {
     let t0 = Instant::now();
     let mut locked = false;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, Reader, SyncPhase};
+use kube_persist::{Db, Reader, StreamConfig, SyncPhase};
 use kube_persist_testkit::{
     ResourceType, ServerHandle, ServerOptions, StreamingLists, TestServer, Verb, make_pod,
 };
@@ -69,8 +69,8 @@ const MODES: [Mode; 4] = [
     },
 ];
 
-fn cfg(streaming: bool) -> Config {
-    let c = Config::default()
+fn cfg(streaming: bool) -> StreamConfig {
+    let c = StreamConfig::default()
         .page_size(PAGE)
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(5));
@@ -84,7 +84,11 @@ async fn server(mode: Mode) -> TestServer {
     server
 }
 
-fn open(server: &TestServer, dir: &std::path::Path, config: Config) -> (Db, Reader<Pod>, Driven) {
+fn open(
+    server: &TestServer,
+    dir: &std::path::Path,
+    config: StreamConfig,
+) -> (Db, Reader<Pod>, Driven) {
     let db = Db::open(dir).expect("open store");
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), config)

@@ -89,8 +89,12 @@ fn pods_api(server: &TestServer) -> Api<Pod> {
 
 /// Open stream `pods` (again) in `db`.
 fn open(db: &Db, server: &TestServer) -> (Reader<Pod>, Watcher<Pod>) {
-    db.store("pods", pods_api(server), kube_persist::Config::default())
-        .unwrap()
+    db.store(
+        "pods",
+        pods_api(server),
+        kube_persist::StreamConfig::default(),
+    )
+    .unwrap()
 }
 
 /// How many objects differ between the store and the server (missing, extra, or at

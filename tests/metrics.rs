@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, DbConfig, metrics::Metrics};
+use kube_persist::{Db, DbConfig, StreamConfig, metrics::Metrics};
 use kube_persist_testkit::{ResourceType, TestServer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
@@ -50,14 +50,14 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
         .store(
             "pods",
             Api::<Pod>::all(server.client()),
-            Config::default().page_size(250),
+            StreamConfig::default().page_size(250),
         )
         .unwrap();
     let (ns0, w_ns0) = db
         .store(
             "ns-0",
             Api::<Pod>::namespaced(server.client(), "ns-0"),
-            Config::default(),
+            StreamConfig::default(),
         )
         .unwrap();
     metrics.add("pods", &all);

@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube_persist::Config;
+use kube_persist::StreamConfig;
 use kube_persist_testkit::{ResourceType, ServerHandle, TestServer};
 
-fn cfg() -> Config {
-    Config::default()
+fn cfg() -> StreamConfig {
+    StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
         .hot_cache(64 << 20)

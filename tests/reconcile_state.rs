@@ -130,7 +130,7 @@ fn state_child() {
             stop: Mutex::new(Some(tx)),
             stop_on,
         });
-        let store_cfg = kube_persist::Config::default()
+        let store_cfg = kube_persist::StreamConfig::default()
             .backoff(Duration::from_millis(20), Duration::from_millis(200));
         let controller = Controller::for_store(
             &db,
@@ -552,7 +552,7 @@ async fn run_until(
         db,
         "deployments",
         Api::<Deployment>::namespaced(client, "app"),
-        kube_persist::Config::default(),
+        kube_persist::StreamConfig::default(),
         Config::default()
             .concurrency(1)
             .skip_unchanged_generation(generation_filter),
@@ -600,7 +600,7 @@ async fn sync_store(db: &kube_persist::Db, client: kube::Client, h: &ServerHandl
         .store(
             "deployments",
             Api::<Deployment>::namespaced(client, "app"),
-            kube_persist::Config::default(),
+            kube_persist::StreamConfig::default(),
         )
         .unwrap();
     let task = tokio::spawn(watcher.run());
@@ -683,7 +683,7 @@ async fn far_requeues_are_read_back_from_disk_when_due(engine: Engine) {
         &db,
         "in",
         Api::<ConfigMap>::namespaced(server.client(), "in"),
-        kube_persist::Config::default(),
+        kube_persist::StreamConfig::default(),
         Config::default().requeue_window(Duration::from_secs(1)),
     )
     .unwrap()

@@ -50,7 +50,7 @@ fn relist_child() {
             .engine(common::child_engine())
             .durability(Durability::EveryBatch);
         let db = Db::open_with(&dir, db_cfg).expect("child opens the store");
-        let store_cfg = kube_persist::Config::default()
+        let store_cfg = kube_persist::StreamConfig::default()
             .page_size(page)
             .backoff(Duration::from_millis(20), Duration::from_millis(200))
             .relist_jitter(Duration::ZERO);

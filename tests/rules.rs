@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, DbConfig, Durability};
+use kube_persist::{Db, DbConfig, Durability, StreamConfig};
 use kube_persist_testkit::{ResourceType, TestServer, Verb};
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -84,7 +84,7 @@ fn disk_work_runs_on_the_disk_thread_under_a_local_set() {
             .store(
                 "pods",
                 Api::<Pod>::all(server.client()),
-                Config::default().page_size(100),
+                StreamConfig::default().page_size(100),
             )
             .unwrap();
         let task = tokio::task::spawn_local(watcher.run());
@@ -104,8 +104,8 @@ fn disk_work_runs_on_the_disk_thread_under_a_local_set() {
 /// to fail validation on every attempt, forever); a page size of 0 is raised to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_range_config_is_clamped_and_the_watch_goes_live() {
-    let cfg = Config::default().timeout(300).page_size(0);
-    assert_eq!(cfg.get_timeout(), Config::MAX_TIMEOUT);
+    let cfg = StreamConfig::default().timeout(300).page_size(0);
+    assert_eq!(cfg.get_timeout(), StreamConfig::MAX_TIMEOUT);
     assert_eq!(cfg.get_page_size(), 1);
     let server = TestServer::start().await;
     server.handle().seed_pods(20, 2);
@@ -133,7 +133,7 @@ async fn backoff_resets_after_a_healthy_watch() {
     h.seed_pods(20, 2);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
-    let cfg = Config::default().backoff(Duration::from_millis(50), Duration::from_secs(20));
+    let cfg = StreamConfig::default().backoff(Duration::from_millis(50), Duration::from_secs(20));
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(server.client()), cfg)
         .unwrap();
@@ -222,7 +222,7 @@ async fn child_reads_a_huge_line() {
     let dir = std::env::var("KP_RULES_DIR").unwrap();
     let client = kube_persist_testkit::client_for(&url, None);
     let db = Db::open(dir).unwrap();
-    let cfg = Config::default()
+    let cfg = StreamConfig::default()
         .max_object_bytes(1 << 20)
         .relist_jitter(Duration::from_millis(1));
     let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), cfg).unwrap();

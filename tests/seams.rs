@@ -14,12 +14,12 @@ use common::{Ev, assert_matches, drive, eventually, init_tracing, try_open_db};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta};
 use kube::core::NamespaceResourceScope;
-use kube_persist::{Config, Engine, Shard, ShardKey};
+use kube_persist::{Engine, Shard, ShardKey, StreamConfig};
 use kube_persist_testkit::{ResourceType, TestServer};
 use serde_json::json;
 
-fn cfg() -> Config {
-    Config::default()
+fn cfg() -> StreamConfig {
+    StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
 }
@@ -29,7 +29,7 @@ fn cfg() -> Config {
 async fn sync_within(
     engine: Engine,
     server: &TestServer,
-    config: Config,
+    config: StreamConfig,
     limit: Duration,
     what: &str,
 ) {
@@ -249,7 +249,7 @@ async fn relists_in_a_row_back_off(engine: Engine) {
     h.faults().gone_every_watch(true);
     let dir = tempfile::tempdir().unwrap();
     let db = try_open_db(engine, dir.path()).unwrap();
-    let config = Config::default()
+    let config = StreamConfig::default()
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
         .relist_jitter(Duration::ZERO);
     let (reader, watcher) = db
@@ -476,7 +476,11 @@ fn counters_are_published_before_the_status(engine: Engine) {
         let dir = tempfile::tempdir().unwrap();
         let db = try_open_db(engine, dir.path()).unwrap();
         let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), Config::default())
+            .store(
+                "pods",
+                Api::<Pod>::all(server.client()),
+                StreamConfig::default(),
+            )
             .unwrap();
         let spinner = {
             let reader = reader.clone();

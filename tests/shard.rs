@@ -12,11 +12,11 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube_persist::{Config, Db, Error, Reader, Shard, ShardKey};
+use kube_persist::{Db, Error, Reader, Shard, ShardKey, StreamConfig};
 use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer, Verb};
 
-fn cfg(shard: Shard, streaming: bool) -> Config {
-    let c = Config::default()
+fn cfg(shard: Shard, streaming: bool) -> StreamConfig {
+    let c = StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
         .page_size(200)
@@ -51,7 +51,7 @@ fn open_pods(
     engine: Engine,
     dir: impl AsRef<std::path::Path>,
     server: &TestServer,
-    config: Config,
+    config: StreamConfig,
 ) -> (Db, Reader<Pod>, Driven) {
     let db = try_open_db(engine, dir).unwrap();
     let (reader, watcher) = db
@@ -78,7 +78,7 @@ async fn converge_shard(r: &Reader<Pod>, h: &ServerHandle, shard: &Shard) {
     }
 }
 
-/// Two replicas (`Config::shards(i, 2)`) each keep exactly their half; together they are
+/// Two replicas (`StreamConfig::shards(i, 2)`) each keep exactly their half; together they are
 /// the collection. The server filtered, so the client dropped nothing; a streaming-list
 /// replica does the same.
 async fn replicas_keep_their_half(engine: Engine) {
@@ -91,7 +91,7 @@ async fn replicas_keep_their_half(engine: Engine) {
     let mut driven = Vec::new();
     for i in 0..2u32 {
         let db = try_open_db(engine, dir.path().join(format!("replica-{i}"))).unwrap();
-        let c = Config::default().page_size(200).shards(i, 2);
+        let c = StreamConfig::default().page_size(200).shards(i, 2);
         let c = if i == 1 { c.streaming_lists() } else { c };
         let (reader, watcher) = db
             .store("pods", Api::<Pod>::all(server.client()), c)
@@ -225,9 +225,9 @@ async fn refused_shards_are_configuration_errors(engine: Engine) {
     let db: Db = try_open_db(engine, dir.path()).unwrap();
     let api = || Api::<Pod>::all(server.client());
     for bad in [
-        Config::default().shards(2, 2),
-        Config::default().shard(Shard::new(ShardKey::Uid)),
-        Config::default().shard(Shard::new(ShardKey::Uid).range(10, 10)),
+        StreamConfig::default().shards(2, 2),
+        StreamConfig::default().shard(Shard::new(ShardKey::Uid)),
+        StreamConfig::default().shard(Shard::new(ShardKey::Uid).range(10, 10)),
     ] {
         match db.store("pods", api(), bad) {
             Err(Error::Config(why)) => assert!(why.contains("shard"), "{why}"),
@@ -288,7 +288,9 @@ fn prune_child() {
     rt.block_on(async move {
         let client = kube_persist_testkit::client_for(&url, None);
         let db = try_open_db(child_engine(), &dir).expect("child opens the store");
-        let c = Config::default().page_size(50).shard(child_shard(&which));
+        let c = StreamConfig::default()
+            .page_size(50)
+            .shard(child_shard(&which));
         let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), c).unwrap();
         tokio::spawn(watcher.run());
         let mut last = String::new();
@@ -393,7 +395,7 @@ async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
         engine,
         dir.path(),
         &server,
-        Config::default().page_size(50).shard(quarter.clone()),
+        StreamConfig::default().page_size(50).shard(quarter.clone()),
     );
     converge_shard(&reader, &h, &quarter).await;
     assert_eq!(
@@ -410,7 +412,7 @@ async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
 async fn controller_replicas_reconcile_their_shard(engine: Engine) {
     use futures::StreamExt;
     use kube::runtime::controller::Action;
-    use kube_persist::controller::{Config as ControllerConfig, Controller};
+    use kube_persist::controller::{Controller, Config as ControllerConfig};
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();
@@ -424,7 +426,7 @@ async fn controller_replicas_reconcile_their_shard(engine: Engine) {
             &db,
             "pods",
             Api::<Pod>::all(server.client()),
-            Config::default().shards(i, 2),
+            StreamConfig::default().shards(i, 2),
             ControllerConfig::default(),
         )
         .unwrap();

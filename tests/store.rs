@@ -9,11 +9,11 @@ use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube_persist::{Config, Error, SyncPhase};
+use kube_persist::{Error, StreamConfig, SyncPhase};
 use kube_persist_testkit::{ResourceType, TestServer, Verb, make_pod};
 
-fn cfg(streaming: bool) -> Config {
-    let c = Config::default()
+fn cfg(streaming: bool) -> StreamConfig {
+    let c = StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10));
     if streaming { c.streaming_lists() } else { c }
@@ -557,10 +557,18 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) 
         other => panic!("expected Locked, got {other:?}"),
     }
     let _pair = db
-        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
         .unwrap();
     let err = db
-        .store("pods", Api::<Pod>::all(server.client()), Config::default())
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("already open"), "{err}");
 }

@@ -39,8 +39,8 @@ const PROMPT: Duration = Duration::from_secs(20);
 #[error("never fails")]
 struct Never;
 
-fn store_cfg() -> kube_persist::Config {
-    kube_persist::Config::default()
+fn store_cfg() -> kube_persist::StreamConfig {
+    kube_persist::StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
 }
@@ -442,7 +442,7 @@ async fn read_your_writes_on_opaque_versions_waits_for_the_awaited_version() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
     let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
-    let cfg = kube_persist::Config::default()
+    let cfg = kube_persist::StreamConfig::default()
         .backoff(Duration::from_millis(1500), Duration::from_secs(3))
         .relist_jitter(Duration::from_millis(10));
     let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), cfg).unwrap();
@@ -490,7 +490,7 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
     h.seed_pods(3, 1);
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path()).unwrap();
-    let run = |book: Arc<Book>, cfg: kube_persist::Config, ticks| {
+    let run = |book: Arc<Book>, cfg: kube_persist::StreamConfig, ticks| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let run = Controller::for_store(
             &db,

@@ -119,7 +119,7 @@ pub(super) async fn scan_figures(
 /// `by_index` throughput: a second stream of the same Pods with a `node` index (100
 /// nodes), read 10 nodes' worth (about a tenth of the Pods).
 pub(super) async fn index_figures(label: &str, db: &kube_persist::Db, client: &kube::Client) {
-    let config = kube_persist::Config::default().index("node", |p: &Pod| {
+    let config = kube_persist::StreamConfig::default().index("node", |p: &Pod| {
         p.spec
             .as_ref()
             .and_then(|s| s.node_name.clone())
@@ -165,7 +165,7 @@ pub(super) async fn profile_reads(
     let dir = tempfile::tempdir().expect("tempdir");
     let db_config = kube_persist::DbConfig::default().engine(engine);
     let db = kube_persist::Db::open_with(dir.path().join("store"), db_config).expect("open");
-    let config = kube_persist::Config::default().hot_cache(0);
+    let config = kube_persist::StreamConfig::default().hot_cache(0);
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config)
         .expect("stream");

@@ -369,7 +369,8 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
                 dbc = dbc.cache_capacity(c);
             }
             let db = kube_persist::Db::open_with(&dir, dbc).expect("open store");
-            let cfg = kube_persist::Config::default().validate(knob("KP_VALIDATE") != Some(0));
+            let cfg =
+                kube_persist::StreamConfig::default().validate(knob("KP_VALIDATE") != Some(0));
             let (reader, watcher) = db.store("pods", api, cfg).expect("open stream");
             let progress = opts.progress;
             // A cache-only user: `run()` keeps the store in sync without decoding events.
@@ -556,7 +557,7 @@ pub fn store_versions(dir: &Path, url: &str) -> BTreeMap<String, String> {
     let db = kube_persist::Db::open(dir).expect("open store");
     let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
     let (reader, _watcher) = db
-        .store("pods", api, kube_persist::Config::default())
+        .store("pods", api, kube_persist::StreamConfig::default())
         .expect("open stream");
     reader
         .iter()

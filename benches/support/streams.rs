@@ -61,7 +61,7 @@ pub async fn run(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport
                     .store(
                         &format!("pods-{}", namespace(i)),
                         api,
-                        kube_persist::Config::default(),
+                        kube_persist::StreamConfig::default(),
                     )
                     .expect("open stream");
                 tasks.push(tokio::spawn(watcher.run()));

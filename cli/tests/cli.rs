@@ -390,7 +390,7 @@ async fn stats_shows_controller_state(engine: Engine) {
             &db,
             "pods",
             kube::Api::<Pod>::all(server.client()),
-            kube_persist::Config::default(),
+            kube_persist::StreamConfig::default(),
             controller::Config::default(),
         )
         .unwrap()

@@ -155,7 +155,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut store = kube_persist::Config::default();
+    let mut store = kube_persist::StreamConfig::default();
     if opts.shards > 1 {
         store = store.shards(index, opts.shards);
     }

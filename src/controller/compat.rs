@@ -51,7 +51,7 @@ where
     /// let client = Client::try_default().await?;
     /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
     /// // The big kind on disk ...
-    /// let (pods, pod_watcher) = db.store("pods", Api::<Pod>::all(client.clone()), kube_persist::Config::default())?;
+    /// let (pods, pod_watcher) = db.store("pods", Api::<Pod>::all(client.clone()), kube_persist::StreamConfig::default())?;
     /// // ... the main kind in kube-runtime's in-memory store, as before.
     /// let (store, writer) = reflector::store::<ReplicaSet>();
     /// let replicasets = watcher(Api::<ReplicaSet>::all(client), watcher::Config::default()).default_backoff();

@@ -157,11 +157,8 @@ impl std::fmt::Debug for ControllerKeyspace {
     }
 }
 
-fn corrupt(path: &std::path::Path, name: &str, what: &str, detail: String) -> Error {
-    Error::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("controller state {name:?}: {what}: {detail}"),
-    }
+fn corrupt(path: &std::path::Path, name: &str, key: &[u8], detail: String) -> Error {
+    record::corrupt_in(path, &format!("controller state {name:?}"), key, detail)
 }
 
 /// Unix milliseconds of `t` (0 before the epoch).
@@ -175,8 +172,8 @@ fn from_unix_ms(ms: u64) -> SystemTime {
 }
 
 impl ControllerKeyspace {
-    fn decode(&self, what: &str, bytes: &[u8]) -> Result<ReconcileRecord> {
-        record::decode(bytes).map_err(|d| corrupt(&self.path, &self.name, what, d))
+    fn decode(&self, key: &[u8], bytes: &[u8]) -> Result<ReconcileRecord> {
+        record::decode(bytes).map_err(|d| corrupt(&self.path, &self.name, key, d))
     }
 
     /// Compare the stored identity with `identity`: the same keeps the state (`true` if
@@ -205,7 +202,9 @@ impl ControllerKeyspace {
 
     fn counts(&self) -> Result<Counts> {
         match self.backend.get(COUNTS_KEY)? {
-            Some(b) => record::decode(&b).map_err(|d| corrupt(&self.path, &self.name, "counts", d)),
+            Some(b) => {
+                record::decode(&b).map_err(|d| corrupt(&self.path, &self.name, COUNTS_KEY, d))
+            }
             None => Ok(Counts::default()),
         }
     }
@@ -214,7 +213,7 @@ impl ControllerKeyspace {
     pub(crate) fn get(&self, suffix: &[u8]) -> Result<Option<ReconcileRecord>> {
         let key = keys::tagged(RECONCILED, suffix);
         match self.backend.get(&key)? {
-            Some(b) => self.decode("record", &b).map(Some),
+            Some(b) => self.decode(&key, &b).map(Some),
             None => Ok(None),
         }
     }
@@ -235,7 +234,7 @@ impl ControllerKeyspace {
         let refs: Vec<&[u8]> = rkeys.iter().map(Vec::as_slice).collect();
         let mut found: Vec<Option<ReconcileRecord>> = vec![None; ops.len()];
         self.backend.get_each(&refs, &mut |i, v| {
-            found[i] = Some(self.decode("record", v)?);
+            found[i] = Some(self.decode(&rkeys[i], v)?);
             Ok(())
         })?;
         for (op, disk) in ops.iter().zip(found) {
@@ -287,12 +286,12 @@ impl ControllerKeyspace {
         cursor: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, ReconcileRecord)>> {
-        let (start, end) = keys::range(RECONCILED, None);
-        let start = keys::resume_after(cursor.map(|c| keys::tagged(RECONCILED, c)), start);
+        let after = cursor.map(|c| keys::tagged(RECONCILED, c));
         let mut out = Vec::new();
-        for entry in self.backend.range(&start, &end).take(limit) {
+        for entry in keys::chunk(&*self.backend, RECONCILED, after.as_deref(), limit) {
             let (k, v) = entry?;
-            out.push((k[1..].to_vec(), self.decode("record", &v)?));
+            let rec = self.decode(&k, &v)?;
+            out.push((k[1..].to_vec(), rec));
         }
         Ok(out)
     }
@@ -409,22 +408,8 @@ impl Db {
         self.storage().space(CONTROLLERS, name)
     }
 
-    /// The durable controllers' reconcile states kept in this store: objects tracked,
-    /// pending requeues, and the earliest due time. Read from disk (counts are kept with
-    /// each batch, so this reads a few keys per controller).
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// for c in db.controller_states()? {
-    ///     println!("{} {:?}: {} objects, {} requeues pending, oldest due {:?}",
-    ///         c.name, c.kinds, c.objects, c.pending_requeues, c.oldest_due);
-    /// }
-    /// assert!(db.controller_states()?.is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn controller_states(&self) -> Result<Vec<ControllerStateInfo>> {
+    /// The work of [`Db::controller_states`](crate::Db::controller_states).
+    pub(crate) fn controller_infos(&self) -> Result<Vec<ControllerStateInfo>> {
         let mut names = self.storage().spaces(CONTROLLERS)?;
         names.sort();
         let mut out = Vec::new();
@@ -435,9 +420,9 @@ impl Db {
                 continue;
             };
             let id: ControllerIdentity =
-                record::decode(&id).map_err(|d| corrupt(path, &name, "identity", d))?;
+                record::decode(&id).map_err(|d| corrupt(path, &name, CONTROLLER_KEY, d))?;
             let counts: Counts = match backend.get(COUNTS_KEY)? {
-                Some(b) => record::decode(&b).map_err(|d| corrupt(path, &name, "counts", d))?,
+                Some(b) => record::decode(&b).map_err(|d| corrupt(path, &name, COUNTS_KEY, d))?,
                 None => Counts::default(),
             };
             let (start, end) = keys::range(DUE, None);
@@ -456,17 +441,8 @@ impl Db {
         Ok(out)
     }
 
-    /// Every object record of controller `name`'s reconcile state, in key order, read
-    /// lazily from disk. An unknown controller is [`Error::Config`].
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// assert!(db.reconcile_states("pod-labeler").is_err()); // no such controller yet
-    /// # Ok(()) }
-    /// ```
-    pub fn reconcile_states(&self, name: &str) -> Result<ReconcileStates> {
+    /// The work of [`Db::reconcile_states`](crate::Db::reconcile_states).
+    pub(crate) fn reconcile_infos(&self, name: &str) -> Result<ReconcileStates> {
         let backend = self.controller_keyspace(name)?;
         let (start, end) = keys::range(RECONCILED, None);
         let path = self.path().to_path_buf();
@@ -474,10 +450,9 @@ impl Db {
         Ok(Box::new(backend.range(&start, &end).map(move |entry| {
             let (k, v) = entry?;
             let rec: ReconcileRecord =
-                record::decode(&v).map_err(|d| corrupt(&path, &name, "record", d))?;
+                record::decode(&v).map_err(|d| corrupt(&path, &name, &k, d))?;
             let suffix = &k[1..];
-            let ns = keys::suffix_namespace(suffix);
-            let obj_name = String::from_utf8_lossy(&suffix[ns.len() + 1.min(suffix.len())..]);
+            let (ns, obj_name) = keys::split_suffix(suffix);
             Ok(ReconcileStateInfo {
                 namespace: (!ns.is_empty()).then(|| ns.to_string()),
                 name: obj_name.into_owned(),

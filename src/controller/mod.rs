@@ -52,7 +52,7 @@
 //! let client = Client::try_default().await?;
 //! let db = Db::open("/var/lib/my-controller/cache")?;
 //! // Was: Controller::new(Api::<Pod>::all(client), watcher::Config::default())
-//! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::Config::default(),
+//! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::StreamConfig::default(),
 //!         controller::Config::default().concurrency(16))?
 //!     .durable_state(&db, "my-controller")? // a restart reconciles only what changed
 //!     .shutdown_on_signal()
@@ -245,7 +245,7 @@ where
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube_persist::controller::{Config, Controller};
     /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         kube_persist::Config::default(), Config::default())?
+    ///         kube_persist::StreamConfig::default(), Config::default())?
     ///     .durable_state(&db, "pod-labeler")?;
     /// # let _ = controller; Ok(()) }
     /// ```
@@ -264,14 +264,14 @@ where
     /// use kube_persist::{Db, controller::{Config, Controller}};
     /// let db = Db::open("/var/lib/my-controller/cache")?;
     /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///     kube_persist::Config::default().drop_managed_fields(), Config::default())?;
+    ///     kube_persist::StreamConfig::default().drop_managed_fields(), Config::default())?;
     /// # let _ = controller; Ok(()) }
     /// ```
     pub fn for_store(
         db: &Db,
         name: &str,
         api: Api<K>,
-        store_config: crate::Config,
+        store_config: crate::StreamConfig,
         config: Config,
     ) -> crate::Result<Self>
     where

@@ -13,6 +13,7 @@
 //!   before `loaded_until` at their due time (now if past), and the records of objects
 //!   that no longer exist forgotten.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -80,9 +81,8 @@ pub(crate) struct Sweep<K: Resource> {
 
 /// The namespace (`None` for cluster-scoped objects) and name of a key suffix
 /// (`namespace \0 name`).
-fn suffix_parts(suffix: &[u8]) -> (Option<&str>, std::borrow::Cow<'_, str>) {
-    let ns = crate::disk::keys::suffix_namespace(suffix);
-    let name = String::from_utf8_lossy(suffix.get(ns.len() + 1..).unwrap_or_default());
+fn suffix_parts(suffix: &[u8]) -> (Option<Cow<'_, str>>, Cow<'_, str>) {
+    let (ns, name) = crate::disk::keys::split_suffix(suffix);
     ((!ns.is_empty()).then_some(ns), name)
 }
 
@@ -91,7 +91,7 @@ pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) ->
     let (ns, name) = suffix_parts(suffix);
     let r = ObjectRef::new_with(&name, dyntype);
     match ns {
-        Some(ns) => r.within(ns),
+        Some(ns) => r.within(&ns),
         None => r,
     }
 }
@@ -283,7 +283,11 @@ where
     /// may come back before the forget is written, and record a new reconcile).
     fn forget(&mut self, suffix: Vec<u8>, seen: ReconcileRecord) -> crate::Result<Option<Plan<K>>> {
         let (ns, name) = suffix_parts(&suffix);
-        if self.reader.stored_resource_version(ns, &name)?.is_some() {
+        if self
+            .reader
+            .stored_resource_version(ns.as_deref(), &name)?
+            .is_some()
+        {
             tracing::trace!(object = %name, "record of an object stored during the startup pass kept");
             return Ok(None);
         }
@@ -348,7 +352,7 @@ where
             return false;
         };
         let (ns, name) = suffix_parts(suffix);
-        match self.reader.get_named(ns, &name) {
+        match self.reader.get_named(ns.as_deref(), &name) {
             Ok(Some(obj)) => obj.meta().generation == Some(done),
             _ => false,
         }

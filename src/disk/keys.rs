@@ -17,6 +17,11 @@
 //! mcontroller   mcounts                 identity; objects tracked and pending requeues
 //! ```
 
+use std::borrow::Cow;
+
+use super::{Backend, Entry};
+use crate::model::Result;
+
 pub(crate) const OBJECT: u8 = b'o';
 pub(crate) const SEEN: u8 = b's';
 pub(crate) const INDEX: u8 = b'i';
@@ -64,22 +69,43 @@ pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
     k
 }
 
-/// The namespace of an object key suffix (`""` for a cluster-scoped object).
-pub(crate) fn suffix_namespace(suffix: &[u8]) -> &str {
-    let end = suffix.iter().position(|&b| b == 0).unwrap_or(0);
-    std::str::from_utf8(&suffix[..end]).unwrap_or("")
+/// The namespace (`""` for a cluster-scoped object) and name of an object key suffix
+/// (`namespace \0 name`): the one parser of [`object_suffix`]'s layout. Borrows unless a part
+/// is not UTF-8 (never written by this crate), which is replaced lossily.
+pub(crate) fn split_suffix(suffix: &[u8]) -> (Cow<'_, str>, Cow<'_, str>) {
+    match suffix.iter().position(|&b| b == 0) {
+        Some(i) => (
+            String::from_utf8_lossy(&suffix[..i]),
+            String::from_utf8_lossy(&suffix[i + 1..]),
+        ),
+        None => (Cow::Borrowed(""), String::from_utf8_lossy(suffix)),
+    }
 }
 
-/// Where a chunked scan resumes: the first key after `cursor` (the last key done), or
-/// `start` when there is none yet.
-pub(crate) fn resume_after(cursor: Option<Vec<u8>>, start: Vec<u8>) -> Vec<u8> {
-    match cursor {
-        Some(mut c) => {
-            c.push(0);
-            c
+/// The namespace of an object key suffix (`""` for a cluster-scoped object).
+pub(crate) fn suffix_namespace(suffix: &[u8]) -> Cow<'_, str> {
+    split_suffix(suffix).0
+}
+
+/// One chunk of the chunked scan of every key with `tag`: at most `limit` entries after
+/// `after` (the last key of the chunk before, tag included), or from the first. The one
+/// cursor scan: relist sweeps, index builds, shard prunes and startup passes all resume so.
+pub(crate) fn chunk(
+    backend: &dyn Backend,
+    tag: u8,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> std::iter::Take<Box<dyn Iterator<Item = Result<Entry>> + Send>> {
+    let (start, end) = range(tag, None);
+    let from = match after {
+        Some(last) => {
+            let mut k = last.to_vec();
+            k.push(0);
+            k
         }
         None => start,
-    }
+    };
+    backend.range(&from, &end).take(limit)
 }
 
 /// Prefix `tag` to a suffix.
@@ -135,11 +161,9 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 /// Human-readable `namespace/name` (or `name`) for a key suffix, for logs and errors.
 pub(crate) fn display(suffix: &[u8]) -> String {
-    let s = String::from_utf8_lossy(suffix);
-    match s.split_once('\0') {
-        Some(("", name)) => name.to_string(),
-        Some((ns, name)) => format!("{ns}/{name}"),
-        None => s.into_owned(),
+    match split_suffix(suffix) {
+        (ns, name) if ns.is_empty() => name.into_owned(),
+        (ns, name) => format!("{ns}/{name}"),
     }
 }
 
@@ -175,5 +199,8 @@ mod tests {
     fn display_names_objects() {
         assert_eq!(display(&object_suffix(Some("ns"), "a")), "ns/a");
         assert_eq!(display(&object_suffix(None, "node-1")), "node-1");
+        let suffix = object_suffix(Some("ns"), "a");
+        assert_eq!(split_suffix(&suffix), ("ns".into(), "a".into()));
+        assert_eq!(split_suffix(b"bare"), ("".into(), "bare".into()));
     }
 }

@@ -3,8 +3,12 @@
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use std::path::Path;
+
 use crate::disk::Cipher;
 use crate::disk::Compression;
+use crate::disk::keys;
+use crate::model::Error;
 
 /// Version of the on-disk format. Part of the store identity: a store written with a
 /// format version this one cannot read is not resumed but rebuilt.
@@ -394,6 +398,45 @@ impl Record {
             })?,
         };
         unpack(self.codec, std::borrow::Cow::Owned(data)).map(std::borrow::Cow::into_owned)
+    }
+}
+
+/// The one "corrupt record" error: the value at `key` (a whole key, tag first) in the store at
+/// `path` does not decode or does not open.
+pub(crate) fn corrupt(path: &Path, key: &[u8], detail: impl std::fmt::Display) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("{}: {detail}", describe(key)),
+    }
+}
+
+/// [`corrupt`] for a record of a named keyspace (`stream "pods"`, `controller state "x"`),
+/// where the error should name it.
+pub(crate) fn corrupt_in(
+    path: &Path,
+    keyspace: &str,
+    key: &[u8],
+    detail: impl std::fmt::Display,
+) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("{keyspace}: {}: {detail}", describe(key)),
+    }
+}
+
+/// A key named for people: an object's records as `namespace/name`, metadata by its name.
+fn describe(key: &[u8]) -> String {
+    match key.split_first() {
+        Some((&keys::ENTRIES, suffix)) => format!("index entries of {}", keys::display(suffix)),
+        Some((&(keys::OBJECT | keys::SEEN | keys::RECONCILED), suffix)) => {
+            format!("record {}", keys::display(suffix))
+        }
+        Some((&keys::DUE, _)) => match keys::parse_due_key(key) {
+            Some((_, suffix)) => format!("requeue of {}", keys::display(suffix)),
+            None => "a requeue".to_string(),
+        },
+        Some((b'm', name)) => String::from_utf8_lossy(name).into_owned(),
+        _ => format!("key {:?}", String::from_utf8_lossy(key)),
     }
 }
 

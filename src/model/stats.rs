@@ -39,7 +39,7 @@ pub struct Stats {
     pub hot_cache_hits: u64,
     /// `Reader::get` calls that read from disk while the hot cache was enabled.
     pub hot_cache_misses: u64,
-    /// Objects of a sharded store ([`Config::shard`](crate::Config::shard)) that the
+    /// Objects of a sharded store ([`Config::shard`](crate::StreamConfig::shard)) that the
     /// server sent although they are outside the shard, dropped by the store: the server
     /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
     pub shard_client_filtered: u64,
@@ -48,7 +48,7 @@ pub struct Stats {
     /// up; none on a cold start or a routine reconnect). Not counted in `list_pages`.
     pub server_version_reads: u64,
     /// Objects decoded from JSON by the store: once per incoming object when it is
-    /// validated or indexed ([`Config::validate`](crate::Config::validate)), and once per
+    /// validated or indexed ([`Config::validate`](crate::StreamConfig::validate)), and once per
     /// read that decodes a stored body (a `get` that missed the hot cache, each object of
     /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
     /// to a reconcile) from the hot cache costs one decode in all.

@@ -118,7 +118,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_caught_up().await?;
     /// assert!(reader.is_caught_up() && reader.is_ready());
@@ -137,7 +137,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// use kube_persist::CatchUpRule;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_caught_up().await?;
@@ -162,13 +162,13 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = || kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api(), kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api(), kube_persist::StreamConfig::default())?;
     /// # let task = tokio::spawn(watcher.run());
     /// # reader.wait_until_ready().await?;
     /// # task.abort(); let _ = task.await; drop(reader);
     /// # server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-1");
     /// // A warm restart is ready at once, on the data of the last run ...
-    /// let (reader, watcher) = db.store("pods", api(), kube_persist::Config::default())?;
+    /// let (reader, watcher) = db.store("pods", api(), kube_persist::StreamConfig::default())?;
     /// assert!(reader.is_ready());
     /// tokio::spawn(watcher.run());
     /// // ... and caught up once it has applied what it missed.

@@ -21,7 +21,7 @@ use crate::model::{Error, Result};
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # tokio::spawn(watcher.run());
 /// reader.wait_until_ready().await?;
 /// let info: kube_persist::StreamInfo = db.streams()?.remove(0);
@@ -62,7 +62,7 @@ pub struct StreamInfo {
     pub format_version: u32,
     /// Whether only keys, uids and resourceVersions are stored (no bodies).
     pub keys_only: bool,
-    /// The shard the stream keeps ([`Config::shard`](crate::Config::shard)), if sharded.
+    /// The shard the stream keeps ([`Config::shard`](crate::StreamConfig::shard)), if sharded.
     pub shard: Option<Shard>,
 }
 
@@ -79,7 +79,7 @@ type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # tokio::spawn(watcher.run());
 /// reader.wait_until_ready().await?;
 /// let objects: kube_persist::RawObjects = db.raw_objects("pods")?;
@@ -90,16 +90,8 @@ type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
 
 impl Db {
-    /// The streams stored in this directory.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// assert!(db.streams()?.is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn streams(&self) -> Result<Vec<StreamInfo>> {
+    /// The work of [`Db::streams`](crate::Db::streams).
+    pub(crate) fn stream_infos(&self) -> Result<Vec<StreamInfo>> {
         let mut out = Vec::new();
         let mut names = self.inner.storage.keyspaces()?;
         names.sort();
@@ -133,44 +125,13 @@ impl Db {
         Ok(out)
     }
 
-    /// The bytes `stream` occupies in the store: for redb, its table's stored, metadata and
-    /// fragmented bytes; for sled, which keeps no per-stream figure, its keys and values
-    /// (counted by reading them all, before sled's own overhead).
-    /// [`Db::size_on_disk`] is the whole directory's size.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// // Only streams the store holds can be measured.
-    /// assert!(db.stream_disk_bytes("pods").is_err());
-    /// # Ok(()) }
-    /// ```
-    pub fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
+    /// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes).
+    pub(crate) fn stream_bytes(&self, stream: &str) -> Result<u64> {
         self.tree(stream)?.disk_bytes()
     }
 
-    /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
-    /// # tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// let json = db.raw_get("pods", Some("default"), "web-0")?.expect("stored");
-    /// let pod: serde_json::Value = serde_json::from_slice(&json)?;
-    /// assert_eq!(pod["spec"]["nodeName"], "node-1");
-    /// assert_eq!(db.raw_get("pods", Some("default"), "web-9")?, None);
-    /// assert!(db.raw_get("no-such-stream", None, "x").is_err());
-    /// # Ok(()) }
-    /// ```
-    pub fn raw_get(
+    /// The work of [`Db::raw_get`](crate::Db::raw_get).
+    pub(crate) fn raw_get_in(
         &self,
         stream: &str,
         namespace: Option<&str>,
@@ -184,27 +145,8 @@ impl Db {
         }
     }
 
-    /// Every stored object of `stream` as (`namespace/name`, JSON), read lazily from disk.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
-    /// # tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// for object in db.raw_objects("pods")? {
-    ///     let (key, json) = object?;
-    ///     println!("{key}: {} bytes", json.len());
-    /// }
-    /// assert_eq!(db.raw_objects("pods")?.count(), 2);
-    /// # Ok(()) }
-    /// ```
-    pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
+    /// The work of [`Db::raw_objects`](crate::Db::raw_objects).
+    pub(crate) fn raw_objects_in(&self, stream: &str) -> Result<RawObjects> {
         let (backend, cipher) = self.readable(stream)?;
         let (start, end) = keys::range(OBJECT, None);
         let db = self.clone();
@@ -255,24 +197,15 @@ impl Db {
         key: &[u8],
     ) -> Result<Option<T>> {
         match backend.get(key)? {
-            Some(b) => record::decode(&b)
-                .map(Some)
-                .map_err(|detail| Error::Corrupt {
-                    path: self.inner.path.clone(),
-                    detail: format!(
-                        "stream {stream:?}: {}: {detail}",
-                        String::from_utf8_lossy(key)
-                    ),
-                }),
+            Some(b) => record::decode(&b).map(Some).map_err(|d| {
+                record::corrupt_in(&self.inner.path, &format!("stream {stream:?}"), key, d)
+            }),
             None => Ok(None),
         }
     }
 
     fn open_record(&self, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>> {
-        let corrupt = |detail: String| Error::Corrupt {
-            path: self.inner.path.clone(),
-            detail: format!("record {}: {detail}", keys::display(&key[1..])),
-        };
+        let corrupt = |detail: String| record::corrupt(&self.inner.path, key, detail);
         let rec: Record = record::decode(value).map_err(corrupt)?;
         rec.open(key, cipher).map_err(corrupt)
     }

@@ -131,38 +131,8 @@ impl std::fmt::Debug for Db {
 }
 
 impl Db {
-    /// Open (or create) the store directory at `path` with default options: an existing
-    /// store with the engine recorded in it, a new one with [`Engine::Redb`].
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// use kube_persist::{Db, Engine};
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = Db::open(dir.path().join("cache"))?; // created, mode 0700
-    /// assert_eq!(db.engine(), Engine::Redb);
-    /// assert!(db.streams()?.is_empty());
-    /// # Ok(()) }
-    /// ```
-    pub fn open(path: impl AsRef<Path>) -> Result<Db> {
-        Db::open_with(path, DbConfig::default())
-    }
-
-    /// Open (or create) the store directory at `path`.
-    ///
-    /// The directory is created with mode 0700: cached objects are cluster data. An existing
-    /// store is opened with the engine recorded in it unless `config` chose another one
-    /// ([`Error::EngineMismatch`]); see [`DbConfig::engine`].
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// use kube_persist::{Db, DbConfig};
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let config = DbConfig::default().cache_capacity(32 << 20).compression(false);
-    /// let db = Db::open_with(dir.path(), config)?;
-    /// assert_eq!(db.path(), dir.path());
-    /// # Ok(()) }
-    /// ```
-    pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
+    /// The work of [`Db::open_with`](crate::Db::open_with).
+    pub(crate) fn open_at(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
         let path = path.as_ref().to_path_buf();
         let open = perms::too_open(&path);
         if !open.is_empty() {
@@ -195,31 +165,8 @@ impl Db {
         })
     }
 
-    /// Remove the store directory at `path` and everything in it, so that the next start
-    /// lists from scratch. Use it after [`Error::Corrupt`]: nothing is lost that the API
-    /// server cannot give again.
-    ///
-    /// A path that does not exist is not an error (there is nothing to remove). To guard
-    /// against a wrong path, it refuses (with [`Error::Config`]) a directory that does not
-    /// look like a store: it must hold its engine's files and nothing else (the `engine`
-    /// file; for sled `conf`, `db`, `blobs/`, `snap.*`; for redb `data.redb`). It refuses
-    /// (with [`Error::Locked`]) a store that is open, in this process or another one;
-    /// checking that lock opens the store, which costs a recovery scan for a healthy sled
-    /// store.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let path = dir.path().join("cache");
-    /// drop(kube_persist::Db::open(&path)?);
-    /// kube_persist::Db::destroy(&path)?;
-    /// assert!(!path.exists());
-    /// // Not a store directory: refused.
-    /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
-    /// assert!(kube_persist::Db::destroy(dir.path()).is_err());
-    /// # Ok(()) }
-    /// ```
-    pub fn destroy(path: impl AsRef<Path>) -> Result<()> {
+    /// The work of [`Db::destroy`](crate::Db::destroy).
+    pub(crate) fn destroy_at(path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e| Error::from_io(path.to_path_buf(), e);
         let entries = match std::fs::read_dir(path) {
@@ -234,16 +181,8 @@ impl Db {
         Ok(())
     }
 
-    /// The store directory.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path().join("cache"))?;
-    /// assert_eq!(db.path(), dir.path().join("cache"));
-    /// # Ok(()) }
-    /// ```
-    pub fn path(&self) -> &Path {
+    /// The work of [`Db::path`](crate::Db::path).
+    pub(crate) fn dir(&self) -> &Path {
         &self.inner.path
     }
 
@@ -273,46 +212,18 @@ impl Db {
             .map(EncryptionKey::fingerprint)
     }
 
-    /// The storage engine this store is kept in: the one recorded in its directory (for a
-    /// new store, the one [`DbConfig::engine`] chose, or [`Engine::Redb`]).
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// use kube_persist::{Db, DbConfig, Engine};
-    /// let dir = tempfile::tempdir().unwrap();
-    /// drop(Db::open_with(dir.path(), DbConfig::default().engine(Engine::Sled))?);
-    /// // Reopened without a choice: the engine recorded in the directory.
-    /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
-    /// # Ok(()) }
-    /// ```
-    pub fn engine(&self) -> Engine {
+    /// The work of [`Db::engine`](crate::Db::engine).
+    pub(crate) fn engine_kind(&self) -> Engine {
         self.inner.engine
     }
 
-    /// Flush everything written so far to disk.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// // E.g. before a planned shutdown, when the durability is periodic.
-    /// db.flush()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn flush(&self) -> Result<()> {
+    /// The work of [`Db::flush`](crate::Db::flush).
+    pub(crate) fn flush_all(&self) -> Result<()> {
         self.inner.storage.flush()
     }
 
-    /// Bytes the database occupies on disk.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), kube_persist::Error> {
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let db = kube_persist::Db::open(dir.path())?;
-    /// assert!(db.size_on_disk()? > 0); // even an empty database has its header
-    /// # Ok(()) }
-    /// ```
-    pub fn size_on_disk(&self) -> Result<u64> {
+    /// The work of [`Db::size_on_disk`](crate::Db::size_on_disk).
+    pub(crate) fn bytes_on_disk(&self) -> Result<u64> {
         self.inner.storage.size_on_disk()
     }
 
@@ -356,12 +267,13 @@ impl Db {
         let path = &self.inner.path;
         let backend = self.inner.storage.keyspace(name)?;
 
-        let corrupt = |what: &str, detail: String| Error::Corrupt {
-            path: path.clone(),
-            detail: format!("stream {name:?}: {what}: {detail}"),
+        let corrupt = |key: &[u8], detail: String| {
+            record::corrupt_in(path, &format!("stream {name:?}"), key, detail)
         };
         let stored_identity = match backend.get(keys::IDENTITY_KEY)? {
-            Some(b) => Some(record::decode::<Identity>(&b).map_err(|d| corrupt("identity", d))?),
+            Some(b) => {
+                Some(record::decode::<Identity>(&b).map_err(|d| corrupt(keys::IDENTITY_KEY, d))?)
+            }
             None => None,
         };
         if let Some(stored) = &stored_identity
@@ -379,7 +291,7 @@ impl Db {
             });
         }
         let stored_shard = match backend.get(keys::SHARD_KEY)? {
-            Some(b) => Some(record::decode::<Shard>(&b).map_err(|d| corrupt("shard", d))?),
+            Some(b) => Some(record::decode::<Shard>(&b).map_err(|d| corrupt(keys::SHARD_KEY, d))?),
             None => None,
         };
         // A shard inside the stored one keeps the checkpoint: the objects outside it are
@@ -395,7 +307,7 @@ impl Db {
             )),
         };
         let stored_state = match backend.get(keys::STATE_KEY)? {
-            Some(b) => Some(record::decode::<State>(&b).map_err(|d| corrupt("state", d))?),
+            Some(b) => Some(record::decode::<State>(&b).map_err(|d| corrupt(keys::STATE_KEY, d))?),
             None => None,
         };
         let shard_change = match (shard_change, &stored_state) {
@@ -492,7 +404,7 @@ pub(crate) struct OpenStream {
 /// let dir = tempfile::tempdir()?;
 /// let db = kube_persist::Db::open(dir.path())?;
 /// let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// let (reader, _watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// let (reader, _watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// assert_eq!(reader.phase(), SyncPhase::Empty); // the watcher has not run yet
 /// # Ok(()) }
 /// ```

@@ -111,7 +111,7 @@ where
         }
     }
 
-    /// This reader's stream stores no bodies ([`Config::keys_only`](crate::Config::keys_only)).
+    /// This reader's stream stores no bodies ([`Config::keys_only`](crate::StreamConfig::keys_only)).
     pub(crate) fn keys_only(mut self) -> Self {
         self.keys_only = true;
         self
@@ -145,10 +145,7 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let head = record::decode_ref(&value).map_err(|detail| Error::Corrupt {
-            path: (*self.path).clone(),
-            detail: format!("record {}: {detail}", keys::display(&key[1..])),
-        })?;
+        let head = record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
         Ok(Some(head.resource_version.to_string()))
     }
 
@@ -161,7 +158,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use kube::runtime::reflector::ObjectRef;
     /// reader.wait_until_ready().await?;
@@ -184,7 +181,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let pod = reader.get_named(Some("default"), "web-1")?.expect("stored");
@@ -284,15 +281,11 @@ where
         cursor: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, String)>> {
-        let (start, end) = keys::range(OBJECT, None);
-        let start = keys::resume_after(cursor.map(|c| keys::tagged(OBJECT, c)), start);
+        let after = cursor.map(|c| keys::tagged(OBJECT, c));
         let mut out = Vec::with_capacity(limit.min(1024));
-        for entry in self.backend.range(&start, &end).take(limit) {
+        for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (k, v) = entry?;
-            let head = record::decode_ref(&v).map_err(|detail| Error::Corrupt {
-                path: (*self.path).clone(),
-                detail: format!("record {}: {detail}", keys::display(&k[1..])),
-            })?;
+            let head = record::decode_ref(&v).map_err(|d| record::corrupt(&self.path, &k, d))?;
             out.push((k[1..].to_vec(), head.resource_version.to_string()));
         }
         Ok(out)
@@ -308,7 +301,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// assert_eq!(reader.len(), 2);
@@ -328,7 +321,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// assert!(reader.is_empty()); // nothing listed yet
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
@@ -340,7 +333,7 @@ where
     }
 
     /// The objects whose labels match `selector`, streamed from disk. Uses a label index
-    /// ([`Config::label_index`](crate::Config::label_index)) for a `key=value` or
+    /// ([`Config::label_index`](crate::StreamConfig::label_index)) for a `key=value` or
     /// `key in (..)` term when one exists; otherwise scans the store.
     ///
     /// ```no_run
@@ -401,7 +394,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let rv = reader.checkpoint().expect("complete once");
@@ -423,7 +416,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use kube_persist::SyncPhase;
     /// reader.wait_until_ready().await?;
@@ -445,7 +438,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// if !reader.is_ready() {
     ///     reader.wait_until_ready().await?; // a cold start: the first list is running
@@ -486,7 +479,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_live().await?;
     /// assert!(reader.is_live());
@@ -508,7 +501,7 @@ where
     /// # let client = server.client();
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::Api;
-    /// use kube_persist::Config;
+    /// use kube_persist::StreamConfig;
     /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client.clone()), Config::default())?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
@@ -536,7 +529,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_live().await?;
     /// // Connected: changes on the server now reach the store as they happen.
@@ -557,7 +550,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let stats = reader.stats();
@@ -579,10 +572,7 @@ fn open_body<'v>(
     value: &'v [u8],
     cipher: Option<&Cipher>,
 ) -> Result<std::borrow::Cow<'v, [u8]>> {
-    let corrupt = |detail: String| Error::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("record {}: {detail}", keys::display(&key[1..])),
-    };
+    let corrupt = |detail: String| record::corrupt(path, key, detail);
     record::decode_ref(value)
         .map_err(corrupt)?
         .open(key, cipher)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
-use super::config::Config;
+use super::config::StreamConfig;
 use super::conn::Line;
 use super::index::Inspector;
 use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
@@ -24,7 +24,7 @@ const WRITE_THROUGH_MAX_BURST: usize = 128;
 /// Everything needed to turn server bytes into writes. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Ingest {
-    pub(crate) cfg: Arc<Config>,
+    pub(crate) cfg: Arc<StreamConfig>,
     pub(crate) validate: Option<Inspector>,
     pub(crate) stats: Arc<Counters>,
     pub(crate) url: Arc<str>,
@@ -85,7 +85,7 @@ impl Ingest {
             return true;
         };
         let ns = crate::disk::keys::suffix_namespace(&o.suffix);
-        if shard.contains(Some(&o.uid), Some(ns)) {
+        if shard.contains(Some(&o.uid), Some(&ns)) {
             return true;
         }
         Counters::add(&self.stats.shard_client_filtered, 1);

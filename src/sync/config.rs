@@ -26,21 +26,21 @@ pub type Transform = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
 /// How the watcher lists and watches.
 ///
 /// Fields are set through methods that keep them valid (out-of-range values are clamped
-/// and documented as such), so a `Config` can never make the watcher loop or send an
+/// and documented as such), so a `StreamConfig` can never make the watcher loop or send an
 /// invalid request.
 ///
 /// ```
 /// use std::time::Duration;
-/// let cfg = kube_persist::Config::default()
+/// let cfg = kube_persist::StreamConfig::default()
 ///     .labels("app=web")
 ///     .page_size(1000)
 ///     .timeout(600) // above kube-apiserver's limit: clamped
 ///     .drop_managed_fields();
 /// assert_eq!(cfg.get_page_size(), 1000);
-/// assert_eq!(cfg.get_timeout(), kube_persist::Config::MAX_TIMEOUT);
+/// assert_eq!(cfg.get_timeout(), kube_persist::StreamConfig::MAX_TIMEOUT);
 /// ```
 #[derive(Clone)]
-pub struct Config {
+pub struct StreamConfig {
     pub(crate) label_selector: Option<String>,
     pub(crate) field_selector: Option<String>,
     pub(crate) page_size: u32,
@@ -64,9 +64,9 @@ pub struct Config {
     pub(crate) shard: Option<std::result::Result<Shard, String>>,
 }
 
-impl Default for Config {
+impl Default for StreamConfig {
     fn default() -> Self {
-        Config {
+        StreamConfig {
             label_selector: None,
             field_selector: None,
             page_size: 500,
@@ -91,9 +91,9 @@ impl Default for Config {
     }
 }
 
-impl std::fmt::Debug for Config {
+impl std::fmt::Debug for StreamConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
+        f.debug_struct("StreamConfig")
             .field("label_selector", &self.label_selector)
             .field("field_selector", &self.field_selector)
             .field("page_size", &self.page_size)
@@ -106,29 +106,36 @@ impl std::fmt::Debug for Config {
     }
 }
 
-impl Config {
-    /// The largest page size ([`Config::page_size`] clamps to it).
+impl StreamConfig {
+    /// The selectors every LIST and WATCH of this stream carries.
+    pub(crate) fn selectors(&self) -> super::list::Selectors<'_> {
+        super::list::Selectors {
+            labels: self.label_selector.as_deref(),
+            fields: self.field_selector.as_deref(),
+        }
+    }
+    /// The largest page size ([`StreamConfig::page_size`] clamps to it).
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().page_size(1_000_000).get_page_size(), Config::MAX_PAGE_SIZE);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().page_size(1_000_000).get_page_size(), StreamConfig::MAX_PAGE_SIZE);
     /// ```
     pub const MAX_PAGE_SIZE: u32 = 100_000;
     /// The largest server-side watch timeout in seconds (kube-apiserver and kube-rs reject
     /// 295 and above).
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().timeout(3600).get_timeout(), Config::MAX_TIMEOUT);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().timeout(3600).get_timeout(), StreamConfig::MAX_TIMEOUT);
     /// ```
     pub const MAX_TIMEOUT: u32 = 294;
 
     /// The label selector, if any (part of the store identity).
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().get_label_selector(), None);
-    /// assert_eq!(Config::default().labels("app=web").get_label_selector(), Some("app=web"));
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_label_selector(), None);
+    /// assert_eq!(StreamConfig::default().labels("app=web").get_label_selector(), Some("app=web"));
     /// ```
     pub fn get_label_selector(&self) -> Option<&str> {
         self.label_selector.as_deref()
@@ -137,9 +144,9 @@ impl Config {
     /// The field selector, if any (part of the store identity).
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().get_field_selector(), None);
-    /// let cfg = Config::default().fields("status.phase=Running");
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_field_selector(), None);
+    /// let cfg = StreamConfig::default().fields("status.phase=Running");
     /// assert_eq!(cfg.get_field_selector(), Some("status.phase=Running"));
     /// ```
     pub fn get_field_selector(&self) -> Option<&str> {
@@ -149,9 +156,9 @@ impl Config {
     /// Objects per LIST page and per batch of events.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().get_page_size(), 500);
-    /// assert_eq!(Config::default().page_size(2000).get_page_size(), 2000);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_page_size(), 500);
+    /// assert_eq!(StreamConfig::default().page_size(2000).get_page_size(), 2000);
     /// ```
     pub fn get_page_size(&self) -> u32 {
         self.page_size
@@ -160,9 +167,9 @@ impl Config {
     /// Whether streaming lists are used.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert!(!Config::default().get_streaming_lists());
-    /// assert!(Config::default().streaming_lists().get_streaming_lists());
+    /// use kube_persist::StreamConfig;
+    /// assert!(!StreamConfig::default().get_streaming_lists());
+    /// assert!(StreamConfig::default().streaming_lists().get_streaming_lists());
     /// ```
     pub fn get_streaming_lists(&self) -> bool {
         self.streaming_lists
@@ -171,9 +178,9 @@ impl Config {
     /// The server-side watch timeout in seconds.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().get_timeout(), 290);
-    /// assert_eq!(Config::default().timeout(60).get_timeout(), 60);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_timeout(), 290);
+    /// assert_eq!(StreamConfig::default().timeout(60).get_timeout(), 60);
     /// ```
     pub fn get_timeout(&self) -> u32 {
         self.timeout
@@ -182,9 +189,9 @@ impl Config {
     /// The largest object, in bytes of JSON, that is stored.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().get_max_object_bytes(), 16 << 20);
-    /// assert_eq!(Config::default().max_object_bytes(1 << 20).get_max_object_bytes(), 1 << 20);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_max_object_bytes(), 16 << 20);
+    /// assert_eq!(StreamConfig::default().max_object_bytes(1 << 20).get_max_object_bytes(), 1 << 20);
     /// ```
     pub fn get_max_object_bytes(&self) -> usize {
         self.max_object_bytes
@@ -198,9 +205,9 @@ impl Config {
     /// Whether only keys, uids and resourceVersions are stored.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert!(!Config::default().get_keys_only());
-    /// assert!(Config::default().keys_only().get_keys_only());
+    /// use kube_persist::StreamConfig;
+    /// assert!(!StreamConfig::default().get_keys_only());
+    /// assert!(StreamConfig::default().keys_only().get_keys_only());
     /// ```
     pub fn get_keys_only(&self) -> bool {
         self.keys_only
@@ -210,8 +217,11 @@ impl Config {
     /// the field at fault. The setters already keep each field in range, so this only
     /// catches combinations.
     pub(crate) fn check(&self) -> crate::Result<()> {
-        let bad =
-            |field: &str, why: &str| Err(crate::Error::Config(format!("Config::{field}: {why}")));
+        let bad = |field: &str, why: &str| {
+            Err(crate::Error::Config(format!(
+                "StreamConfig::{field}: {why}"
+            )))
+        };
         if self.page_size == 0 || self.page_size > Self::MAX_PAGE_SIZE {
             return bad("page_size", "must be between 1 and MAX_PAGE_SIZE");
         }
@@ -247,8 +257,8 @@ impl Config {
     /// in one replica; `ShardKey::Uid` spreads a single kind evenly.
     ///
     /// ```
-    /// use kube_persist::{Config, Shard, ShardKey};
-    /// let cfg = Config::default().shard(Shard::new(ShardKey::Uid).range(0, 1 << 63));
+    /// use kube_persist::{StreamConfig, Shard, ShardKey};
+    /// let cfg = StreamConfig::default().shard(Shard::new(ShardKey::Uid).range(0, 1 << 63));
     /// assert!(cfg.get_shard().is_some());
     /// ```
     pub fn shard(mut self, shard: Shard) -> Self {
@@ -261,7 +271,7 @@ impl Config {
     /// opened ([`Error::Config`](crate::Error::Config)).
     ///
     /// ```
-    /// let cfg = kube_persist::Config::default().shards(1, 3);
+    /// let cfg = kube_persist::StreamConfig::default().shards(1, 3);
     /// assert_eq!(cfg.get_shard().unwrap().ranges().len(), 1);
     /// ```
     pub fn shards(mut self, index: u32, count: u32) -> Self {
@@ -272,12 +282,12 @@ impl Config {
     /// The shard kept, if any (and valid).
     ///
     /// ```
-    /// use kube_persist::{Config, ShardKey};
-    /// assert!(Config::default().get_shard().is_none());
-    /// let shard = Config::default().shards(0, 2).get_shard().cloned().unwrap();
+    /// use kube_persist::{StreamConfig, ShardKey};
+    /// assert!(StreamConfig::default().get_shard().is_none());
+    /// let shard = StreamConfig::default().shards(0, 2).get_shard().cloned().unwrap();
     /// assert_eq!(shard.key(), ShardKey::Uid);
     /// // An invalid shard is not kept: the store reports it when opened.
-    /// assert!(Config::default().shards(2, 2).get_shard().is_none());
+    /// assert!(StreamConfig::default().shards(2, 2).get_shard().is_none());
     /// ```
     pub fn get_shard(&self) -> Option<&Shard> {
         self.shard.as_ref().and_then(|s| s.as_ref().ok())
@@ -285,7 +295,7 @@ impl Config {
     /// Only objects matching this label selector.
     ///
     /// ```
-    /// let cfg = kube_persist::Config::default().labels("app=web,tier!=cache");
+    /// let cfg = kube_persist::StreamConfig::default().labels("app=web,tier!=cache");
     /// assert_eq!(cfg.get_label_selector(), Some("app=web,tier!=cache"));
     /// ```
     pub fn labels(mut self, selector: &str) -> Self {
@@ -296,7 +306,7 @@ impl Config {
     /// Only objects matching this field selector.
     ///
     /// ```
-    /// let cfg = kube_persist::Config::default().fields("spec.nodeName=node-1");
+    /// let cfg = kube_persist::StreamConfig::default().fields("spec.nodeName=node-1");
     /// assert_eq!(cfg.get_field_selector(), Some("spec.nodeName=node-1"));
     /// ```
     pub fn fields(mut self, selector: &str) -> Self {
@@ -305,7 +315,7 @@ impl Config {
     }
 
     /// Objects per LIST page (and per batch of events). Default 500. Clamped to
-    /// `1..=`[`Config::MAX_PAGE_SIZE`]: `0` would mean "no limit" to the API server (the
+    /// `1..=`[`StreamConfig::MAX_PAGE_SIZE`]: `0` would mean "no limit" to the API server (the
     /// whole collection in one response), which this store exists to avoid.
     ///
     /// A list slower than the server keeps its continue tokens (kube-apiserver's expire
@@ -316,9 +326,9 @@ impl Config {
     /// list completes; the page size returns to this one after a complete list.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().page_size(100).get_page_size(), 100);
-    /// assert_eq!(Config::default().page_size(0).get_page_size(), 1); // never "no limit"
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().page_size(100).get_page_size(), 100);
+    /// assert_eq!(StreamConfig::default().page_size(0).get_page_size(), 1); // never "no limit"
     /// ```
     pub fn page_size(mut self, n: u32) -> Self {
         self.page_size = n.clamp(1, Self::MAX_PAGE_SIZE);
@@ -333,10 +343,10 @@ impl Config {
     /// once, and the stream falls back to paginated LISTs, as client-go does. So does a
     /// stream whose streaming lists are cut before their end bookmark three times in a
     /// row (a `timeoutSeconds` or a load balancer's stream lifetime shorter than the
-    /// initial events take); each cut waits the [`Config::backoff`] first.
+    /// initial events take); each cut waits the [`StreamConfig::backoff`] first.
     ///
     /// ```
-    /// let cfg = kube_persist::Config::default().streaming_lists();
+    /// let cfg = kube_persist::StreamConfig::default().streaming_lists();
     /// assert!(cfg.get_streaming_lists());
     /// ```
     pub fn streaming_lists(mut self) -> Self {
@@ -352,7 +362,7 @@ impl Config {
     /// ```
     /// use std::time::Duration;
     /// // Give a slow server's initial events 2 minutes before falling back to paginated LISTs.
-    /// let cfg = kube_persist::Config::default()
+    /// let cfg = kube_persist::StreamConfig::default()
     ///     .streaming_lists()
     ///     .initial_events_timeout(Duration::from_secs(120));
     /// # let _ = cfg;
@@ -363,12 +373,12 @@ impl Config {
     }
 
     /// Server-side watch timeout in seconds (default 290, as kube-runtime). Clamped to
-    /// `1..=`[`Config::MAX_TIMEOUT`]: kube-apiserver's limit, which kube-rs enforces.
+    /// `1..=`[`StreamConfig::MAX_TIMEOUT`]: kube-apiserver's limit, which kube-rs enforces.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().timeout(120).get_timeout(), 120);
-    /// assert_eq!(Config::default().timeout(0).get_timeout(), 1);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().timeout(120).get_timeout(), 120);
+    /// assert_eq!(StreamConfig::default().timeout(0).get_timeout(), 1);
     /// ```
     pub fn timeout(mut self, seconds: u32) -> Self {
         self.timeout = seconds.clamp(1, Self::MAX_TIMEOUT);
@@ -381,7 +391,7 @@ impl Config {
     ///
     /// ```
     /// // Store what the server sends without decoding it first (a bad object then fails at `get`).
-    /// let cfg = kube_persist::Config::default().validate(false);
+    /// let cfg = kube_persist::StreamConfig::default().validate(false);
     /// # let _ = cfg;
     /// ```
     pub fn validate(mut self, on: bool) -> Self {
@@ -393,9 +403,9 @@ impl Config {
     /// above etcd's limit). A watch line is never read past this size. At least 1 KiB.
     ///
     /// ```
-    /// use kube_persist::Config;
-    /// assert_eq!(Config::default().max_object_bytes(256 << 10).get_max_object_bytes(), 256 << 10);
-    /// assert_eq!(Config::default().max_object_bytes(10).get_max_object_bytes(), 1 << 10);
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().max_object_bytes(256 << 10).get_max_object_bytes(), 256 << 10);
+    /// assert_eq!(StreamConfig::default().max_object_bytes(10).get_max_object_bytes(), 1 << 10);
     /// ```
     pub fn max_object_bytes(mut self, bytes: usize) -> Self {
         self.max_object_bytes = bytes.max(1 << 10);
@@ -407,7 +417,7 @@ impl Config {
     ///
     /// ```
     /// // Relist at the first ResourceVersionTooLarge instead of waiting for the replica to catch up.
-    /// let cfg = kube_persist::Config::default().too_large_retries(0);
+    /// let cfg = kube_persist::StreamConfig::default().too_large_retries(0);
     /// # let _ = cfg;
     /// ```
     pub fn too_large_retries(mut self, n: u32) -> Self {
@@ -423,7 +433,7 @@ impl Config {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let cfg = kube_persist::Config::default()
+    /// let cfg = kube_persist::StreamConfig::default()
     ///     .backoff(Duration::from_millis(100), Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
@@ -443,7 +453,7 @@ impl Config {
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
-    /// let config = kube_persist::Config::default().hot_cache(64 << 20); // 0: always read from disk
+    /// let config = kube_persist::StreamConfig::default().hot_cache(64 << 20); // 0: always read from disk
     /// let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
     /// let (reader, watcher) = db.store("pods", api, config)?;
     /// tokio::spawn(watcher.run());
@@ -466,7 +476,7 @@ impl Config {
     /// ```
     /// use std::time::Duration;
     /// // Many replicas relisting after the same 410: spread them over 10 s.
-    /// let cfg = kube_persist::Config::default().relist_jitter(Duration::from_secs(10));
+    /// let cfg = kube_persist::StreamConfig::default().relist_jitter(Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
     pub fn relist_jitter(mut self, d: Duration) -> Self {
@@ -478,12 +488,12 @@ impl Config {
     /// stream, an `ERROR` event) after a relist before the next relist is again immediate
     /// (default 2 minutes, as client-go's reflector). Relists closer together
     /// (a server answering `410` right after every sync, continue tokens that keep
-    /// expiring) wait the [`Config::backoff`] delays on top of their jitter, doubling each
+    /// expiring) wait the [`StreamConfig::backoff`] delays on top of their jitter, doubling each
     /// time up to the maximum.
     ///
     /// ```
     /// use std::time::Duration;
-    /// let cfg = kube_persist::Config::default().relist_backoff_reset(Duration::from_secs(600));
+    /// let cfg = kube_persist::StreamConfig::default().relist_backoff_reset(Duration::from_secs(600));
     /// assert_eq!(cfg.get_relist_backoff_reset(), Duration::from_secs(600));
     /// ```
     pub fn relist_backoff_reset(mut self, d: Duration) -> Self {
@@ -491,11 +501,11 @@ impl Config {
         self
     }
 
-    /// See [`Config::relist_backoff_reset`].
+    /// See [`StreamConfig::relist_backoff_reset`].
     ///
     /// ```
     /// use std::time::Duration;
-    /// assert_eq!(kube_persist::Config::default().get_relist_backoff_reset(), Duration::from_secs(120));
+    /// assert_eq!(kube_persist::StreamConfig::default().get_relist_backoff_reset(), Duration::from_secs(120));
     /// ```
     pub fn get_relist_backoff_reset(&self) -> Duration {
         self.relist_backoff_reset
@@ -513,7 +523,7 @@ impl Config {
     /// # let client = server.client();
     /// # server.handle().seed_pods(1, 1); // pod-0 in ns-0, with a status
     /// use kube::runtime::reflector::ObjectRef;
-    /// let config = kube_persist::Config::default().transform("no-status-v1", |pod| {
+    /// let config = kube_persist::StreamConfig::default().transform("no-status-v1", |pod| {
     ///     if let Some(obj) = pod.as_object_mut() {
     ///         obj.remove("status");
     ///     }
@@ -538,7 +548,7 @@ impl Config {
     }
 
     /// Mark this stream's kind as sensitive (or not), overriding the default (only `Secret`
-    /// is). Sensitive streams need [`Config::allow_sensitive_data`].
+    /// is). Sensitive streams need [`StreamConfig::allow_sensitive_data`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -547,10 +557,10 @@ impl Config {
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_persist::{Config, Error};
+    /// use kube_persist::{StreamConfig, Error};
     /// // ConfigMaps holding credentials: refuse to write them to disk without an explicit opt-in.
     /// let api = kube::Api::<ConfigMap>::all(client);
-    /// let err = db.store("config", api, Config::default().sensitive(true)).unwrap_err();
+    /// let err = db.store("config", api, StreamConfig::default().sensitive(true)).unwrap_err();
     /// assert!(matches!(err, Error::Config(_)));
     /// # Ok(()) }
     /// ```
@@ -573,10 +583,10 @@ impl Config {
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// use k8s_openapi::api::core::v1::Secret;
-    /// use kube_persist::Config;
+    /// use kube_persist::StreamConfig;
     /// let api = kube::Api::<Secret>::all(client);
-    /// assert!(db.store("secrets", api.clone(), Config::default()).is_err()); // not without opting in
-    /// let (reader, _watcher) = db.store("secrets", api, Config::default().allow_sensitive_data())?;
+    /// assert!(db.store("secrets", api.clone(), StreamConfig::default()).is_err()); // not without opting in
+    /// let (reader, _watcher) = db.store("secrets", api, StreamConfig::default().allow_sensitive_data())?;
     /// # let _ = reader;
     /// # Ok(()) }
     /// ```
@@ -592,7 +602,7 @@ impl Config {
     ///
     /// ```
     /// use k8s_openapi::api::core::v1::Pod;
-    /// let cfg = kube_persist::Config::default().index("node", |p: &Pod| {
+    /// let cfg = kube_persist::StreamConfig::default().index("node", |p: &Pod| {
     ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
     /// });
     /// # let _ = cfg;
@@ -620,7 +630,7 @@ impl Config {
     /// # let client = server.client();
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::core::{Expression, Selector};
-    /// let config = kube_persist::Config::default().label_index::<Pod>("app");
+    /// let config = kube_persist::StreamConfig::default().label_index::<Pod>("app");
     /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
@@ -671,7 +681,7 @@ impl Config {
     /// use kube::runtime::reflector::ObjectRef;
     /// use kube_persist::Event;
     /// let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// let (reader, watcher) = db.store("pods", api, kube_persist::Config::default().keys_only())?;
+    /// let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default().keys_only())?;
     /// let mut events = std::pin::pin!(watcher.stream());
     /// let mut listed = 0;
     /// while let Some(event) = events.next().await {
@@ -701,7 +711,7 @@ impl Config {
     /// # let client = server.client();
     /// # server.handle().seed_pods(1, 1); // pod-0 in ns-0, with managedFields
     /// use k8s_openapi::api::core::v1::Pod;
-    /// let config = kube_persist::Config::default().drop_managed_fields();
+    /// let config = kube_persist::StreamConfig::default().drop_managed_fields();
     /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;

@@ -13,7 +13,7 @@ use kube::core::params::WatchParams;
 use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
-use super::config::Config;
+use super::config::StreamConfig;
 use crate::model::{Error, Result};
 
 /// One line of a watch response.
@@ -125,7 +125,7 @@ pub(crate) enum ConnectFailure {
 pub(crate) struct Target<'a> {
     pub(crate) request: &'a Request,
     pub(crate) metadata_only: bool,
-    pub(crate) cfg: &'a Config,
+    pub(crate) cfg: &'a StreamConfig,
     /// The server-side timeout in seconds, when not the configured one.
     pub(crate) timeout: Option<u32>,
 }
@@ -290,7 +290,7 @@ fn broke(e: std::io::Error) -> Error {
 /// Add the `shardSelector` list option of a sharded stream to a LIST or WATCH request.
 pub(crate) fn with_shard(
     mut req: http::Request<Vec<u8>>,
-    cfg: &Config,
+    cfg: &StreamConfig,
 ) -> std::result::Result<http::Request<Vec<u8>>, Error> {
     let Some(shard) = cfg.get_shard() else {
         return Ok(req);
@@ -318,12 +318,8 @@ pub(crate) fn invalid_shard(e: &kube::Error) -> Option<Error> {
 /// Whether a `Status` says "resourceVersion too large" (kube-apiserver's
 /// `NewTooLargeResourceVersionError`: 504 with cause `ResourceVersionTooLarge`).
 pub(crate) fn is_too_large(s: &kube::core::Status) -> bool {
-    let cause = s.details.as_ref().is_some_and(|d| {
-        d.causes
-            .iter()
-            .any(|c| c.reason == "ResourceVersionTooLarge")
-    });
-    cause || (s.code == 504 && s.message.contains("Too large resource version"))
+    let causes = s.details.iter().flat_map(|d| &d.causes);
+    super::raw::too_large(s.code, &s.message, causes.map(|c| c.reason.as_str()))
 }
 
 #[cfg(test)]

@@ -26,10 +26,10 @@
 use std::time::Duration;
 
 use kube::core::Request;
-use kube::core::params::ListParams;
 use tokio::sync::watch;
 
-use super::config::Config;
+use super::config::StreamConfig;
+use super::list;
 use crate::model::Counters;
 use crate::model::resource_version;
 use crate::model::{Error, Result};
@@ -129,7 +129,7 @@ impl Tracker {
         &mut self,
         client: &kube::Client,
         request: &Request,
-        cfg: &Config,
+        cfg: &StreamConfig,
         stats: &Counters,
         checkpoint: &str,
     ) -> Option<u32> {
@@ -146,7 +146,7 @@ impl Tracker {
         &mut self,
         client: &kube::Client,
         request: &Request,
-        cfg: &Config,
+        cfg: &StreamConfig,
         stats: &Counters,
         checkpoint: &str,
     ) -> Option<u32> {
@@ -297,7 +297,11 @@ impl Tracker {
 
 /// The server's current resourceVersion: a consistent `LIST limit=1` of the collection's
 /// metadata (no resourceVersion, so not served from a stale cache).
-async fn server_version(client: &kube::Client, request: &Request, cfg: &Config) -> Result<String> {
+async fn server_version(
+    client: &kube::Client,
+    request: &Request,
+    cfg: &StreamConfig,
+) -> Result<String> {
     #[derive(serde::Deserialize)]
     struct ListHead {
         metadata: ListMeta,
@@ -307,12 +311,7 @@ async fn server_version(client: &kube::Client, request: &Request, cfg: &Config) 
         #[serde(rename = "resourceVersion")]
         resource_version: Option<String>,
     }
-    let lp = ListParams {
-        label_selector: cfg.label_selector.clone(),
-        field_selector: cfg.field_selector.clone(),
-        limit: Some(1),
-        ..ListParams::default()
-    };
+    let lp = list::params(cfg.selectors(), 1, list::From::Now);
     let context = || {
         format!(
             "LIST {} (limit=1, for the server's resourceVersion)",

@@ -1,5 +1,5 @@
 //! Secondary indexes: named functions from an object to index values, registered on the
-//! [`Config`](super::Config) and evaluated once per incoming object, on the write path.
+//! [`StreamConfig`](super::Config) and evaluated once per incoming object, on the write path.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub(crate) struct Inspected {
 pub(crate) type Inspector =
     Arc<dyn Fn(&[u8]) -> std::result::Result<Inspected, serde_json::Error> + Send + Sync>;
 
-/// Build the inspector for `K` from the type-erased index functions of a `Config`.
+/// Build the inspector for `K` from the type-erased index functions of a `StreamConfig`.
 /// `None` when there is nothing to check or index.
 pub(crate) fn inspector<K>(
     validate: bool,

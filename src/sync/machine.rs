@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
 use super::batch::{Ingest, Page, Parsed, Rejected};
-use super::config::Config;
+use super::config::StreamConfig;
 use super::conn::{ConnectFailure, Line, Target, WatchConn, invalid_shard, with_shard};
 use super::fresh::Tracker;
 use super::index::Inspector;
@@ -214,7 +214,7 @@ pub(crate) struct Machine {
     client: kube::Client,
     request: Request,
     metadata_only: bool,
-    cfg: Arc<Config>,
+    cfg: Arc<StreamConfig>,
     ingest: Ingest,
     disk: Disk,
     status: watch::Sender<Status>,
@@ -250,7 +250,7 @@ impl Machine {
         client: kube::Client,
         url: String,
         metadata_only: bool,
-        cfg: Config,
+        cfg: StreamConfig,
         validate: Option<Inspector>,
         writer: Writer,
         worker: DiskWorker,

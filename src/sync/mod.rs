@@ -12,6 +12,7 @@ mod config;
 mod conn;
 mod fresh;
 mod index;
+mod list;
 mod machine;
 mod pacing;
 mod raw;
@@ -26,7 +27,7 @@ use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use serde::de::DeserializeOwned;
 
-pub use config::{Config, Transform};
+pub use config::{StreamConfig, Transform};
 use machine::{Machine, RawEvent};
 
 use crate::disk::LeaseCloser;
@@ -50,7 +51,7 @@ use crate::{Reader, store};
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// use futures::StreamExt;
 /// use kube_persist::Event;
 /// let mut events = std::pin::pin!(watcher.stream());
@@ -93,7 +94,7 @@ pub enum Event<K> {
     /// An object was deleted (watch event, or absent from a relist).
     Delete(K),
     /// An object was deleted, but its last state does not decode into `K`: a relist's
-    /// deletion on a [keys-only](Config::keys_only) stream (which stores no bodies), or a
+    /// deletion on a [keys-only](StreamConfig::keys_only) stream (which stores no bodies), or a
     /// deleted object whose schema no longer fits the type. Carries its key.
     DeleteKey(DeletedKey),
 }
@@ -205,7 +206,7 @@ where
     /// shard selector): retrying cannot fix it, so the stream ends after yielding it.
     ///
     /// An object the store refuses (it does not decode into `K`, exceeds
-    /// [`Config::max_object_bytes`], or the transform fails) is yielded as
+    /// [`StreamConfig::max_object_bytes`], or the transform fails) is yielded as
     /// `Err(`[`Error::ObjectRejected`](crate::Error::ObjectRejected)`)` naming its key and
     /// resourceVersion, and counted in [`crate::Stats::bad_objects`]. Its previous version is
     /// removed from the store in the same batch (a store never serves, as current, a
@@ -220,7 +221,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// use futures::StreamExt;
     /// use kube_persist::Event;
     /// let mut events = std::pin::pin!(watcher.stream());
@@ -286,7 +287,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// let task = tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// assert_eq!(reader.len(), 2);
@@ -370,75 +371,26 @@ pub(crate) enum Touched<K> {
 }
 
 impl Db {
-    /// Open the persistent stream `name` for the collection of `api`, returning its
-    /// [`Reader`] and the [`Watcher`] that fills it.
-    ///
-    /// If the stream was stored before with the same identity (kind, URL, selectors,
-    /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
-    ///
-    /// Opening reads the stream's metadata from disk on the calling thread. A stream is
-    /// open once per process: while its `Watcher` lives, opening it again is
-    /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
-    /// aborted task, a lost leader election), this call waits, blocking, until the writes
-    /// that watcher left queued on the store's disk thread are done (usually milliseconds,
-    /// at most 60 s), so the new watcher starts from the latest checkpoint. A task running
-    /// the `Watcher` that was just aborted and not awaited still holds the stream until the
-    /// runtime drops it: on a multi-thread runtime (or outside one) this call waits up to
-    /// 2 s for that (in `block_in_place`); on a current-thread runtime nothing else runs
-    /// while it blocks, so it fails at once: await the aborted `JoinHandle` first.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use futures::StreamExt;
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube::{Api, Client};
-    ///
-    /// let client = Client::try_default().await?;
-    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
-    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), kube_persist::Config::default())?;
-    /// tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// println!("{} pods cached", reader.len());
-    /// # Ok(()) }
-    /// ```
-    pub fn store<K>(
+    /// The work of [`Db::store`](crate::Db::store).
+    pub(crate) fn open_store<K>(
         &self,
         name: &str,
         api: Api<K>,
-        config: Config,
+        config: StreamConfig,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        self.store_with(name, api, config, &K::DynamicType::default())
+        self.open_store_with(name, api, config, &K::DynamicType::default())
     }
 
-    /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-    /// let gvk = GroupVersionKind::gvk("", "v1", "Pod");
-    /// let resource = ApiResource::from_gvk(&gvk);
-    /// let api = Api::<DynamicObject>::all_with(client, &resource);
-    /// let (reader, watcher) = db.store_with("pods", api, kube_persist::Config::default(), &resource)?;
-    /// tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// let pod = reader.get_named(Some("default"), "web-0")?.unwrap();
-    /// assert_eq!(pod.data["spec"]["nodeName"], "node-1");
-    /// # Ok(()) }
-    /// ```
-    pub fn store_with<K>(
+    /// The work of [`Db::store_with`](crate::Db::store_with).
+    pub(crate) fn open_store_with<K>(
         &self,
         name: &str,
         api: Api<K>,
-        config: Config,
+        config: StreamConfig,
         dyntype: &K::DynamicType,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
@@ -453,7 +405,7 @@ impl Db {
         {
             return Err(crate::Error::Config(format!(
                 "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
-                 Config::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
+                 StreamConfig::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
                 self.path().display()
             )));
         }
@@ -482,31 +434,12 @@ impl Db {
         }
     }
 
-    /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
-    /// annotations, owners, versions) instead of whole objects, like kube-runtime's
-    /// `metadata_watcher`.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// let api = kube::Api::<Pod>::all(client);
-    /// let (reader, watcher) = db.metadata_store("pods-meta", api, kube_persist::Config::default())?;
-    /// tokio::spawn(watcher.run());
-    /// reader.wait_until_ready().await?;
-    /// let meta = reader.get_named(Some("default"), "web-0")?.unwrap();
-    /// assert_eq!(meta.metadata.labels.as_ref().unwrap()["app"], "web");
-    /// # Ok(()) }
-    /// ```
-    pub fn metadata_store<K>(
+    /// The work of [`Db::metadata_store`](crate::Db::metadata_store).
+    pub(crate) fn open_metadata_store<K>(
         &self,
         name: &str,
         api: Api<K>,
-        config: Config,
+        config: StreamConfig,
     ) -> Result<Pair<PartialObjectMeta<K>>>
     where
         K: Resource + Send + Sync + 'static,
@@ -539,7 +472,7 @@ impl Db {
         name: &str,
         client: kube::Client,
         url: String,
-        config: Config,
+        config: StreamConfig,
         identity: Identity,
         validate: Option<index::Inspector>,
         metadata_only: bool,
@@ -610,7 +543,7 @@ impl Db {
 
 fn identity<K: Resource>(
     url: &str,
-    cfg: &Config,
+    cfg: &StreamConfig,
     dt: &K::DynamicType,
     metadata_only: bool,
     encryption: Option<String>,

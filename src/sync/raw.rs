@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::config::Config;
+use super::config::StreamConfig;
 use super::index::Inspector;
 use crate::disk::keys::object_suffix;
 use crate::store::Incoming;
@@ -95,12 +95,21 @@ impl StatusBody {
     /// 504 with cause `ResourceVersionTooLarge`, as kube-apiserver's watch cache sends it
     /// in an `ERROR` event when the requested resourceVersion is newer than it has seen.
     pub(crate) fn is_too_large(&self) -> bool {
-        self.details.as_ref().is_some_and(|d| {
-            d.causes
-                .iter()
-                .any(|c| c.reason == "ResourceVersionTooLarge")
-        }) || (self.code == 504 && self.message.contains("Too large resource version"))
+        let causes = self.details.iter().flat_map(|d| &d.causes);
+        too_large(self.code, &self.message, causes.map(|c| c.reason.as_str()))
     }
+}
+
+/// The one "resourceVersion too large" rule, for a `Status` however it was decoded: cause
+/// `ResourceVersionTooLarge`, or kube-apiserver's 504 "Too large resource version" message
+/// (`NewTooLargeResourceVersionError`).
+pub(crate) fn too_large<'a>(
+    code: u16,
+    message: &str,
+    mut causes: impl Iterator<Item = &'a str>,
+) -> bool {
+    causes.any(|reason| reason == "ResourceVersionTooLarge")
+        || (code == 504 && message.contains("Too large resource version"))
 }
 
 /// A bookmark's resourceVersion and whether it ends a streaming list's initial events.
@@ -145,7 +154,7 @@ impl BadObject {
 /// [`Incoming::decoded`]. Every decode is counted in `decodes`.
 pub(crate) fn incoming(
     raw: &RawValue,
-    cfg: &Config,
+    cfg: &StreamConfig,
     inspect: Option<&Inspector>,
     keep: bool,
     decodes: &AtomicU64,
@@ -284,7 +293,7 @@ mod tests {
 
     #[test]
     fn reduces_objects_and_rejects_bad_ones() {
-        let cfg = Config::default();
+        let cfg = StreamConfig::default();
         let ok = incoming(
             &raw(r#"{"metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}}"#),
             &cfg,

@@ -14,10 +14,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kube::api::{ApiResource, DynamicObject, ListParams, VersionMatch};
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
+use super::list;
 use crate::disk::Backend;
 use crate::disk::keys::{self, OBJECT};
 use crate::disk::record;
@@ -41,7 +42,7 @@ const LIST_ATTEMPTS: u32 = 3;
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # let watching = tokio::spawn(watcher.run());
 /// # reader.wait_until_ready().await?;
 /// # watching.abort(); // verify a store nothing writes to
@@ -112,7 +113,7 @@ impl std::fmt::Display for Difference {
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # let watching = tokio::spawn(watcher.run());
 /// # reader.wait_until_ready().await?;
 /// # watching.abort(); // verify a store nothing writes to
@@ -156,7 +157,7 @@ pub enum Verdict {
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # let watching = tokio::spawn(watcher.run());
 /// # reader.wait_until_ready().await?;
 /// # watching.abort(); // verify a store nothing writes to
@@ -207,7 +208,7 @@ impl Verification {
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # let watching = tokio::spawn(watcher.run());
     /// # reader.wait_until_ready().await?;
     /// # watching.abort(); // verify a store nothing writes to
@@ -231,7 +232,7 @@ impl Verification {
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone());
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # let watching = tokio::spawn(watcher.run());
     /// # reader.wait_until_ready().await?;
     /// # watching.abort();
@@ -287,27 +288,8 @@ struct Target {
 }
 
 impl Db {
-    /// Compare stream `stream` with the collection it caches on the server `client` talks
-    /// to: list it (paginated, metadata only, with the stream's selectors and shard) and
-    /// compare object by object by key and resourceVersion. At most `max_differences`
-    /// differences are returned; all are counted.
-    ///
-    /// The stream must be synced (it equals the server at its checkpoint), and should not
-    /// be written while it is verified: a running watcher moves it on (the `kube-persist
-    /// verify` tool opens the store, so it cannot run beside the watcher's process).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
-    /// let report = db.verify("pods", kube::Client::try_default().await?, 10).await?;
-    /// if !report.is_ok() {
-    ///     for d in &report.differences {
-    ///         eprintln!("{d}");
-    ///     }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn verify(
+    /// The work of [`Db::verify`](crate::Db::verify).
+    pub(crate) async fn verify_stream(
         &self,
         stream: &str,
         client: Client,
@@ -422,18 +404,16 @@ impl Target {
         };
         let mut token: Option<String> = None;
         loop {
-            let mut lp = ListParams::default().limit(PAGE);
-            if let Some(l) = &self.labels {
-                lp = lp.labels(l);
-            }
-            if let Some(f) = &self.fields {
-                lp = lp.fields(f);
-            }
-            lp = match (&token, at) {
-                (Some(t), _) => lp.continue_token(t),
-                (None, At::Exactly(rv)) => lp.at(rv).matching(VersionMatch::Exact),
-                (None, At::Now) => lp,
+            let selectors = list::Selectors {
+                labels: self.labels.as_deref(),
+                fields: self.fields.as_deref(),
             };
+            let from = match (&token, at) {
+                (Some(t), _) => list::From::Continue(t),
+                (None, At::Exactly(rv)) => list::From::Exactly(rv),
+                (None, At::Now) => list::From::Now,
+            };
+            let lp = list::params(selectors, PAGE, from);
             let page = match self.api.list_metadata(&lp).await {
                 Ok(page) => page,
                 Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
@@ -559,10 +539,7 @@ fn find_extra(
 fn head_version(path: &Path, key: &[u8], value: &[u8]) -> Result<String> {
     record::decode_ref(value)
         .map(|r| r.resource_version.to_string())
-        .map_err(|detail| Error::Corrupt {
-            path: path.to_path_buf(),
-            detail: format!("record {}: {detail}", keys::display(&key[1..])),
-        })
+        .map_err(|detail| record::corrupt(path, key, detail))
 }
 
 /// A 128-bit digest of an object key: collisions are out of reach (2^-64 at 10^9 keys).

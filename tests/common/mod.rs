@@ -488,7 +488,7 @@ pub async fn sync_pods(server: &kube_persist_testkit::TestServer, db: &Db) {
         .store(
             "pods",
             kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client()),
-            kube_persist::Config::default(),
+            kube_persist::StreamConfig::default(),
         )
         .unwrap();
     let mut w = drive(watcher);

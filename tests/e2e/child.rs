@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
-use kube_persist::{Config, Event};
+use kube_persist::{Event, StreamConfig};
 use kube_persist_testkit::realk8s::RealK8s;
 
 use crate::common;
@@ -24,8 +24,8 @@ pub const PROBE: &str = "e2e-0/probe";
 pub const CONTROLLER: &str = "e2e-pods";
 
 /// The store options of the child processes (small pages: the list takes a while).
-pub fn store_config(streaming: bool) -> Config {
-    let c = Config::default()
+pub fn store_config(streaming: bool) -> StreamConfig {
+    let c = StreamConfig::default()
         .page_size(100)
         .backoff(Duration::from_millis(20), Duration::from_millis(500))
         .relist_jitter(Duration::from_millis(10));
@@ -149,7 +149,7 @@ fn error_policy(_: Arc<Pod>, _: &kube::Error, _: Arc<()>) -> Action {
 }
 
 async fn controller(db: kube_persist::Db, client: kube::Client) {
-    use kube_persist::controller::{Config as CConfig, Controller};
+    use kube_persist::controller::{Controller, Config as CConfig};
     let controller = Controller::for_store(
         &db,
         "pods",

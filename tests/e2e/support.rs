@@ -351,7 +351,7 @@ pub fn open_pods(
     server: &Server,
     dir: impl AsRef<std::path::Path>,
     engine: kube_persist::Engine,
-    config: kube_persist::Config,
+    config: kube_persist::StreamConfig,
 ) -> Result<(kube_persist::Db, Reader<Pod>, kube_persist::Watcher<Pod>), Fail> {
     let db = common::try_open_db(engine, dir)?;
     let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client.clone()), config)?;

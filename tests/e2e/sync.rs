@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube_persist::{Config, Engine, Event, SyncPhase};
+use kube_persist::{Engine, Event, StreamConfig, SyncPhase};
 
 use crate::common::{self, Ev, drive};
 use crate::support::*;
@@ -20,8 +20,8 @@ pub struct Shared {
 
 const PAGE: u32 = 500;
 
-pub fn config(streaming: bool) -> Config {
-    let c = Config::default()
+pub fn config(streaming: bool) -> StreamConfig {
+    let c = StreamConfig::default()
         .page_size(PAGE)
         .backoff(Duration::from_millis(20), Duration::from_millis(500));
     if streaming { c.streaming_lists() } else { c }

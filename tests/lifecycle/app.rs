@@ -102,8 +102,8 @@ impl RunCfg {
         )
     }
 
-    pub fn store_config(&self) -> kube_persist::Config {
-        let mut c = kube_persist::Config::default()
+    pub fn store_config(&self) -> kube_persist::StreamConfig {
+        let mut c = kube_persist::StreamConfig::default()
             .page_size(self.page)
             .backoff(Duration::from_millis(20), Duration::from_millis(300))
             .relist_jitter(Duration::from_millis(20));
@@ -218,8 +218,8 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Injected
 }
 
 /// The store configuration of the related objects' stream.
-fn rel_config() -> kube_persist::Config {
-    kube_persist::Config::default()
+fn rel_config() -> kube_persist::StreamConfig {
+    kube_persist::StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(300))
         .relist_jitter(Duration::from_millis(20))
 }

@@ -461,7 +461,7 @@ impl Model {
             // A second stream on the same Db, so that the disk thread has other work queued.
             let api = Api::<Pod>::all(self.server.client());
             let (_, watcher) = db
-                .store("busy", api, kube_persist::Config::default())
+                .store("busy", api, kube_persist::StreamConfig::default())
                 .unwrap();
             self.db = Some((db, tokio::spawn(watcher.run())));
         }

@@ -38,7 +38,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let ahead = reader.clone().read_threads(0); // one chunk per core at once
@@ -63,7 +63,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let mut names = Vec::new();
@@ -88,7 +88,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// assert_eq!(reader.iter_namespace("default").count(), 2);
@@ -112,7 +112,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// #[derive(serde::Deserialize)]
     /// struct NodeOnly {
@@ -147,7 +147,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-    /// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use kube::core::PartialObjectMeta;
     /// use k8s_openapi::api::core::v1::Pod;
@@ -184,7 +184,7 @@ where
     }
 
     /// The objects found under `value` in the secondary index `index` (see
-    /// [`Config::index`](crate::Config::index)), read lazily from disk without a scan,
+    /// [`Config::index`](crate::StreamConfig::index)), read lazily from disk without a scan,
     /// in chunks read in parallel like [`Reader::iter`].
     /// Fails if the index is not configured or still being built.
     ///
@@ -196,7 +196,7 @@ where
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let client = server.client();
     /// use k8s_openapi::api::core::v1::Pod;
-    /// let config = kube_persist::Config::default().index("node", |p: &Pod| {
+    /// let config = kube_persist::StreamConfig::default().index("node", |p: &Pod| {
     ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
     /// });
     /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
@@ -218,9 +218,8 @@ where
         let end = keys::prefix_end(&prefix);
         let (reader, prefix_len) = (self.clone(), prefix.len());
         let get: MapFn<Result<Option<Arc<K>>>> = Arc::new(move |(key, _)| {
-            let text = String::from_utf8_lossy(&key[prefix_len..]);
-            let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
-            reader.get_named((!ns.is_empty()).then_some(ns), name)
+            let (ns, name) = keys::split_suffix(&key[prefix_len..]);
+            reader.get_named((!ns.is_empty()).then_some(&*ns), &name)
         });
         let entries = self.backend.range(&prefix, &end);
         Ok(ByIndex {
@@ -239,7 +238,7 @@ where
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let config = kube_persist::Config::default().index("node", |p: &k8s_openapi::api::core::v1::Pod| {
+/// # let config = kube_persist::StreamConfig::default().index("node", |p: &k8s_openapi::api::core::v1::Pod| {
 /// #     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
 /// # });
 /// # let (reader, watcher) = db.store("pods", api, config)?;
@@ -284,7 +283,7 @@ where
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
-/// # let (reader, watcher) = db.store("pods", api, kube_persist::Config::default())?;
+/// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
 /// # tokio::spawn(watcher.run());
 /// reader.wait_until_ready().await?;
 /// let mut pods: kube_persist::Iter<_> = reader.iter();

@@ -11,7 +11,7 @@ use super::{Body, Change, Op, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
 use crate::disk::record::{self, Phase, Record, State};
-use crate::model::{Error, Result};
+use crate::model::Result;
 
 impl Writer {
     /// Apply `ops` and the next state in ONE atomic batch.
@@ -145,10 +145,8 @@ impl Writer {
         let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         self.backend.get_each(&refs, &mut |i, value| {
             let suffix = &keys[i][1..];
-            let r = record::decode_head(value).map_err(|detail| Error::Corrupt {
-                path: self.path.clone(),
-                detail: format!("record {}: {detail}", keys::display(suffix)),
-            })?;
+            let r =
+                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
             heads.insert(suffix.to_vec(), (r.resource_version, r.epoch));
             Ok(())
         })?;

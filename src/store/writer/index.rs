@@ -7,7 +7,7 @@ use super::Writer;
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, ENTRIES, INDEXES_KEY, OBJECT};
 use crate::disk::record;
-use crate::model::{Error, Result};
+use crate::model::Result;
 
 /// Index entries of one object: (index name, value).
 pub(crate) type Entries = Vec<(String, String)>;
@@ -49,10 +49,7 @@ impl Writer {
         }
         let key = keys::tagged(ENTRIES, suffix);
         match self.backend.get(&key)? {
-            Some(v) => record::decode(&v).map_err(|detail| Error::Corrupt {
-                path: self.path.clone(),
-                detail: format!("index entries of {}: {detail}", keys::display(suffix)),
-            }),
+            Some(v) => record::decode(&v).map_err(|d| record::corrupt(&self.path, &key, d)),
             None => Ok(Vec::new()),
         }
     }
@@ -89,10 +86,7 @@ impl Writer {
     /// The indexes built on disk.
     pub(crate) fn built_indexes(&self) -> Result<Vec<String>> {
         match self.backend.get(INDEXES_KEY)? {
-            Some(v) => record::decode(&v).map_err(|detail| Error::Corrupt {
-                path: self.path.clone(),
-                detail: format!("index list: {detail}"),
-            }),
+            Some(v) => record::decode(&v).map_err(|d| record::corrupt(&self.path, INDEXES_KEY, d)),
             None => Ok(Vec::new()),
         }
     }
@@ -127,22 +121,17 @@ impl Writer {
         limit: usize,
         inspect: &dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error>,
     ) -> Result<Option<Vec<u8>>> {
-        let (start, end) = keys::range(OBJECT, None);
-        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let mut last = None;
         let mut n = 0;
-        for entry in self.backend.range(&from, &end).take(limit) {
+        for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (key, value) = entry?;
             n += 1;
             let suffix = key[1..].to_vec();
             let rec = self.decode_record(&key, &value)?;
             let body = rec
                 .open(&key, self.cipher.as_deref())
-                .map_err(|detail| Error::Corrupt {
-                    path: self.path.clone(),
-                    detail: format!("record {}: {detail}", keys::display(&suffix)),
-                })?;
+                .map_err(|d| record::corrupt(&self.path, &key, d))?;
             match inspect(&body) {
                 Ok(new) => {
                     let old = self.entries(&suffix, &HashMap::new())?;

@@ -267,10 +267,7 @@ impl Writer {
     }
 
     fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Record> {
-        record::decode(value).map_err(|detail| Error::Corrupt {
-            path: self.path.clone(),
-            detail: format!("record {}: {detail}", keys::display(&key[1..])),
-        })
+        record::decode(value).map_err(|d| record::corrupt(&self.path, key, d))
     }
 
     fn write(&mut self, mut batch: WriteBatch, next: State, tally: Tally) -> Result<()> {

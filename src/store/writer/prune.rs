@@ -32,20 +32,16 @@ impl Writer {
         let Some(after) = self.prune_pending()? else {
             return Ok(true);
         };
-        let (start, end) = keys::range(OBJECT, None);
-        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let (mut scanned, mut pruned) = (0usize, 0u64);
         let mut last = None;
-        for entry in self.backend.range(&from, &end).take(limit) {
+        for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (key, value) = entry?;
             scanned += 1;
             let suffix = &key[1..];
-            let head = record::decode_head(&value).map_err(|detail| Error::Corrupt {
-                path: self.path.clone(),
-                detail: format!("record {}: {detail}", keys::display(suffix)),
-            })?;
-            if !shard.contains(Some(&head.uid), Some(keys::suffix_namespace(suffix))) {
+            let head =
+                record::decode_head(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+            if !shard.contains(Some(&head.uid), Some(&keys::suffix_namespace(suffix))) {
                 batch.delete(keys::tagged(SEEN, suffix));
                 let old = self.entries(suffix, &HashMap::new())?;
                 self.reindex(&mut batch, suffix, &old, &[]);

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use super::{Change, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
-use crate::disk::record::{Phase, Record};
-use crate::model::{Error, Result};
+use crate::disk::record::{self, Phase, Record};
+use crate::model::Result;
 
 impl Writer {
     /// Remove up to `limit` objects not seen in the current epoch. Returns the deletions
@@ -21,14 +21,12 @@ impl Writer {
             return Ok((Vec::new(), true));
         };
         let epoch = self.state.epoch;
-        let (start, end) = keys::range(OBJECT, None);
-        let from = keys::resume_after(after, start);
         let mut batch = WriteBatch::default();
         let mut changes = Vec::new();
         let mut deleted = 0u64;
         let mut scanned = 0usize;
         let mut last = None;
-        for entry in self.backend.range(&from, &end).take(limit) {
+        for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (key, value) = entry?;
             scanned += 1;
             let rec: Record = self.decode_record(&key, &value)?;
@@ -50,12 +48,9 @@ impl Writer {
                 if emit && self.keys_only.is_some() {
                     changes.push(Change::Deleted(self.describe(suffix, &rec)));
                 } else if emit {
-                    let body = rec.open(&key, self.cipher.as_deref()).map_err(|detail| {
-                        Error::Corrupt {
-                            path: self.path.clone(),
-                            detail: format!("record {}: {detail}", keys::display(suffix)),
-                        }
-                    })?;
+                    let body = rec
+                        .open(&key, self.cipher.as_deref())
+                        .map_err(|detail| record::corrupt(&self.path, &key, detail))?;
                     changes.push(Change::Deleted(body));
                 }
             }
@@ -91,15 +86,14 @@ impl Writer {
     /// A minimal object for a key-only record: type, name, namespace, uid, resourceVersion.
     fn describe(&self, suffix: &[u8], rec: &Record) -> Vec<u8> {
         let (api_version, kind) = self.keys_only.clone().unwrap_or_default();
-        let text = String::from_utf8_lossy(suffix);
-        let (ns, name) = text.split_once('\0').unwrap_or(("", &text));
+        let (ns, name) = keys::split_suffix(suffix);
         let mut meta = serde_json::json!({
             "name": name,
             "uid": rec.uid,
             "resourceVersion": rec.resource_version,
         });
         if !ns.is_empty() {
-            meta["namespace"] = ns.into();
+            meta["namespace"] = ns.as_ref().into();
         }
         serde_json::to_vec(
             &serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": meta}),

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::AsyncReadExt;
 use kube::core::Request;
-use kube::core::params::ListParams;
 
 use super::*;
+use crate::sync::list;
 
 /// A LIST page's commit, submitted to the disk thread by one step and taken in by the next
 /// (see [`Machine::list_page`]). The page and its permit are in the disk job, which ends
@@ -44,7 +44,7 @@ impl Machine {
             last_page_bytes: &self.last_page_bytes,
             page_size: self
                 .pacing
-                .page_size(self.cfg.page_size, Config::MAX_PAGE_SIZE),
+                .page_size(self.cfg.page_size, StreamConfig::MAX_PAGE_SIZE),
         }
     }
 
@@ -302,7 +302,7 @@ struct Lister<'a> {
     client: &'a kube::Client,
     request: &'a Request,
     metadata_only: bool,
-    cfg: &'a Config,
+    cfg: &'a StreamConfig,
     stats: &'a Counters,
     /// The configured page size, or more after continue tokens expired (see `Pacing`).
     page_size: u32,
@@ -326,13 +326,8 @@ impl Lister<'_> {
         &self,
         continue_token: Option<&str>,
     ) -> Result<Option<(Vec<u8>, PagePermit)>> {
-        let lp = ListParams {
-            label_selector: self.cfg.label_selector.clone(),
-            field_selector: self.cfg.field_selector.clone(),
-            limit: Some(self.page_size),
-            continue_token: continue_token.map(str::to_string),
-            ..ListParams::default()
-        };
+        let from = continue_token.map_or(list::From::Now, list::From::Continue);
+        let lp = list::params(self.cfg.selectors(), self.page_size, from);
         let context = || {
             format!(
                 "LIST {} (continue: {})",
@@ -408,7 +403,7 @@ mod tests {
                     seen.lock().unwrap().push((thread, free));
                 }
             };
-            let mut cfg = crate::Config::default()
+            let mut cfg = crate::StreamConfig::default()
                 .page_size(50)
                 .transform("probe", probe);
             if streaming {

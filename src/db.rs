@@ -1,0 +1,391 @@
+//! [`Db`]: every public method of a store directory in one place, each a short delegation
+//! to the layer that does the work (`store/` opens and inspects, `sync/` pairs a stream with
+//! its watcher and verifies it, `controller/` reads durable reconcile state). The type itself
+//! lives in `store/`, whose handle it is.
+
+use std::path::Path;
+
+use kube::api::{Api, PartialObjectMeta};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::{
+    ControllerStateInfo, Db, DbConfig, Engine, Pair, RawObjects, Reader, ReconcileStates, Result,
+    StreamConfig, StreamInfo, Verification, Watcher,
+};
+
+impl Db {
+    /// Open (or create) the store directory at `path` with default options: an existing
+    /// store with the engine recorded in it, a new one with [`Engine::Redb`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = Db::open(dir.path().join("cache"))?; // created, mode 0700
+    /// assert_eq!(db.engine(), Engine::Redb);
+    /// assert!(db.streams()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Db> {
+        Db::open_with(path, DbConfig::default())
+    }
+
+    /// Open (or create) the store directory at `path`.
+    ///
+    /// The directory is created with mode 0700: cached objects are cluster data. An existing
+    /// store is opened with the engine recorded in it unless `config` chose another one
+    /// ([`Error::EngineMismatch`]); see [`DbConfig::engine`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let config = DbConfig::default().cache_capacity(32 << 20).compression(false);
+    /// let db = Db::open_with(dir.path(), config)?;
+    /// assert_eq!(db.path(), dir.path());
+    /// # Ok(()) }
+    /// ```
+    pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
+        Db::open_at(path, config)
+    }
+
+    /// Remove the store directory at `path` and everything in it, so that the next start
+    /// lists from scratch. Use it after [`Error::Corrupt`]: nothing is lost that the API
+    /// server cannot give again.
+    ///
+    /// A path that does not exist is not an error (there is nothing to remove). To guard
+    /// against a wrong path, it refuses (with [`Error::Config`]) a directory that does not
+    /// look like a store: it must hold its engine's files and nothing else (the `engine`
+    /// file; for sled `conf`, `db`, `blobs/`, `snap.*`; for redb `data.redb`). It refuses
+    /// (with [`Error::Locked`]) a store that is open, in this process or another one;
+    /// checking that lock opens the store, which costs a recovery scan for a healthy sled
+    /// store.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("cache");
+    /// drop(kube_persist::Db::open(&path)?);
+    /// kube_persist::Db::destroy(&path)?;
+    /// assert!(!path.exists());
+    /// // Not a store directory: refused.
+    /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
+    /// assert!(kube_persist::Db::destroy(dir.path()).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn destroy(path: impl AsRef<Path>) -> Result<()> {
+        Db::destroy_at(path)
+    }
+
+    /// The store directory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path().join("cache"))?;
+    /// assert_eq!(db.path(), dir.path().join("cache"));
+    /// # Ok(()) }
+    /// ```
+    pub fn path(&self) -> &Path {
+        self.dir()
+    }
+
+    /// The storage engine this store is kept in: the one recorded in its directory (for a
+    /// new store, the one [`DbConfig::engine`] chose, or [`Engine::Redb`]).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig, Engine};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// drop(Db::open_with(dir.path(), DbConfig::default().engine(Engine::Sled))?);
+    /// // Reopened without a choice: the engine recorded in the directory.
+    /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
+    /// # Ok(()) }
+    /// ```
+    pub fn engine(&self) -> Engine {
+        self.engine_kind()
+    }
+
+    /// Flush everything written so far to disk.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// // E.g. before a planned shutdown, when the durability is periodic.
+    /// db.flush()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        self.flush_all()
+    }
+
+    /// Bytes the database occupies on disk.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.size_on_disk()? > 0); // even an empty database has its header
+    /// # Ok(()) }
+    /// ```
+    pub fn size_on_disk(&self) -> Result<u64> {
+        self.bytes_on_disk()
+    }
+
+    /// The streams stored in this directory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.streams()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn streams(&self) -> Result<Vec<StreamInfo>> {
+        self.stream_infos()
+    }
+
+    /// The bytes `stream` occupies in the store: for redb, its table's stored, metadata and
+    /// fragmented bytes; for sled, which keeps no per-stream figure, its keys and values
+    /// (counted by reading them all, before sled's own overhead).
+    /// [`Db::size_on_disk`] is the whole directory's size.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// // Only streams the store holds can be measured.
+    /// assert!(db.stream_disk_bytes("pods").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
+        self.stream_bytes(stream)
+    }
+
+    /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let json = db.raw_get("pods", Some("default"), "web-0")?.expect("stored");
+    /// let pod: serde_json::Value = serde_json::from_slice(&json)?;
+    /// assert_eq!(pod["spec"]["nodeName"], "node-1");
+    /// assert_eq!(db.raw_get("pods", Some("default"), "web-9")?, None);
+    /// assert!(db.raw_get("no-such-stream", None, "x").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn raw_get(
+        &self,
+        stream: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        self.raw_get_in(stream, namespace, name)
+    }
+
+    /// Every stored object of `stream` as (`namespace/name`, JSON), read lazily from disk.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// for object in db.raw_objects("pods")? {
+    ///     let (key, json) = object?;
+    ///     println!("{key}: {} bytes", json.len());
+    /// }
+    /// assert_eq!(db.raw_objects("pods")?.count(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
+        self.raw_objects_in(stream)
+    }
+
+    /// Open the persistent stream `name` for the collection of `api`, returning its
+    /// [`Reader`] and the [`Watcher`] that fills it.
+    ///
+    /// If the stream was stored before with the same identity (kind, URL, selectors,
+    /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
+    ///
+    /// Opening reads the stream's metadata from disk on the calling thread. A stream is
+    /// open once per process: while its `Watcher` lives, opening it again is
+    /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
+    /// aborted task, a lost leader election), this call waits, blocking, until the writes
+    /// that watcher left queued on the store's disk thread are done (usually milliseconds,
+    /// at most 60 s), so the new watcher starts from the latest checkpoint. A task running
+    /// the `Watcher` that was just aborted and not awaited still holds the stream until the
+    /// runtime drops it: on a multi-thread runtime (or outside one) this call waits up to
+    /// 2 s for that (in `block_in_place`); on a current-thread runtime nothing else runs
+    /// while it blocks, so it fails at once: await the aborted `JoinHandle` first.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures::StreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::{Api, Client};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// println!("{} pods cached", reader.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: StreamConfig,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        self.open_store(name, api, config)
+    }
+
+    /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+    /// let gvk = GroupVersionKind::gvk("", "v1", "Pod");
+    /// let resource = ApiResource::from_gvk(&gvk);
+    /// let api = Api::<DynamicObject>::all_with(client, &resource);
+    /// let (reader, watcher) = db.store_with("pods", api, kube_persist::StreamConfig::default(), &resource)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(pod.data["spec"]["nodeName"], "node-1");
+    /// # Ok(()) }
+    /// ```
+    pub fn store_with<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: StreamConfig,
+        dyntype: &K::DynamicType,
+    ) -> Result<(Reader<K>, Watcher<K>)>
+    where
+        K: Resource + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.open_store_with(name, api, config, dyntype)
+    }
+
+    /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
+    /// annotations, owners, versions) instead of whole objects, like kube-runtime's
+    /// `metadata_watcher`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let api = kube::Api::<Pod>::all(client);
+    /// let (reader, watcher) = db.metadata_store("pods-meta", api, kube_persist::StreamConfig::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let meta = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(meta.metadata.labels.as_ref().unwrap()["app"], "web");
+    /// # Ok(()) }
+    /// ```
+    pub fn metadata_store<K>(
+        &self,
+        name: &str,
+        api: Api<K>,
+        config: StreamConfig,
+    ) -> Result<Pair<PartialObjectMeta<K>>>
+    where
+        K: Resource + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        self.open_metadata_store(name, api, config)
+    }
+
+    /// Compare stream `stream` with the collection it caches on the server `client` talks
+    /// to: list it (paginated, metadata only, with the stream's selectors and shard) and
+    /// compare object by object by key and resourceVersion. At most `max_differences`
+    /// differences are returned; all are counted.
+    ///
+    /// The stream must be synced (it equals the server at its checkpoint), and should not
+    /// be written while it is verified: a running watcher moves it on (the `kube-persist
+    /// verify` tool opens the store, so it cannot run beside the watcher's process).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let db = kube_persist::Db::open("/var/lib/my-controller/cache")?;
+    /// let report = db.verify("pods", kube::Client::try_default().await?, 10).await?;
+    /// if !report.is_ok() {
+    ///     for d in &report.differences {
+    ///         eprintln!("{d}");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn verify(
+        &self,
+        stream: &str,
+        client: Client,
+        max_differences: usize,
+    ) -> Result<Verification> {
+        self.verify_stream(stream, client, max_differences).await
+    }
+
+    /// The durable controllers' reconcile states kept in this store: objects tracked,
+    /// pending requeues, and the earliest due time. Read from disk (counts are kept with
+    /// each batch, so this reads a few keys per controller).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// for c in db.controller_states()? {
+    ///     println!("{} {:?}: {} objects, {} requeues pending, oldest due {:?}",
+    ///         c.name, c.kinds, c.objects, c.pending_requeues, c.oldest_due);
+    /// }
+    /// assert!(db.controller_states()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn controller_states(&self) -> Result<Vec<ControllerStateInfo>> {
+        self.controller_infos()
+    }
+
+    /// Every object record of controller `name`'s reconcile state, in key order, read
+    /// lazily from disk. An unknown controller is [`Error::Config`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.reconcile_states("pod-labeler").is_err()); // no such controller yet
+    /// # Ok(()) }
+    /// ```
+    pub fn reconcile_states(&self, name: &str) -> Result<ReconcileStates> {
+        self.reconcile_infos(name)
+    }
+}
