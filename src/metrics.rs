@@ -69,7 +69,7 @@ use prometheus_client::registry::Registry;
 
 use crate::Reader;
 use crate::model::Stats;
-use crate::store::Source;
+use crate::store::MetricsSource;
 use crate::store::{Status, SyncPhase};
 
 /// A metric: name (after `kube_persist_`), help, and how to read it from a value.
@@ -191,7 +191,7 @@ pub struct Metrics {
 #[derive(Debug)]
 struct Stream {
     name: String,
-    source: Source,
+    source: MetricsSource,
 }
 
 impl Metrics {
@@ -246,7 +246,7 @@ impl Metrics {
     }
 }
 
-impl Source {
+impl MetricsSource {
     fn stats(&self) -> Stats {
         self.stats.snapshot_with_cache(&self.cache)
     }
@@ -256,9 +256,11 @@ impl Source {
     }
 }
 
-impl std::fmt::Debug for Source {
+impl std::fmt::Debug for MetricsSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Source").field("path", &self.path).finish()
+        f.debug_struct("MetricsSource")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -275,7 +277,7 @@ struct Sample {
     disk_bytes: Option<u64>,
 }
 
-fn sample(source: &Source) -> Sample {
+fn sample(source: &MetricsSource) -> Sample {
     let status = source.status();
     Sample {
         stats: source.stats(),

@@ -412,7 +412,7 @@ async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
 async fn controller_replicas_reconcile_their_shard(engine: Engine) {
     use futures::StreamExt;
     use kube::runtime::controller::Action;
-    use kube_persist::controller::{Controller, Config as ControllerConfig};
+    use kube_persist::controller::{Config as ControllerConfig, Controller};
     init_tracing();
     let server = TestServer::start().await;
     let h = server.handle();

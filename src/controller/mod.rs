@@ -73,8 +73,8 @@ mod config;
 mod error;
 pub(crate) mod keyspace;
 mod runner;
+mod scan;
 mod state;
-mod sweep;
 mod triggers;
 
 use std::future::Future;

@@ -16,9 +16,9 @@ pub(crate) use cache::DECODED_PER_JSON_BYTE;
 pub use fresh::{CatchUpRule, Freshness};
 pub use inspect::{RawObjects, StreamInfo};
 #[cfg(feature = "metrics")]
-pub(crate) use reader::Source;
+pub(crate) use reader::MetricsSource;
 pub use reader::{ByIndex, Iter, Reader};
-pub(crate) use writer::{Body, Change, Incoming, ListProgress, Op, Writer};
+pub(crate) use writer::{Body, Change, Incoming, IndexEntries, ListProgress, Op, Writer};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -10,9 +10,9 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-mod ahead;
 mod hot;
 mod iter;
+mod read_ahead;
 
 pub use iter::{ByIndex, Iter};
 
@@ -613,7 +613,7 @@ fn decode_value<T: DeserializeOwned>(
 
 #[cfg(feature = "metrics")]
 /// A stream's live counters and status, without its object type: what a scrape reads.
-pub(crate) struct Source {
+pub(crate) struct MetricsSource {
     pub(crate) path: Arc<PathBuf>,
     pub(crate) status: watch::Receiver<Status>,
     pub(crate) stats: Arc<Counters>,
@@ -623,8 +623,8 @@ pub(crate) struct Source {
 #[cfg(feature = "metrics")]
 impl<K> Reader<K> {
     /// What the metrics collector reads of this stream at each scrape.
-    pub(crate) fn metrics_source(&self) -> Source {
-        Source {
+    pub(crate) fn metrics_source(&self) -> MetricsSource {
+        MetricsSource {
             path: self.path.clone(),
             status: self.status.clone(),
             stats: self.stats.clone(),

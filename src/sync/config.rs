@@ -612,7 +612,7 @@ impl StreamConfig {
         name: &str,
         f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
-        let f: super::index::IndexFn<K> = Arc::new(f);
+        let f: super::indexers::IndexFn<K> = Arc::new(f);
         self.indexes.retain(|(n, _)| n != name);
         self.indexes.push((name.to_string(), Arc::new(f)));
         self

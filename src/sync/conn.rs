@@ -122,7 +122,7 @@ pub(crate) enum ConnectFailure {
 }
 
 /// What to watch.
-pub(crate) struct Target<'a> {
+pub(crate) struct WatchTarget<'a> {
     pub(crate) request: &'a Request,
     pub(crate) metadata_only: bool,
     pub(crate) cfg: &'a StreamConfig,
@@ -134,7 +134,7 @@ impl WatchConn {
     /// Open a watch from `resource_version` (`""` with `initial` for a streaming list).
     pub(crate) async fn connect(
         client: &kube::Client,
-        target: Target<'_>,
+        target: WatchTarget<'_>,
         resource_version: &str,
         initial: bool,
     ) -> std::result::Result<WatchConn, ConnectFailure> {

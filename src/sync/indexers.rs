@@ -8,18 +8,16 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 
 use crate::model::{Error, Result};
+use crate::store::IndexEntries;
 
 /// An index function for objects of type `K`.
 pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
-
-/// Index entries of one object: (index name, value).
-pub(crate) type Entries = Vec<(String, String)>;
 
 /// What one decode of an incoming object gives the write path: its index entries and the
 /// metadata the store keys and compares by (so the JSON is not parsed a second time).
 #[derive(Debug, Default)]
 pub(crate) struct Inspected {
-    pub(crate) entries: Entries,
+    pub(crate) entries: IndexEntries,
     pub(crate) name: Option<String>,
     pub(crate) namespace: Option<String>,
     pub(crate) uid: Option<String>,

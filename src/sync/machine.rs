@@ -21,12 +21,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
-use super::batch::{Ingest, Page, Parsed, Rejected};
+use super::catch_up::Tracker;
 use super::config::StreamConfig;
-use super::conn::{ConnectFailure, Line, Target, WatchConn, invalid_shard, with_shard};
-use super::fresh::Tracker;
-use super::index::Inspector;
+use super::conn::{ConnectFailure, Line, WatchConn, WatchTarget, invalid_shard, with_shard};
+use super::indexers::Inspector;
 use super::pacing::Pacing;
+use super::parse::{Ingest, Page, Parsed, Rejected};
 
 mod listing;
 mod watching;
@@ -117,12 +117,12 @@ pub(crate) enum Deferred {
     /// Lines read but not parsed: live events that followed a streaming list's end bookmark.
     Lines(Vec<Line>),
     /// A burst read and parsed while the previous one was being committed.
-    Parsed(Box<Ahead>),
+    Parsed(Box<PendingBurst>),
 }
 
 /// A parsed watch burst waiting for its commit.
 #[derive(Debug)]
-pub(crate) struct Ahead {
+pub(crate) struct PendingBurst {
     parsed: Parsed,
     /// The server ended the stream after this burst.
     ended: bool,
@@ -605,8 +605,8 @@ impl Drop for Machine {
 
 impl Machine {
     /// Where watches connect; `timeout` overrides the configured server-side timeout.
-    fn target(&self, timeout: Option<u32>) -> Target<'_> {
-        Target {
+    fn target(&self, timeout: Option<u32>) -> WatchTarget<'_> {
+        WatchTarget {
             request: &self.request,
             metadata_only: self.metadata_only,
             cfg: &self.cfg,

@@ -7,14 +7,14 @@
 //! May import: `model`, `exec`, `disk`, `store`.
 
 mod backoff;
-mod batch;
+mod catch_up;
 mod config;
 mod conn;
-mod fresh;
-mod index;
+mod indexers;
 mod list;
 mod machine;
 mod pacing;
+mod parse;
 mod raw;
 pub(crate) mod verify;
 
@@ -413,7 +413,7 @@ impl Db {
         let keys_only = config
             .keys_only
             .then(|| (identity.api_version.clone(), identity.kind.clone()));
-        let validate = index::inspector::<K>(config.validate, &config.indexes)?;
+        let validate = indexers::inspector::<K>(config.validate, &config.indexes)?;
         let (reader, mut watcher) = self.open_pair(
             name,
             api.into_client(),
@@ -454,7 +454,8 @@ impl Db {
             true,
             self.key_fingerprint(),
         );
-        let validate = index::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
+        let validate =
+            indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
         self.open_pair(
             name,
             api.into_client(),
@@ -474,7 +475,7 @@ impl Db {
         url: String,
         config: StreamConfig,
         identity: Identity,
-        validate: Option<index::Inspector>,
+        validate: Option<indexers::Inspector>,
         metadata_only: bool,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::config::StreamConfig;
 use super::conn::Line;
-use super::index::Inspector;
+use super::indexers::Inspector;
 use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
 use crate::disk::Compression;
 use crate::disk::record::Packed;

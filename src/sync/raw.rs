@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::config::StreamConfig;
-use super::index::Inspector;
+use super::indexers::Inspector;
 use crate::disk::keys::object_suffix;
 use crate::store::Incoming;
 

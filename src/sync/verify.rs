@@ -275,7 +275,7 @@ enum At<'a> {
 }
 
 /// What a stream needs to be listed again: where, with which selectors, which shard.
-struct Target {
+struct VerifyTarget {
     api: Api<DynamicObject>,
     url: String,
     labels: Option<String>,
@@ -323,7 +323,7 @@ impl Db {
             Some(ns) => Api::namespaced_with(client, ns, &resource.0),
             None => Api::all_with(client, &resource.0),
         };
-        let target = Target {
+        let target = VerifyTarget {
             api,
             url: info.url.clone(),
             labels: info.label_selector,
@@ -376,7 +376,7 @@ impl Db {
     }
 }
 
-impl Target {
+impl VerifyTarget {
     /// Compare with the current state, listing again if a continue token expires.
     async fn compare_now(&self) -> Result<Comparison> {
         for attempt in 1..=LIST_ATTEMPTS {

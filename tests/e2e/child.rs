@@ -149,7 +149,7 @@ fn error_policy(_: Arc<Pod>, _: &kube::Error, _: Arc<()>) -> Action {
 }
 
 async fn controller(db: kube_persist::Db, client: kube::Client) {
-    use kube_persist::controller::{Controller, Config as CConfig};
+    use kube_persist::controller::{Config as CConfig, Controller};
     let controller = Controller::for_store(
         &db,
         "pods",

@@ -29,8 +29,8 @@ mod sweeps;
 use super::Config;
 use super::action::requeue_after;
 use super::error::ControllerError;
+use super::scan::{self, Sweep, suffix_ref};
 use super::state::{Durable, effective, instant_at, now_ms};
-use super::sweep::{self, Sweep, suffix_ref};
 use super::triggers::{Trigger, TriggerStream};
 use crate::Reader;
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
@@ -241,7 +241,7 @@ where
         }
         for (suffix, due_ms) in due {
             let obj_ref = suffix_ref::<K>(&suffix, self.p.dyntype.clone());
-            self.schedule(obj_ref, custom(sweep::DUE), instant_at(due_ms));
+            self.schedule(obj_ref, custom(scan::DUE), instant_at(due_ms));
         }
         progressed
     }
@@ -325,7 +325,7 @@ where
             // (a change, the startup pass) that kube-runtime's scheduler merged into the
             // pending requeue, which keeps the requeue's reason: skipped like that request
             // when the version is handled, and the requeue scheduled again at its time.
-            ReconcileReason::Custom { reason } if reason == sweep::DUE => {
+            ReconcileReason::Custom { reason } if reason == scan::DUE => {
                 handled && rec.due_ms.is_none_or(|d| d > now_ms() + 100)
             }
             ReconcileReason::ReconcilerRequestedRetry
@@ -567,7 +567,7 @@ fn skippable(reason: &ReconcileReason) -> bool {
         ReconcileReason::ObjectUpdated
         | ReconcileReason::ReconcilerRequestedRetry
         | ReconcileReason::ErrorPolicyRequestedRetry => true,
-        ReconcileReason::Custom { reason } => reason == sweep::CHANGED || reason == sweep::DUE,
+        ReconcileReason::Custom { reason } => reason == scan::CHANGED || reason == scan::DUE,
         _ => false,
     }
 }

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::super::StartupMode;
 use super::super::error::ControllerError;
+use super::super::scan::{Pass, PassMode, Plan, Sweep};
 use super::super::state::{instant_at, now_ms};
-use super::super::sweep::{Pass, PassMode, Plan, Sweep};
 use super::Runner;
 use crate::controller::keyspace::StateOp;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
-use super::ahead::{Ahead, MapFn};
+use super::read_ahead::{MapFn, ReadAhead};
 use super::{Reader, decode_value};
 use crate::disk::Entry;
 use crate::disk::keys::{self, OBJECT};
@@ -179,7 +179,7 @@ where
             decode_value::<T>(&path, &k, &v, cipher.as_deref()).map(|(t, _)| t)
         });
         Iter {
-            ahead: Ahead::new(entries, decode, Err, self.path.clone(), self.read_threads),
+            ahead: ReadAhead::new(entries, decode, Err, self.path.clone(), self.read_threads),
         }
     }
 
@@ -223,7 +223,7 @@ where
         });
         let entries = self.backend.range(&prefix, &end);
         Ok(ByIndex {
-            ahead: Ahead::new(entries, get, Err, self.path.clone(), self.read_threads),
+            ahead: ReadAhead::new(entries, get, Err, self.path.clone(), self.read_threads),
         })
     }
 }
@@ -252,7 +252,7 @@ where
 /// # Ok(()) }
 /// ```
 pub struct ByIndex<K> {
-    ahead: Ahead<Result<Option<Arc<K>>>>,
+    ahead: ReadAhead<Result<Option<Arc<K>>>>,
 }
 
 impl<K> Iterator for ByIndex<K>
@@ -293,7 +293,7 @@ where
 /// # Ok(()) }
 /// ```
 pub struct Iter<K> {
-    ahead: Ahead<Result<K>>,
+    ahead: ReadAhead<Result<K>>,
 }
 
 impl<K: Send + 'static> Iterator for Iter<K> {

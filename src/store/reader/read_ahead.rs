@@ -18,7 +18,7 @@ use crate::disk::Entry;
 use crate::exec::{self, Threads};
 use crate::model::{Error, Result};
 
-/// Entries per chunk once read ahead.
+/// Scan per chunk once read ahead.
 const CHUNK: usize = 64;
 /// Chunks mapped on the calling thread before the workers start: 8, 16, 32, then 64.
 const INLINE_CHUNKS: usize = 4;
@@ -28,10 +28,10 @@ const PERMITS_PER_WORKER: usize = 2;
 
 /// Maps one stored entry to what the iterator hands out.
 pub(super) type MapFn<T> = Arc<dyn Fn(Entry) -> T + Send + Sync>;
-type Entries = Box<dyn Iterator<Item = Result<Entry>> + Send>;
+type Scan = Box<dyn Iterator<Item = Result<Entry>> + Send>;
 
 /// The mapped entries of a range, in key order.
-pub(super) struct Ahead<T> {
+pub(super) struct ReadAhead<T> {
     state: State<T>,
     ready: VecDeque<T>,
     map: MapFn<T>,
@@ -45,21 +45,21 @@ pub(super) struct Ahead<T> {
 }
 
 enum State<T> {
-    Inline(Entries),
+    Inline(Scan),
     Piped(Pipe<T>),
     Done,
 }
 
-impl<T: Send + 'static> Ahead<T> {
+impl<T: Send + 'static> ReadAhead<T> {
     /// `threads`: 0 for one per core, 1 for none (all on the calling thread).
     pub(super) fn new(
-        entries: Entries,
+        entries: Scan,
         map: MapFn<T>,
         failed: fn(Error) -> T,
         path: Arc<PathBuf>,
         threads: usize,
     ) -> Self {
-        Ahead {
+        ReadAhead {
             state: State::Inline(entries),
             ready: VecDeque::new(),
             map,
@@ -121,7 +121,7 @@ impl<T: Send + 'static> Ahead<T> {
 /// Up to `n` entries (a failed read ends the chunk, as an item in its place) and whether
 /// the range ended.
 fn read_chunk<T>(
-    entries: &mut Entries,
+    entries: &mut Scan,
     n: usize,
     failed: fn(Error) -> T,
 ) -> (Vec<std::result::Result<Entry, T>>, bool) {
@@ -143,7 +143,7 @@ fn read_chunk<T>(
 /// number. At most `jobs` chunks are being mapped at once, and at most
 /// `jobs * PERMITS_PER_WORKER` are read and not yet handed out.
 struct Pipe<T> {
-    shared: Arc<Shared>,
+    shared: Arc<Feed>,
     tx: mpsc::Sender<Mapped<T>>,
     rx: mpsc::Receiver<Mapped<T>>,
     map: MapFn<T>,
@@ -171,18 +171,18 @@ enum Mapped<T> {
     Lost,
 }
 
-struct Shared {
-    source: Mutex<Source>,
+struct Feed {
+    source: Mutex<Cursor>,
 }
 
-struct Source {
-    entries: Option<Entries>,
+struct Cursor {
+    entries: Option<Scan>,
     seq: u64,
     ended: bool,
 }
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Source> {
+impl Feed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cursor> {
         self.source.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -190,19 +190,19 @@ impl Shared {
 impl<T: Send + 'static> Pipe<T> {
     /// Start mapping `entries` on the CPU threads; gives `entries` back if there are none.
     fn start(
-        entries: Entries,
+        entries: Scan,
         map: &MapFn<T>,
         failed: fn(Error) -> T,
         path: &Arc<PathBuf>,
         jobs: usize,
-    ) -> std::result::Result<Self, Entries> {
+    ) -> std::result::Result<Self, Scan> {
         let Some(threads) = exec::cpu() else {
             return Err(entries);
         };
         let (tx, rx) = mpsc::channel();
         let mut pipe = Pipe {
-            shared: Arc::new(Shared {
-                source: Mutex::new(Source {
+            shared: Arc::new(Feed {
+                source: Mutex::new(Cursor {
                     entries: Some(entries),
                     seq: 0,
                     ended: false,
@@ -343,7 +343,7 @@ type Taken<T> = (u64, Vec<std::result::Result<Entry, T>>);
 
 /// The next chunk of entries to map, with its sequence number; `None` once the range ended
 /// or the iterator was dropped.
-fn take_chunk<T>(shared: &Shared, failed: fn(Error) -> T) -> Option<Taken<T>> {
+fn take_chunk<T>(shared: &Feed, failed: fn(Error) -> T) -> Option<Taken<T>> {
     let mut s = shared.lock();
     if s.ended {
         return None;
@@ -364,7 +364,7 @@ struct Panicked;
 /// [`take_chunk`] on the calling thread, which must not unwind into the caller: a panic
 /// is reported as on a CPU thread (the source is then ended).
 fn take_chunk_caught<T>(
-    shared: &Shared,
+    shared: &Feed,
     failed: fn(Error) -> T,
 ) -> std::result::Result<Option<Taken<T>>, Panicked> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| take_chunk(shared, failed))).map_err(
@@ -405,7 +405,7 @@ mod tests {
 
     /// Keys 0..n in order (4 big-endian bytes each). Reading key `at` or a later one
     /// panics: on a CPU thread only (`ahead_only`), or on any thread.
-    fn breaking_entries(n: u32, at: u32, ahead_only: bool) -> Entries {
+    fn breaking_entries(n: u32, at: u32, ahead_only: bool) -> Scan {
         Box::new((0..n).map(move |i| {
             let on_cpu = std::thread::current().name() == Some("kube-persist-cpu");
             if i >= at && (on_cpu || !ahead_only) {
@@ -418,7 +418,7 @@ mod tests {
     /// Iterate on another thread; an error if it did not end within `limit` (a hang) or if
     /// `next()` panicked.
     fn collect_within(
-        mut ahead: Ahead<Result<u32>>,
+        mut ahead: ReadAhead<Result<u32>>,
         limit: Duration,
     ) -> std::result::Result<Vec<Result<u32>>, &'static str> {
         let (tx, rx) = mpsc::channel();
@@ -454,7 +454,8 @@ mod tests {
                 for threads in [2, 4] {
                     for round in 0..5 {
                         let entries = breaking_entries(n, at, ahead_only);
-                        let ahead = Ahead::new(entries, map.clone(), Err, path.clone(), threads);
+                        let ahead =
+                            ReadAhead::new(entries, map.clone(), Err, path.clone(), threads);
                         let what = format!(
                             "break at {at} (read ahead only: {ahead_only}), {threads} jobs, round {round}"
                         );

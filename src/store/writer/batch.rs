@@ -6,7 +6,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::index::Entries;
+use super::index::IndexEntries;
 use super::{Body, Change, Op, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
@@ -28,7 +28,7 @@ impl Writer {
         let mut changes = Vec::new();
         // Versions written earlier in this batch (a burst may touch one object twice).
         let mut pending: HashMap<Vec<u8>, Option<(String, u64)>> = HashMap::new();
-        let mut pending_entries: HashMap<Vec<u8>, Entries> = HashMap::new();
+        let mut pending_entries: HashMap<Vec<u8>, IndexEntries> = HashMap::new();
         // Objects written with their decoded form (watch events): cached once committed.
         let mut fresh: HashMap<Vec<u8>, (Arc<dyn Any + Send + Sync>, usize)> = HashMap::new();
         let (mut written, mut unchanged, mut removed) = (0u64, 0u64, 0u64);

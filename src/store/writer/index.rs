@@ -10,7 +10,7 @@ use crate::disk::record;
 use crate::model::Result;
 
 /// Index entries of one object: (index name, value).
-pub(crate) type Entries = Vec<(String, String)>;
+pub(crate) type IndexEntries = Vec<(String, String)>;
 
 impl Writer {
     /// Compare the configured indexes with those built on disk: drop the ones no longer
@@ -42,8 +42,8 @@ impl Writer {
     pub(super) fn entries(
         &self,
         suffix: &[u8],
-        pending: &HashMap<Vec<u8>, Entries>,
-    ) -> Result<Entries> {
+        pending: &HashMap<Vec<u8>, IndexEntries>,
+    ) -> Result<IndexEntries> {
         if let Some(e) = pending.get(suffix) {
             return Ok(e.clone());
         }
@@ -119,7 +119,7 @@ impl Writer {
         &mut self,
         after: Option<Vec<u8>>,
         limit: usize,
-        inspect: &dyn Fn(&[u8]) -> std::result::Result<Entries, serde_json::Error>,
+        inspect: &dyn Fn(&[u8]) -> std::result::Result<IndexEntries, serde_json::Error>,
     ) -> Result<Option<Vec<u8>>> {
         let mut batch = WriteBatch::default();
         let mut last = None;

@@ -5,6 +5,7 @@ mod batch;
 mod index;
 mod prune;
 mod sweep;
+pub(crate) use index::IndexEntries;
 
 use std::path::PathBuf;
 use std::sync::Arc;

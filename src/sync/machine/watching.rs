@@ -128,7 +128,7 @@ impl Machine {
                 burst = conn.burst(max, None, WATCH_LINGER) => match burst {
                     Ok(b) => {
                         let (done, next) = tokio::join!(&mut commit, Self::parse_watch(ingest, b.lines));
-                        (done, Some(next.map(|parsed| Ahead { parsed, ended: b.ended })))
+                        (done, Some(next.map(|parsed| PendingBurst { parsed, ended: b.ended })))
                     }
                     Err(e) => (commit.await, Some(Err(e))),
                 },
