@@ -73,8 +73,8 @@ pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};
 pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
 };
-pub use sync::verify::{Difference, Verdict, Verification};
 pub use sync::{DeletedKey, Event, Pair, StreamConfig, Transform, Watcher};
+pub use sync::{Difference, Verdict, Verification};
 
 /// The former name of [`StreamConfig`], kept so that code written against it still builds.
 #[deprecated(note = "renamed to `StreamConfig` (kube-runtime's root `Config` is the controller's)")]

@@ -10,7 +10,7 @@ mod crypto;
 mod engine;
 pub(crate) mod keys;
 mod lease;
-pub(crate) mod perms;
+mod perms;
 pub(crate) mod record;
 
 pub use config::{Compression, DbConfig, Durability};
@@ -20,3 +20,4 @@ pub(crate) use engine::{
     Backend, CONTROLLERS, Entry, Storage, WriteBatch, check_removable, open as open_storage,
 };
 pub(crate) use lease::{LeaseCloser, Leases, StreamLease};
+pub(crate) use perms::{create_private_dir, tighten, too_open};

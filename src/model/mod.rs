@@ -9,13 +9,14 @@
 
 mod engine;
 mod error;
-pub(crate) mod json;
+mod json;
 pub mod resource_version;
 mod shard;
 mod stats;
 
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub(crate) use json::{decode_copy, decode_in_place};
 pub use shard::{Shard, ShardKey, fnv1a64};
 pub(crate) use stats::Counters;
 pub use stats::Stats;

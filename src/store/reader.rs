@@ -590,7 +590,7 @@ fn decode_value<T: DeserializeOwned>(
 ) -> Result<(T, usize)> {
     let mut buf = open_body(path, key, value, cipher)?.into_owned();
     let len = buf.len();
-    match crate::model::json::decode_in_place::<T>(&mut buf) {
+    match crate::model::decode_in_place::<T>(&mut buf) {
         Ok(t) => Ok((t, len)),
         Err(simd) => {
             // simd-json rewrote the buffer in place: read the body again for the error.

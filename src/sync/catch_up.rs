@@ -26,14 +26,13 @@
 use std::time::Duration;
 
 use kube::core::Request;
-use tokio::sync::watch;
 
 use super::config::StreamConfig;
 use super::list;
 use crate::model::Counters;
 use crate::model::resource_version;
 use crate::model::{Error, Result};
-use crate::store::Status;
+use crate::store::StatusTx;
 use crate::store::{CatchUpRule, Freshness};
 
 /// The server-side timeout of a watch opened while the store catches up: kube-apiserver's
@@ -68,7 +67,7 @@ pub(crate) struct Tracker {
     state: CatchUp,
     /// A list began in this process and has not completed yet.
     list_began: bool,
-    status: watch::Sender<Status>,
+    status: StatusTx,
     url: String,
     /// The rule last logged, so that a change of rule is said once.
     logged_rule: CatchUpRule,
@@ -79,7 +78,7 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    pub(crate) fn new(status: watch::Sender<Status>, url: &str) -> Self {
+    pub(crate) fn new(status: StatusTx, url: &str) -> Self {
         Tracker {
             state: CatchUp::Unknown,
             list_began: false,
@@ -291,7 +290,7 @@ impl Tracker {
     }
 
     fn publish(&self, f: impl FnOnce(&mut Freshness)) {
-        self.status.send_modify(|s| f(&mut s.fresh));
+        self.status.fresh(f);
     }
 }
 

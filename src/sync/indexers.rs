@@ -56,7 +56,7 @@ where
         return Ok(None);
     }
     Ok(Some(Arc::new(move |body: &[u8]| {
-        let obj: K = crate::model::json::decode_copy(body)?;
+        let obj: K = crate::model::decode_copy(body)?;
         let mut entries = Vec::new();
         for (name, f) in &fns {
             for value in f(&obj) {

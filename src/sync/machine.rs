@@ -16,7 +16,6 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use kube::core::Request;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -34,7 +33,7 @@ use crate::disk::record::{Phase, State};
 use crate::exec::{DiskWorker, ListingGuard, PagePermit, compute};
 use crate::model::Counters;
 use crate::model::{Error, Result};
-use crate::store::Status;
+use crate::store::StatusTx;
 use crate::store::{Change, ListProgress, Op, Writer};
 
 /// How long a live watch burst waits for more events after its first one: events that
@@ -217,7 +216,7 @@ pub(crate) struct Machine {
     cfg: Arc<StreamConfig>,
     ingest: Ingest,
     disk: Disk,
-    status: watch::Sender<Status>,
+    status: StatusTx,
     stats: Arc<Counters>,
     backoff: Backoff,
     stage: Stage,
@@ -659,7 +658,6 @@ impl Machine {
 
     /// Mark the watch as connected (or not), for `Reader::wait_until_live`.
     fn set_live(&self, live: bool) {
-        self.status
-            .send_if_modified(|s| std::mem::replace(&mut s.live, live) != live);
+        self.status.live(live);
     }
 }

@@ -16,7 +16,7 @@ mod machine;
 mod pacing;
 mod parse;
 mod raw;
-pub(crate) mod verify;
+mod verify;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -29,14 +29,14 @@ use serde::de::DeserializeOwned;
 
 pub use config::{StreamConfig, Transform};
 use machine::{Machine, RawEvent};
+pub use verify::{Difference, Verdict, Verification};
 
+use crate::Reader;
 use crate::disk::LeaseCloser;
 use crate::disk::record::{FORMAT_VERSION, Identity};
 use crate::model::Counters;
 use crate::model::Result;
-use crate::store::Writer;
-use crate::store::{Db, Status};
-use crate::{Reader, store};
+use crate::store::Db;
 
 /// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
 ///
@@ -305,7 +305,7 @@ where
     /// An event's object, counted in `Stats::decodes`.
     fn decode_counted(&self, body: &[u8]) -> std::result::Result<K, serde_json::Error> {
         Counters::add(&self.stats.decodes, 1);
-        crate::model::json::decode_copy::<K>(body)
+        crate::model::decode_copy::<K>(body)
     }
 
     fn decode(&self, raw: RawEvent, refs: bool) -> Option<Result<Touched<K>>> {
@@ -481,44 +481,17 @@ impl Db {
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
-        let opened = self.open_stream(name, &identity, config.get_shard())?;
-        let stats = Arc::new(Counters::default());
-        if opened.reset.is_some() {
-            Counters::add(&stats.identity_resets, 1);
-        }
-        let (tx, rx) = tokio::sync::watch::channel(Status::default());
+        let index_names = config.index_names();
+        let parts = self.open_stream_parts::<K>(
+            name,
+            &identity,
+            config.get_shard(),
+            config.hot_cache_bytes,
+            &index_names,
+        )?;
+        let (reader, writer, stats, closer) =
+            (parts.reader, parts.writer, parts.stats, parts.closer);
         let path = self.path().to_path_buf();
-        let cache = self.hot_cache(name, config.hot_cache_bytes);
-        let cipher = self.cipher();
-        let closer = opened.lease.closer();
-        let writer = Writer::new(
-            opened.backend.clone(),
-            path.clone(),
-            opened.state,
-            tx,
-            stats.clone(),
-            cache.clone(),
-            cipher.clone(),
-            opened.lease,
-        );
-        let reader = store::Reader::new(
-            opened.backend,
-            path.clone(),
-            rx,
-            stats.clone(),
-            cache,
-            cipher,
-        );
-        let mut writer = writer;
-        // A narrowed shard still holding objects it no longer owns is not ready.
-        writer.set_pruning(writer.prune_pending()?.is_some());
-        writer.publish();
-        // Indexes already built for exactly this configuration are usable at once.
-        writer.set_compress(self.compression());
-        let built = writer.built_indexes()?;
-        if built == config.index_names() {
-            writer.set_built_indexes(&built)?;
-        }
         let machine = Machine::new(
             client,
             url,

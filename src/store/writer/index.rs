@@ -156,7 +156,7 @@ impl Writer {
         batch.put(INDEXES_KEY.to_vec(), record::encode(&names.to_vec()));
         self.backend.apply(batch)?;
         let names = names.to_vec();
-        self.status.send_modify(|s| s.indexes = names);
+        self.status.indexes(names);
         Ok(())
     }
 }

@@ -10,10 +10,8 @@ pub(crate) use index::IndexEntries;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::sync::watch;
-
+use super::StatusTx;
 use super::cache::HotCache;
-use super::{Status, SyncPhase};
 use crate::disk::Cipher;
 use crate::disk::keys::{self, OBJECT, STATE_KEY};
 use crate::disk::record::{self, Phase, Record, State};
@@ -108,7 +106,7 @@ pub(crate) struct Writer {
     backend: Arc<dyn Backend>,
     path: PathBuf,
     state: State,
-    status: watch::Sender<Status>,
+    status: StatusTx,
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
     cipher: Option<Arc<Cipher>>,
@@ -132,7 +130,7 @@ impl Writer {
         backend: Arc<dyn Backend>,
         path: PathBuf,
         state: State,
-        status: watch::Sender<Status>,
+        status: StatusTx,
         stats: Arc<Counters>,
         cache: Arc<HotCache>,
         cipher: Option<Arc<Cipher>>,
@@ -185,7 +183,7 @@ impl Writer {
 
     /// A handle on the readers' status, for the watcher to publish liveness without
     /// waiting for the writer.
-    pub(crate) fn status_sender(&self) -> watch::Sender<Status> {
+    pub(crate) fn status_sender(&self) -> StatusTx {
         self.status.clone()
     }
 
@@ -292,18 +290,6 @@ impl Writer {
 
     /// Tell readers about the current state.
     pub(crate) fn publish(&self) {
-        let state = &self.state;
-        self.status.send_modify(|s| {
-            s.count = state.count;
-            let phase = (&state.phase).into();
-            // Entering `Synced` from another phase is the end of a list (and its sweep).
-            if phase == SyncPhase::Synced && s.phase != SyncPhase::Synced {
-                s.listed_epoch = state.epoch;
-            }
-            s.list_epoch = state.epoch;
-            s.phase = phase;
-            s.checkpoint = state.last_synced.clone();
-            s.ready = state.last_synced.is_some() && !self.pruning;
-        });
+        self.status.committed(&self.state, self.pruning);
     }
 }
