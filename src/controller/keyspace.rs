@@ -386,7 +386,7 @@ impl Db {
         }
         let lease = self.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
         Ok(ControllerKeyspace {
-            backend: self.storage().space(CONTROLLERS, name)?,
+            backend: self.storage().keyspace_of(CONTROLLERS, name)?,
             path: self.path().to_path_buf(),
             name: name.to_string(),
             lease,
@@ -396,7 +396,7 @@ impl Db {
     fn controller_keyspace(&self, name: &str) -> Result<Arc<dyn Backend>> {
         if !self
             .storage()
-            .spaces(CONTROLLERS)?
+            .keyspaces_of(CONTROLLERS)?
             .iter()
             .any(|n| n == name)
         {
@@ -405,16 +405,16 @@ impl Db {
                 self.path().display()
             )));
         }
-        self.storage().space(CONTROLLERS, name)
+        self.storage().keyspace_of(CONTROLLERS, name)
     }
 
     /// The work of [`Db::controller_states`](crate::Db::controller_states).
     pub(crate) fn controller_infos(&self) -> Result<Vec<ControllerStateInfo>> {
-        let mut names = self.storage().spaces(CONTROLLERS)?;
+        let mut names = self.storage().keyspaces_of(CONTROLLERS)?;
         names.sort();
         let mut out = Vec::new();
         for name in names {
-            let backend = self.storage().space(CONTROLLERS, &name)?;
+            let backend = self.storage().keyspace_of(CONTROLLERS, &name)?;
             let path = self.path();
             let Some(id) = backend.get(CONTROLLER_KEY)? else {
                 continue;

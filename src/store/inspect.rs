@@ -127,7 +127,7 @@ impl Db {
 
     /// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes).
     pub(crate) fn stream_bytes(&self, stream: &str) -> Result<u64> {
-        self.tree(stream)?.disk_bytes()
+        self.stream_keyspace(stream)?.disk_bytes()
     }
 
     /// The work of [`Db::raw_get`](crate::Db::raw_get).
@@ -157,7 +157,7 @@ impl Db {
         })))
     }
 
-    pub(crate) fn tree(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) fn stream_keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
         let path = &self.inner.path;
         if !self.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
             return Err(Error::Config(format!(
@@ -170,7 +170,7 @@ impl Db {
 
     /// The stream's keyspace and cipher, refusing an encrypted stream without its key.
     fn readable(&self, stream: &str) -> Result<Readable> {
-        let backend = self.tree(stream)?;
+        let backend = self.stream_keyspace(stream)?;
         let identity = self.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
         let stored = identity.and_then(|i| i.encryption);
         if stored.is_some() && stored != self.key_fingerprint() {

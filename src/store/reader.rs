@@ -1,4 +1,8 @@
 //! Concurrent, disk-backed reads of one stream.
+//!
+//! Longer than 600 lines because each public read method carries its doc example (half of
+//! the file); the scans are in `reader/iter.rs`, the hot-cache path in `reader/hot.rs` and
+//! read-ahead in `reader/read_ahead.rs`.
 
 use std::marker::PhantomData;
 use std::path::PathBuf;

@@ -1,4 +1,7 @@
 //! Watcher configuration, in the style of `kube::runtime::watcher::Config`.
+//!
+//! Longer than 600 lines because it is one public builder: one method per option, each with
+//! its doc and example, and the checks that clamp them. Splitting it would scatter one type.
 
 use std::any::Any;
 use std::sync::Arc;

@@ -11,6 +11,10 @@
 //!   through `begin_list`: a new epoch, so that whatever the list does not mark is swept;
 //! - any error returns to [`Stage::Resume`] (after a backoff), which derives the next stage
 //!   from the persisted phase only, never from in-memory leftovers of the failed attempt.
+//!
+//! Longer than 600 lines: the [`Stage`] enum with its transitions and the shared state of
+//! every stage, in one file so that the state machine reads in one place; the stages' work is
+//! in `machine/listing.rs` and `machine/watching.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -22,19 +26,19 @@ use tracing::Instrument;
 use super::backoff::{Backoff, jitter};
 use super::catch_up::Tracker;
 use super::config::StreamConfig;
-use super::conn::{ConnectFailure, Line, WatchConn, WatchTarget, invalid_shard, with_shard};
+use super::conn::{Line, WatchConn, WatchTarget};
 use super::indexers::Inspector;
 use super::pacing::Pacing;
-use super::parse::{Ingest, Page, Parsed, Rejected};
+use super::parse::{Ingest, Parsed, Rejected};
 
 mod listing;
 mod watching;
 use crate::disk::record::{Phase, State};
-use crate::exec::{DiskWorker, ListingGuard, PagePermit, compute};
+use crate::exec::{DiskWorker, ListingGuard};
 use crate::model::Counters;
 use crate::model::{Error, Result};
 use crate::store::StatusTx;
-use crate::store::{Change, ListProgress, Op, Writer};
+use crate::store::{Change, Writer};
 
 /// How long a live watch burst waits for more events after its first one: events that
 /// arrive together are committed in one batch (up to `page_size`), for a few ms of latency.

@@ -303,7 +303,7 @@ impl Db {
         let name = stream.to_string();
         let (info, backend) = tokio::task::spawn_blocking(move || {
             let info = db.streams()?.into_iter().find(|s| s.name == name);
-            Ok::<_, Error>((info, db.tree(&name)?))
+            Ok::<_, Error>((info, db.stream_keyspace(&name)?))
         })
         .await
         .map_err(|e| not(format!("reading the store failed: {e}")))??;

@@ -83,18 +83,18 @@ pub(crate) const CONTROLLERS: &str = "controller/";
 
 /// A store directory's storage: one keyspace per stream, and one per durable controller.
 pub(crate) trait Storage: Send + Sync + 'static {
-    /// Open (creating if needed) the keyspace `<space><name>` (`space`: [`STREAMS`] or
+    /// Open (creating if needed) the keyspace `<group><name>` (`group`: [`STREAMS`] or
     /// [`CONTROLLERS`]).
-    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>>;
-    /// Names (without the prefix) of the keyspaces of `space`, in any order.
-    fn spaces(&self, space: &str) -> Result<Vec<String>>;
+    fn keyspace_of(&self, group: &str, name: &str) -> Result<Arc<dyn Backend>>;
+    /// Names (without the prefix) of the keyspaces of `group`, in any order.
+    fn keyspaces_of(&self, group: &str) -> Result<Vec<String>>;
     /// Open (creating if needed) the keyspace of stream `stream`.
     fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
-        self.space(STREAMS, stream)
+        self.keyspace_of(STREAMS, stream)
     }
     /// Names of the streams that have a keyspace, in any order.
     fn keyspaces(&self) -> Result<Vec<String>> {
-        self.spaces(STREAMS)
+        self.keyspaces_of(STREAMS)
     }
     /// Make everything applied so far durable.
     fn flush(&self) -> Result<()>;

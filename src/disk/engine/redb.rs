@@ -165,19 +165,19 @@ impl Drop for Shared {
 }
 
 impl Storage for RedbStorage {
-    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>> {
+    fn keyspace_of(&self, group: &str, name: &str) -> Result<Arc<dyn Backend>> {
         Ok(Arc::new(RedbTable {
             shared: self.shared.clone(),
-            name: Arc::from(format!("{space}{name}")),
+            name: Arc::from(format!("{group}{name}")),
         }))
     }
 
-    fn spaces(&self, space: &str) -> Result<Vec<String>> {
+    fn keyspaces_of(&self, group: &str) -> Result<Vec<String>> {
         let s = &self.shared;
         let txn = s.db.begin_read().map_err(|e| s.err(e))?;
         let tables = txn.list_tables().map_err(|e| s.err(e))?;
         Ok(tables
-            .filter_map(|t| t.name().strip_prefix(space).map(str::to_string))
+            .filter_map(|t| t.name().strip_prefix(group).map(str::to_string))
             .collect())
     }
 

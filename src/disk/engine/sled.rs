@@ -56,10 +56,10 @@ impl SledStorage {
 }
 
 impl Storage for SledStorage {
-    fn space(&self, space: &str, name: &str) -> Result<Arc<dyn Backend>> {
+    fn keyspace_of(&self, group: &str, name: &str) -> Result<Arc<dyn Backend>> {
         let tree = self
             .sled
-            .open_tree(format!("{space}{name}"))
+            .open_tree(format!("{group}{name}"))
             .map_err(|e| self.err(e))?;
         Ok(Arc::new(SledTree {
             tree,
@@ -68,12 +68,12 @@ impl Storage for SledStorage {
         }))
     }
 
-    fn spaces(&self, space: &str) -> Result<Vec<String>> {
+    fn keyspaces_of(&self, group: &str) -> Result<Vec<String>> {
         Ok(self
             .sled
             .tree_names()
             .iter()
-            .filter_map(|n| std::str::from_utf8(n).ok()?.strip_prefix(space))
+            .filter_map(|n| std::str::from_utf8(n).ok()?.strip_prefix(group))
             .map(str::to_string)
             .collect())
     }

@@ -6,7 +6,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures::AsyncReadExt;
 use kube::core::Request;
 
-use super::*;
+use super::{Deferred, Done, INITIAL_LINGER, Machine, Stage};
+use crate::disk::record::Phase;
+use crate::exec::{DiskWorker, PagePermit, compute};
+use crate::model::{Counters, Error, Result};
+use crate::store::{Change, ListProgress, Op};
+use crate::sync::config::StreamConfig;
+use crate::sync::conn::{ConnectFailure, WatchConn, invalid_shard, with_shard};
+use crate::sync::parse::{Ingest, Page, Rejected};
+
 use crate::sync::list;
 
 /// A LIST page's commit, submitted to the disk thread by one step and taken in by the next

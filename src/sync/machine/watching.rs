@@ -1,7 +1,12 @@
 //! The watch stage: connecting from the checkpoint, and committing bursts of live events
 //! while the next burst is read and parsed.
 
-use super::*;
+use super::{Deferred, Machine, PendingBurst, Stage, WATCH_LINGER};
+use crate::disk::record::Phase;
+use crate::exec::compute;
+use crate::model::{Error, Result};
+use crate::sync::conn::{ConnectFailure, Line, WatchConn};
+use crate::sync::parse::{Ingest, Parsed};
 
 impl Machine {
     /// Connect the watch from the checkpoint. A failure ends the watch's healthy period
