@@ -246,6 +246,7 @@ async fn api(
         (Target::Object { .. }, &Method::GET) => Verb::Get,
         (Target::Object { .. }, &Method::PUT) => Verb::Update,
         (Target::Object { .. }, &Method::DELETE) => Verb::Delete,
+        (Target::Object { .. }, &Method::PATCH) => Verb::Patch,
         _ => {
             return Err(ApiError::new(
                 405,
@@ -297,6 +298,7 @@ async fn api(
                 ))
             }
             Verb::Update => replace(&shared, ty, &ns, &name, &body),
+            Verb::Patch => patch(&shared, ty, &ns, &name, headers, &body),
             _ => {
                 let (obj, rt) =
                     shared.write(|st| (st.delete(ty, &ns, &name), st.resource_type(ty).clone()));
@@ -341,6 +343,85 @@ fn replace(
     }
     let obj = shared.write(|st| st.replace(ty, p, true))?;
     Ok(json_response(StatusCode::OK, obj.json.to_vec()))
+}
+
+/// PATCH: a JSON merge patch (`application/merge-patch+json`, RFC 7386) of an existing
+/// object, or a server-side apply (`application/apply-patch+yaml`, sent as JSON by kube),
+/// which creates the object when it does not exist. Apply is served as a merge of the
+/// applied configuration: no field ownership, no conflicts (more lenient than
+/// kube-apiserver, which rejects a conflicting field manager without `force`). Other
+/// patch types (JSON patch, strategic merge) are refused with 415, as kube-apiserver
+/// refuses them for custom resources.
+fn patch(
+    shared: &Shared,
+    ty: usize,
+    ns: &str,
+    name: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let apply = match content_type.split(';').next().unwrap_or("").trim() {
+        "application/apply-patch+yaml" => true,
+        "application/merge-patch+json" => false,
+        other => {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/apply-patch+yaml (got {other:?})"
+                ),
+            ));
+        }
+    };
+    let patch = parse_body(body)?;
+    let (existing, rt) = {
+        let st = shared.state();
+        (st.get(ty, ns, name), st.resource_type(ty).clone())
+    };
+    let Some(existing) = existing else {
+        if !apply {
+            return Err(ApiError::not_found(&rt.qualified(), name));
+        }
+        let p = object::prepare(&rt, patch, (!ns.is_empty()).then_some(ns))?;
+        let obj = shared.write(|st| st.create(ty, p))?;
+        return Ok(json_response(StatusCode::CREATED, obj.json.to_vec()));
+    };
+    let mut merged = existing.value();
+    merge_patch(&mut merged, patch);
+    let p = object::prepare(&rt, merged, (!ns.is_empty()).then_some(ns))?;
+    if p.name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            p.name
+        )));
+    }
+    let obj = shared.write(|st| st.replace(ty, p, true))?;
+    Ok(json_response(StatusCode::OK, obj.json.to_vec()))
+}
+
+/// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else
+/// replaces.
+fn merge_patch(target: &mut Value, patch: Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = Value::Object(Default::default());
+            }
+            let obj = target.as_object_mut().expect("made an object above");
+            for (k, v) in fields {
+                if v.is_null() {
+                    obj.remove(&k);
+                } else {
+                    merge_patch(obj.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other,
+    }
 }
 
 /// The JSON of an object, or its `PartialObjectMetadata` form.

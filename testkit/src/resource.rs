@@ -108,6 +108,9 @@ pub struct RequestCounts {
     pub update: u64,
     /// DELETE.
     pub delete: u64,
+    /// PATCH (merge or apply).
+    #[serde(default)]
+    pub patch: u64,
 }
 
 /// A request verb, for counters and fault injection.
@@ -125,10 +128,13 @@ pub enum Verb {
     Update,
     /// DELETE an object.
     Delete,
+    /// PATCH an object (JSON merge patch, or server-side apply).
+    Patch,
 }
 
 impl Verb {
-    /// Parses `list`, `watch`, `get`, `create`, `update`/`replace`, `delete` (case-insensitive).
+    /// Parses `list`, `watch`, `get`, `create`, `update`/`replace`, `delete`, `patch`
+    /// (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
             "list" => Some(Self::List),
@@ -137,6 +143,7 @@ impl Verb {
             "create" => Some(Self::Create),
             "update" | "replace" => Some(Self::Update),
             "delete" => Some(Self::Delete),
+            "patch" => Some(Self::Patch),
             _ => None,
         }
     }
@@ -148,7 +155,7 @@ impl Verb {
 
 /// Lock-free per-verb counters.
 #[derive(Debug, Default)]
-pub(crate) struct Counters([AtomicU64; 6], AtomicU64);
+pub(crate) struct Counters([AtomicU64; 7], AtomicU64);
 
 impl Counters {
     pub(crate) fn incr(&self, verb: Verb) {
@@ -170,6 +177,7 @@ impl Counters {
             create: g(Verb::Create),
             update: g(Verb::Update),
             delete: g(Verb::Delete),
+            patch: g(Verb::Patch),
         }
     }
 
