@@ -65,8 +65,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let obj = obj?;
             println!(
                 "  {}/{}",
-                obj.metadata.namespace.unwrap_or_default(),
-                obj.metadata.name.unwrap_or_default()
+                obj.metadata.namespace.as_deref().unwrap_or_default(),
+                obj.metadata.name.as_deref().unwrap_or_default()
             );
         }
         tokio::time::sleep(Duration::from_secs(10)).await;

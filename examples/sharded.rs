@@ -162,13 +162,13 @@ async fn replica(index: u32, args: &Args) {
 fn scan(reader: &kube_persist::Reader<Pod>, shard: &Shard, ms: u64) -> Report {
     let mut report = Report {
         ms,
-        objects: reader.len(),
+        objects: reader.len() as u64,
         client_filtered: reader.stats().shard_client_filtered,
         peak_rss_kib: support::rss_kib().0,
         ..Report::default()
     };
     for pod in reader.iter() {
-        let m = pod.expect("stored pod decodes").metadata;
+        let m = pod.expect("stored pod decodes").metadata.clone();
         if !shard.contains(m.uid.as_deref(), m.namespace.as_deref()) {
             report.outside += 1;
         }

@@ -258,7 +258,7 @@ impl Db {
         K: Resource + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        self.open_store(name, api, config)
+        self.open_store_with(name, api, config, &K::DynamicType::default())
     }
 
     /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).

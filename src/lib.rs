@@ -73,7 +73,10 @@ pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};
 pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
 };
-pub use sync::{DeletedKey, Event, Pair, StreamConfig, Transform, Watcher};
+pub use sync::{
+    DeletedKey, Event, Pair, SharedEvent, SharedWatcher, StreamConfig, Subscriber, Transform,
+    Watcher,
+};
 pub use sync::{Difference, Verdict, Verification};
 
 /// The former name of [`StreamConfig`], kept so that code written against it still builds.

@@ -70,7 +70,7 @@ async fn idle_consumers_do_not_starve_other_lists(engine: Engine) {
             panic!("{idle} streams not polled starved the last stream's list (not ready in 30 s)")
         })
         .unwrap();
-    assert_eq!(reader.len(), per_namespace as u64);
+    assert_eq!(reader.len(), per_namespace);
     task.abort();
     drop(idle_streams);
 }

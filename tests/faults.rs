@@ -235,13 +235,18 @@ async fn settle(
             .reader
             .iter()
             .map(|p| {
-                p.map(|p| (key_of(&p), p.metadata.resource_version.unwrap_or_default()))
-                    .map_err(|e| format!("store read failed: {e}"))
+                p.map(|p| {
+                    (
+                        key_of(&*p),
+                        p.metadata.resource_version.clone().unwrap_or_default(),
+                    )
+                })
+                .map_err(|e| format!("store read failed: {e}"))
             })
             .collect();
         let store = store?;
         let synced = c.reader.phase() == SyncPhase::Synced;
-        if synced && store == server && *model == server && c.reader.len() == server.len() as u64 {
+        if synced && store == server && *model == server && c.reader.len() == server.len() {
             return Ok(());
         }
         if Instant::now() > deadline {

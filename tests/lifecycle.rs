@@ -20,7 +20,8 @@
 //! Invariants, checked in this process once the server is quiescent and the store reports
 //! `Synced`, live and a checkpoint equal to the server's resourceVersion: the store equals the
 //! server object by object (keys and resourceVersions) among the objects of its shard, holds
-//! nothing outside it, `len()` equals the records, the index equals the records; every owned
+//! nothing outside it, `len()` equals the records, the index equals the records, the async
+//! reads (`iter_stream`, `get_named_async`) give what the blocking ones give; every owned
 //! object has been reconciled at its current version; every owned object that requeues (or
 //! fails and is retried) is reconciled again (no due requeue is lost); no run, in this process
 //! or a child, reconciles an object outside its shard; a store that reports ready holds nothing

@@ -87,7 +87,7 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
     converge(&all, &h, &ResourceType::pods()).await;
     let server_objects = h.resource_versions(&ResourceType::pods()).len();
     eventually("the ns-0 stream has the namespace's objects", || {
-        ns0.len() as usize
+        ns0.len()
             == h.resource_versions(&ResourceType::pods())
                 .keys()
                 .filter(|(ns, _)| ns == "ns-0")
@@ -134,7 +134,7 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
             ("shard_client_filtered_total", stats.shard_client_filtered),
             ("server_version_reads_total", stats.server_version_reads),
             ("decodes_total", stats.decodes),
-            ("objects", reader.len()),
+            ("objects", reader.len() as u64),
         ] {
             assert_eq!(get(metric), value as f64, "{stream}: {metric}");
         }

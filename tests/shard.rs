@@ -66,7 +66,7 @@ async fn converge_shard(r: &Reader<Pod>, h: &ServerHandle, shard: &Shard) {
     loop {
         let (have, want) = (store_versions(r), expected(h, shard));
         if have == want {
-            assert_eq!(r.len(), want.len() as u64, "Reader::len");
+            assert_eq!(r.len(), want.len(), "Reader::len");
             return;
         }
         assert!(
@@ -157,7 +157,7 @@ async fn without_the_server_feature_the_client_filters(engine: Engine) {
         );
         reader.wait_until_ready().await.unwrap();
         converge_shard(&reader, &h, &shard).await;
-        let dropped = 2000 - reader.len();
+        let dropped = 2000 - reader.len() as u64;
         assert!(dropped > 0, "some namespaces are in the other shard");
         assert_eq!(
             reader.stats().shard_client_filtered,

@@ -227,7 +227,7 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
     let watch_len = tokio::spawn({
         let (reader, relisted) = (reader.clone(), relisted.clone());
         async move {
-            let mut min = u64::MAX;
+            let mut min = usize::MAX;
             while !relisted.load(std::sync::atomic::Ordering::SeqCst) {
                 min = min.min(reader.len());
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -482,7 +482,7 @@ async fn changed_selector_does_not_resume(engine: Engine) {
         .into_iter()
         .filter(|o| o["metadata"]["namespace"] == "ns-1")
         .count();
-    assert_eq!(reader.len(), expected as u64);
+    assert_eq!(reader.len(), expected as usize);
     assert!(
         reader
             .iter()

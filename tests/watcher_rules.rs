@@ -124,6 +124,39 @@ async fn out_of_range_config_is_clamped_and_the_watch_goes_live() {
     w.stop().await;
 }
 
+/// Two streams of one URL (two selectors) are told apart in their errors: each names its
+/// stream (issue 34 item 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_their_stream() {
+    use futures::StreamExt;
+    let server = TestServer::start().await;
+    server.handle().seed_pods(4, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    // Without kube's retry layer, so that the injected 500 reaches the store.
+    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
+    for (name, labels) in [("pods-web", "app=web"), ("pods-db", "app=db")] {
+        let cfg = StreamConfig::default().labels(labels);
+        let (_reader, watcher) = db
+            .store(name, Api::<Pod>::all(client.clone()), cfg)
+            .unwrap();
+        server.handle().faults().fail_next(Verb::List, 500, 1);
+        let mut events = std::pin::pin!(watcher.stream());
+        let err = loop {
+            match tokio::time::timeout(WAIT, events.next()).await {
+                Ok(Some(Err(e))) => break e,
+                Ok(Some(Ok(_))) => continue,
+                other => panic!("{name}: expected the LIST failure, got {other:?}"),
+            }
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("(stream {name:?})")),
+            "{name}: the error names its stream: {text}"
+        );
+    }
+}
+
 /// Item 4: after transient errors, a watch that connected and delivered events resets the
 /// backoff: the next reconnect waits about the minimum, not the grown delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,7 +55,7 @@ pub(super) async fn scan_figures(
         let (all, n) = per_s(|| count(&mut r.iter().map(|p| p.map(|p| drop(std::hint::black_box(p))))));
         let (partial, _) = per_s(|| {
             count(&mut r.iter_as::<NameAndNode>().map(|p| {
-                p.map(|p| drop(std::hint::black_box((p.metadata.name, p.spec.map(|s| s.node_name)))))
+                p.map(|p| { std::hint::black_box((&p.metadata.name, p.spec.as_ref().map(|s| &s.node_name))); })
             }))
         });
         let ahead = r.clone().read_threads(0);

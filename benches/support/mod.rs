@@ -412,7 +412,7 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
                 }
             }
             report.live_ms = start.elapsed().as_millis() as u64;
-            report.objects = reader.len();
+            report.objects = reader.len() as u64;
             if opts.kill_when_live {
                 // Keep watching until the parent's SIGKILL.
                 println!("client-live");
@@ -563,7 +563,7 @@ pub fn store_versions(dir: &Path, url: &str) -> BTreeMap<String, String> {
         .iter()
         .map(|p| {
             let p = p.expect("stored pod decodes");
-            let m = p.metadata;
+            let m = p.metadata.clone();
             (
                 format!(
                     "{}/{}",

@@ -74,7 +74,7 @@ pub async fn run(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport
                 r.expect("ready");
             }
             report.ready_ms = start.elapsed().as_millis() as u64;
-            report.objects = readers.iter().map(|r| r.len()).sum();
+            report.objects = readers.iter().map(|r| r.len() as u64).sum();
             for t in tasks {
                 t.abort();
                 let _ = t.await;

@@ -62,7 +62,8 @@ where
     /// applier(
     ///     |rs: Arc<ReplicaSet>, pods: Arc<kube_persist::Reader<Pod>>| Box::pin(async move {
     ///         let ns = rs.metadata.namespace.clone().unwrap_or_default();
-    ///         println!("{} pods in {ns}", pods.iter_namespace(&ns).count());
+    ///         // The async scan: the disk is read on the blocking pool, not in the applier.
+    ///         println!("{} pods in {ns}", pods.iter_namespace_stream(&ns).count().await);
     ///         Ok::<_, kube_persist::Error>(Action::await_change())
     ///     }),
     ///     |_, _, _| Action::requeue(Duration::from_secs(5)),
@@ -76,10 +77,14 @@ where
     /// # Ok(()) }
     /// ```
     pub fn touched_objects(self) -> impl Stream<Item = Result<K, watcher::Error>> + Send {
-        touched(self).map(|res| {
-            res.map_err(|e| match e {
-                TriggerError::Store(e) => to_watcher_error(e),
-                TriggerError::Watcher(e) => e,
+        // A persistent watcher's own stream never misses an event (`None` is a lag of a
+        // shared subscriber), so every item is an object or an error.
+        touched(self).filter_map(|res| {
+            futures::future::ready(match res {
+                Ok(Some(o)) => Some(Ok(o)),
+                Ok(None) => None,
+                Err(TriggerError::Store(e)) => Some(Err(to_watcher_error(e))),
+                Err(TriggerError::Watcher(e)) => Some(Err(e)),
             })
         })
     }

@@ -72,6 +72,7 @@ mod compat;
 mod config;
 mod error;
 pub(crate) mod keyspace;
+mod related;
 mod runner;
 mod scan;
 mod state;
@@ -92,8 +93,7 @@ pub use config::{Config, StartupMode};
 pub use error::ControllerError;
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 
-use crate::{Db, Pair, Reader, Watcher};
-use error::TriggerError;
+use crate::{Db, Reader, Watcher};
 use runner::{Parts, Runner};
 use triggers::TriggerStream;
 
@@ -206,6 +206,63 @@ where
         dyntype: K::DynamicType,
     ) -> Self {
         let main = triggers::main_kind(watcher, dyntype.clone());
+        Self::from_main(reader, main, config, dyntype)
+    }
+
+    /// A controller of the objects of a shared watch ([`Watcher::shared`](crate::Watcher::shared)),
+    /// from its [`Reader`] and one [`Subscriber`](crate::Subscriber): several controllers (or a
+    /// controller and the user's own event loop) on one WATCH. A lagged subscriber (see
+    /// [`SharedWatcher`](crate::SharedWatcher)) reconciles every stored object: nothing it
+    /// missed is lost. Spawn [`SharedWatcher::run`](crate::SharedWatcher::run) to drive it.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::controller::{Config, Controller};
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+    /// let shared = watcher.shared(1024);
+    /// let labeler = Controller::for_shared(reader.clone(), shared.subscribe(), Config::default());
+    /// let auditor = Controller::for_shared(reader, shared.subscribe(), Config::default());
+    /// tokio::spawn(shared.run());
+    /// # let _ = (labeler, auditor); Ok(()) }
+    /// ```
+    pub fn for_shared(reader: Reader<K>, subscriber: crate::Subscriber<K>, config: Config) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_shared_with(reader, subscriber, config, Default::default())
+    }
+
+    /// Like [`Controller::for_shared`], for kinds with a runtime type.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    /// use kube_persist::controller::{Config, Controller};
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
+    /// let (reader, watcher) = db.store_with("widgets", api, Default::default(), &ar)?;
+    /// let shared = watcher.shared(1024);
+    /// let controller = Controller::for_shared_with(reader, shared.subscribe(), Config::default(), ar);
+    /// tokio::spawn(shared.run());
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn for_shared_with(
+        reader: Reader<K>,
+        subscriber: crate::Subscriber<K>,
+        config: Config,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let main = triggers::shared_main(subscriber, dyntype.clone());
+        Self::from_main(reader, main, config, dyntype)
+    }
+
+    fn from_main(
+        reader: Reader<K>,
+        main: triggers::TriggerStream<K>,
+        config: Config,
+        dyntype: K::DynamicType,
+    ) -> Self {
         Controller {
             ready: vec![ready_of(&reader)],
             reader,
@@ -281,6 +338,49 @@ where
         Ok(Self::new(reader, watcher, config))
     }
 
+    /// Like [`Controller::for_store`], for kinds with a runtime type (e.g. `DynamicObject`
+    /// with its `ApiResource`): the persistent counterpart of kube-runtime's
+    /// `Controller::new_with`.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    /// use kube_persist::controller::{Config, Controller};
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
+    /// let controller = Controller::for_store_with(&db, "widgets", api, Default::default(),
+    ///     Config::default(), ar)?;
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn for_store_with(
+        db: &Db,
+        name: &str,
+        api: Api<K>,
+        store_config: crate::StreamConfig,
+        config: Config,
+        dyntype: K::DynamicType,
+    ) -> crate::Result<Self> {
+        let (reader, watcher) = db.store_with(name, api, store_config, &dyntype)?;
+        Ok(Self::new_with(reader, watcher, config, dyntype))
+    }
+
+    /// Replaces the controller's [`Config`], like kube-runtime's `Controller::with_config`.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_persist::controller::{Config, Controller};
+    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
+    ///         Default::default(), Config::default())?
+    ///     .with_config(Config::default().concurrency(8));
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
     /// A [`Reader`] of the controlled objects (for lookups from the reconciler's context).
     ///
     /// ```no_run
@@ -297,123 +397,22 @@ where
         self.reader.clone()
     }
 
-    /// Reconciles the owners (of kind `K`, by `ownerReferences`) of each object a persistent
-    /// stream of `Child` touches. The controller drives the child stream's watcher, and waits
-    /// until its store is ready before the first reconcile. Keep a clone of the child
-    /// [`Reader`] to look children up from the reconciler.
+    /// The [`Reader`] of the controlled objects, under kube-runtime's name
+    /// (`Controller::store`), so that ported code keeps its calls. The same as
+    /// [`Controller::reader`].
     ///
     /// ```no_run
-    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::ReplicaSet>) -> kube_persist::Result<()> {
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use k8s_openapi::api::core::v1::Pod;
-    /// let (pods, pod_watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
-    /// let c = c.owns_store((pods.clone(), pod_watcher));
-    /// # let _ = c; Ok(()) }
+    /// use kube_persist::controller::{Config, Controller};
+    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
+    ///     Default::default(), Config::default())?;
+    /// let store = controller.store();
+    /// println!("{} pods", store.len());
+    /// # Ok(()) }
     /// ```
-    #[must_use]
-    pub fn owns_store<Child>(self, pair: Pair<Child>) -> Self
-    where
-        Child: Resource + DeserializeOwned + Send + Sync + 'static,
-        Child::DynamicType: Clone + Default + Send + Sync + 'static,
-    {
-        let dyntype = self.dyntype.clone();
-        self.watches_store(pair, move |child: Child| {
-            triggers::owners::<K, Child>(&child, &dyntype)
-        })
-    }
-
-    /// Reconciles the objects `mapper` returns for each object a persistent stream of `Other`
-    /// touches (kube-runtime's `watches`). The controller drives that stream's watcher, and
-    /// waits until its store is ready before the first reconcile.
-    ///
-    /// ```no_run
-    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube::runtime::reflector::ObjectRef;
-    /// // Reconcile a Namespace whenever a ConfigMap in it changes.
-    /// let cms = db.store("configmaps", kube::Api::<ConfigMap>::all(client), Default::default())?;
-    /// let c = c.watches_store(cms, |cm: ConfigMap| cm.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
-    /// # let _ = c; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn watches_store<Other, I>(
-        mut self,
-        pair: Pair<Other>,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + DeserializeOwned + Send + Sync + 'static,
-        Other::DynamicType: Clone + Default + Send + Sync + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        let (reader, watcher) = pair;
-        self.related
-            .push(kind_of::<Other>(&Other::DynamicType::default()));
-        self.ready.push(ready_of(&reader));
-        self.triggers.push(triggers::related(
-            triggers::touched(watcher),
-            Other::DynamicType::default(),
-            mapper,
-        ));
-        self
-    }
-
-    /// Reconciles the owners (of kind `K`) of each object of a plain stream, e.g.
-    /// kube-runtime's `watcher(..).touched_objects()` for a kind kept in memory.
-    ///
-    /// ```no_run
-    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::Deployment>) {
-    /// use k8s_openapi::api::apps::v1::ReplicaSet;
-    /// use kube::runtime::{WatchStreamExt, watcher};
-    /// let rs = watcher(kube::Api::<ReplicaSet>::all(client), watcher::Config::default()).touched_objects();
-    /// let c = c.owns_stream(rs);
-    /// # let _ = c; }
-    /// ```
-    #[must_use]
-    pub fn owns_stream<Child>(
-        self,
-        stream: impl Stream<Item = Result<Child, kube::runtime::watcher::Error>> + Send + 'static,
-    ) -> Self
-    where
-        Child: Resource + Send + 'static,
-        Child::DynamicType: Clone + Default + Send + 'static,
-    {
-        let dyntype = self.dyntype.clone();
-        self.watches_stream(stream, move |child: Child| {
-            triggers::owners::<K, Child>(&child, &dyntype)
-        })
-    }
-
-    /// Reconciles the objects `mapper` returns for each object of a plain stream
-    /// (kube-runtime's `watches_stream`).
-    ///
-    /// ```no_run
-    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) {
-    /// use k8s_openapi::api::core::v1::Secret;
-    /// use kube::runtime::{WatchStreamExt, reflector::ObjectRef, watcher};
-    /// let secrets = watcher(kube::Api::<Secret>::all(client), watcher::Config::default()).touched_objects();
-    /// let c = c.watches_stream(secrets, |s: Secret| s.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
-    /// # let _ = c; }
-    /// ```
-    #[must_use]
-    pub fn watches_stream<Other, I>(
-        mut self,
-        stream: impl Stream<Item = Result<Other, kube::runtime::watcher::Error>> + Send + 'static,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + Send + 'static,
-        Other::DynamicType: Clone + Default + Send + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        use futures::TryStreamExt;
-        self.related
-            .push(kind_of::<Other>(&Other::DynamicType::default()));
-        self.triggers.push(triggers::related(
-            stream.map_err(TriggerError::Watcher),
-            Other::DynamicType::default(),
-            mapper,
-        ));
-        self
+    pub fn store(&self) -> Reader<K> {
+        self.reader.clone()
     }
 
     /// Reconciles each object reference `trigger` yields (kube-runtime's `reconcile_on`).

@@ -111,7 +111,7 @@ where
                 let sent = match item {
                     Ok(obj) => {
                         buf.push(Plan::Reconcile {
-                            obj_ref: bare_ref(&obj, dyntype.clone()),
+                            obj_ref: bare_ref(&*obj, dyntype.clone()),
                             reason: ReconcileReason::BulkReconcile,
                             at_ms: None,
                         });

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::TriggerError;
 use crate::sync::Touched;
-use crate::{Event, Watcher};
+use crate::{Event, SharedEvent, Subscriber, Watcher};
 
 /// One thing a trigger stream asks of the runner.
 pub(crate) enum Trigger<K: Resource> {
@@ -50,53 +50,75 @@ where
     watcher
         .events(true)
         .filter_map(move |ev| {
-            let ev = match ev {
-                Ok(Touched::Event(ev)) => Ok(ev),
+            futures::future::ready(match ev {
                 // Shared with the hot cache: the reconcile gets this same object.
-                Ok(Touched::Changed(obj)) => {
-                    return futures::future::ready(Some(Ok(Trigger::Request(ReconcileRequest {
-                        obj_ref: bare_ref(obj.as_ref(), dyntype.clone()),
-                        reason: ReconcileReason::ObjectUpdated,
-                    }))));
-                }
-                Err(e) => Err(e),
-            };
-            let out = match ev {
-                Ok(Event::Resumed { .. }) => Some(Ok(Trigger::Startup { cold: false })),
-                Ok(Event::InitDone) => Some(Ok(Trigger::Startup { cold: true })),
-                Ok(Event::Init | Event::InitApply(_)) => None,
-                Ok(Event::Apply(k) | Event::Delete(k)) => {
-                    Some(Ok(Trigger::Request(ReconcileRequest {
-                        obj_ref: bare_ref(&k, dyntype.clone()),
-                        reason: ReconcileReason::ObjectUpdated,
-                    })))
-                }
-                Ok(Event::DeleteKey(key)) => {
-                    let obj_ref = ObjectRef::new_with(&key.name, dyntype.clone());
-                    Some(Ok(Trigger::Request(ReconcileRequest {
-                        obj_ref: match &key.namespace {
-                            Some(ns) => obj_ref.within(ns),
-                            None => obj_ref,
-                        },
-                        reason: ReconcileReason::ObjectUpdated,
-                    })))
-                }
+                Ok(Touched::Changed(obj)) => Some(Ok(Trigger::Request(ReconcileRequest {
+                    obj_ref: bare_ref(obj.as_ref(), dyntype.clone()),
+                    reason: ReconcileReason::ObjectUpdated,
+                }))),
+                Ok(Touched::Event(ev)) => trigger_of(&ev, &dyntype).map(Ok),
                 Err(e) => Some(Err(TriggerError::Store(e))),
-            };
-            futures::future::ready(out)
+            })
         })
         .boxed()
 }
 
+/// The main kind's triggers from a subscriber of a shared watch: its events as
+/// [`main_kind`] maps them, and a lag as a sweep of every stored object (what it missed is
+/// on disk).
+pub(crate) fn shared_main<K>(sub: Subscriber<K>, dyntype: K::DynamicType) -> TriggerStream<K>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync + 'static,
+{
+    sub.filter_map(move |ev| {
+        futures::future::ready(match ev {
+            Ok(SharedEvent::Event(ev)) => trigger_of(&ev, &dyntype).map(Ok),
+            Ok(SharedEvent::Lagged) => Some(Ok(Trigger::ReconcileAll)),
+            Err(e) => Some(Err(TriggerError::Store(e))),
+        })
+    })
+    .boxed()
+}
+
+/// What one event of the main kind's stream asks of the runner.
+fn trigger_of<K>(ev: &Event<K>, dyntype: &K::DynamicType) -> Option<Trigger<K>>
+where
+    K: Resource,
+    K::DynamicType: Clone,
+{
+    let request = |obj_ref| {
+        Some(Trigger::Request(ReconcileRequest {
+            obj_ref,
+            reason: ReconcileReason::ObjectUpdated,
+        }))
+    };
+    match ev {
+        Event::Resumed { .. } => Some(Trigger::Startup { cold: false }),
+        Event::InitDone => Some(Trigger::Startup { cold: true }),
+        Event::Init | Event::InitApply(_) => None,
+        Event::Apply(k) | Event::Delete(k) => request(bare_ref(k, dyntype.clone())),
+        Event::DeleteKey(key) => {
+            let obj_ref = ObjectRef::new_with(&key.name, dyntype.clone());
+            request(match &key.namespace {
+                Some(ns) => obj_ref.within(ns),
+                None => obj_ref,
+            })
+        }
+    }
+}
+
 /// Objects a persistent watcher touched (applied, listed or deleted); errors as
 /// [`TriggerError::Store`].
-pub(crate) fn touched<O>(watcher: Watcher<O>) -> impl Stream<Item = Result<O, TriggerError>> + Send
+pub(crate) fn touched<O>(
+    watcher: Watcher<O>,
+) -> impl Stream<Item = Result<Option<O>, TriggerError>> + Send
 where
     O: Resource + DeserializeOwned + Send + Sync + 'static,
 {
     watcher.stream().filter_map(|ev| {
         futures::future::ready(match ev {
-            Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => Some(Ok(o)),
+            Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => Some(Ok(Some(o))),
             // A related object is mapped from its body; without one there is nothing to map.
             Ok(Event::Resumed { .. } | Event::Init | Event::InitDone | Event::DeleteKey(_)) => None,
             Err(e) => Some(Err(TriggerError::Store(e))),
@@ -104,7 +126,30 @@ where
     })
 }
 
-/// Related objects mapped to the main kind's objects, with the reason kube-runtime uses.
+/// Objects a subscriber of a shared watch saw touched (cloned out of the shared event); a
+/// lag as `None`: what it missed is on disk, so every object of the main kind is reconciled.
+pub(crate) fn touched_shared<O>(
+    sub: Subscriber<O>,
+) -> impl Stream<Item = Result<Option<O>, TriggerError>> + Send
+where
+    O: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
+{
+    sub.filter_map(|ev| {
+        futures::future::ready(match ev {
+            Ok(SharedEvent::Event(ev)) => match &*ev {
+                Event::Apply(o) | Event::InitApply(o) | Event::Delete(o) => {
+                    Some(Ok(Some(o.clone())))
+                }
+                _ => None,
+            },
+            Ok(SharedEvent::Lagged) => Some(Ok(None)),
+            Err(e) => Some(Err(TriggerError::Store(e))),
+        })
+    })
+}
+
+/// Related objects mapped to the main kind's objects, with the reason kube-runtime uses;
+/// `None` (related changes missed) reconciles every object of the main kind.
 pub(crate) fn related<K, O, I, S>(
     objects: S,
     other_dyntype: O::DynamicType,
@@ -116,12 +161,14 @@ where
     O: Resource + Send + 'static,
     O::DynamicType: Clone + Send + 'static,
     I: IntoIterator<Item = ObjectRef<K>>,
-    S: Stream<Item = Result<O, TriggerError>> + Send + 'static,
+    S: Stream<Item = Result<Option<O>, TriggerError>> + Send + 'static,
 {
     objects
         .flat_map(move |res| {
             let items: Vec<Result<Trigger<K>, TriggerError>> = match res {
-                Ok(o) => {
+                // Related changes were missed (a lagged subscriber): reconcile every object.
+                Ok(None) => vec![Ok(Trigger::ReconcileAll)],
+                Ok(Some(o)) => {
                     let watched = ObjectRef::from_obj_with(&o, other_dyntype.clone()).erase();
                     mapper(o)
                         .into_iter()

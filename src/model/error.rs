@@ -185,6 +185,10 @@ pub enum Error {
     /// The store was opened with an invalid argument (e.g. an empty stream name).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An error of a shared watch, as each of its subscribers sees it (one error, shared by
+    /// them; see `Watcher::shared`).
+    #[error("{0}")]
+    Shared(std::sync::Arc<Error>),
 }
 
 /// Convenience alias for results in this crate.
@@ -235,13 +239,16 @@ impl Error {
     /// # drop(db);
     /// ```
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Error::DiskFull { .. }
-                | Error::Kube { .. }
-                | Error::Protocol { .. }
-                | Error::WatchStatus { .. }
-                | Error::Io { .. }
-        )
+        match self {
+            Error::Shared(e) => e.is_transient(),
+            _ => matches!(
+                self,
+                Error::DiskFull { .. }
+                    | Error::Kube { .. }
+                    | Error::Protocol { .. }
+                    | Error::WatchStatus { .. }
+                    | Error::Io { .. }
+            ),
+        }
     }
 }

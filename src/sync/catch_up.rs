@@ -157,15 +157,17 @@ impl Tracker {
             CatchUp::Unknown => {}
         }
         Counters::add(&stats.server_version_reads, 1);
-        let target =
-            tokio::time::timeout(TARGET_READ_TIMEOUT, server_version(client, request, cfg))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Protocol {
-                        context: format!("LIST {} (limit=1)", request.url_path),
-                        detail: format!("no answer within {} s", TARGET_READ_TIMEOUT.as_secs()),
-                    })
-                });
+        let target = tokio::time::timeout(
+            TARGET_READ_TIMEOUT,
+            server_version(client, request, cfg, &self.url),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Protocol {
+                context: format!("LIST {} (limit=1)", self.url),
+                detail: format!("no answer within {} s", TARGET_READ_TIMEOUT.as_secs()),
+            })
+        });
         match target {
             Ok(target) if resource_version::compare(checkpoint, &target).is_ok() => {
                 self.say_rule(CatchUpRule::ComparableResourceVersions, None);
@@ -300,6 +302,7 @@ async fn server_version(
     client: &kube::Client,
     request: &Request,
     cfg: &StreamConfig,
+    described: &str,
 ) -> Result<String> {
     #[derive(serde::Deserialize)]
     struct ListHead {
@@ -311,12 +314,7 @@ async fn server_version(
         resource_version: Option<String>,
     }
     let lp = list::params(cfg.selectors(), 1, list::From::Now);
-    let context = || {
-        format!(
-            "LIST {} (limit=1, for the server's resourceVersion)",
-            request.url_path
-        )
-    };
+    let context = || format!("LIST {described} (limit=1, for the server's resourceVersion)");
     let req = request
         .list_metadata(&lp)
         .map_err(|e| Error::Config(format!("{}: {e}", context())))?;

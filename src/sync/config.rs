@@ -516,6 +516,9 @@ impl StreamConfig {
 
     /// Apply `f` to each object's JSON before writing it. `name` identifies the transform
     /// in the store identity: change it when `f` changes, so old data is not resumed.
+    /// Transforms compose in the order given (each sees the output of the one before,
+    /// like kube-runtime's chained `modify`), so `.drop_managed_fields().transform(..)`
+    /// does both; the identity names them all (`drop-managed-fields+no-status-v1`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -546,7 +549,18 @@ impl StreamConfig {
         name: &str,
         f: impl Fn(&mut serde_json::Value) + Send + Sync + 'static,
     ) -> Self {
-        self.transform = Some((name.to_string(), Arc::new(f)));
+        self.transform = Some(match self.transform.take() {
+            None => (name.to_string(), Arc::new(f)),
+            // A second transform runs after the first, on its output; the stream's identity
+            // names both, in order (a single transform keeps its own name).
+            Some((first, g)) => (
+                format!("{first}+{name}"),
+                Arc::new(move |v: &mut serde_json::Value| {
+                    g(v);
+                    f(v)
+                }),
+            ),
+        });
         self
     }
 

@@ -123,6 +123,8 @@ pub(crate) enum ConnectFailure {
 
 /// What to watch.
 pub(crate) struct WatchTarget<'a> {
+    /// The stream's name, for errors.
+    pub(crate) stream: &'a str,
     pub(crate) request: &'a Request,
     pub(crate) metadata_only: bool,
     pub(crate) cfg: &'a StreamConfig,
@@ -147,7 +149,9 @@ impl WatchConn {
             send_initial_events: initial,
         };
         let url = &target.request.url_path;
-        let context = || format!("WATCH {url} from resourceVersion {resource_version:?}");
+        let stream = target.stream;
+        let context =
+            || format!("WATCH {url} (stream {stream:?}) from resourceVersion {resource_version:?}");
         let mut req = if target.metadata_only {
             target.request.watch_metadata(&wp, resource_version)
         } else {

@@ -214,6 +214,8 @@ impl Disk {
 }
 
 pub(crate) struct Machine {
+    /// The stream's name (its keyspace), in every log line and error of the machine.
+    stream: Arc<str>,
     client: kube::Client,
     request: Request,
     metadata_only: bool,
@@ -251,6 +253,7 @@ impl Machine {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         client: kube::Client,
+        stream: &str,
         url: String,
         metadata_only: bool,
         cfg: StreamConfig,
@@ -264,8 +267,9 @@ impl Machine {
         let cfg = Arc::new(cfg);
         let state = writer.state().clone();
         let status = writer.status_sender();
-        let fresh = Tracker::new(status.clone(), &url);
+        let fresh = Tracker::new(status.clone(), &format!("{url} (stream {stream:?})"));
         Machine {
+            stream: Arc::from(stream),
             client,
             ingest: Ingest {
                 cfg: cfg.clone(),
@@ -309,6 +313,11 @@ impl Machine {
         self.emit = emit;
     }
 
+    /// The stream's URL and name, for errors (two streams of one URL differ by name).
+    fn described(&self) -> String {
+        format!("{} (stream {:?})", self.url(), self.stream)
+    }
+
     fn url(&self) -> &str {
         &self.request.url_path
     }
@@ -333,7 +342,7 @@ impl Machine {
             StartSignal::FirstList => self.push(RawEvent::InitDone),
             StartSignal::Resume => {
                 let rv = self.disk.state.last_synced.clone().unwrap_or_default();
-                tracing::info!(url = %self.url(), resource_version = %rv, objects = self.disk.state.count,
+                tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %rv, objects = self.disk.state.count,
                     "store consistent again: resumed");
                 self.push(RawEvent::Resumed(rv));
             }
@@ -348,7 +357,7 @@ impl Machine {
         let stage = std::mem::replace(&mut self.stage, Stage::Resume);
         let retry = stage.retry_point();
         let was_synced = self.synced();
-        let span = tracing::debug_span!("kube_persist", url = %self.request.url_path, stage = stage.name());
+        let span = tracing::debug_span!("kube_persist", stream = %self.stream, url = %self.request.url_path, stage = stage.name());
         let result = self.transition(stage).instrument(span).await;
         let listing = matches!(self.disk.state.phase, Phase::Listing { .. });
         if listing != self.listing.is_some() {
@@ -361,13 +370,13 @@ impl Machine {
                 self.fresh.lost("list/watch error");
                 if let Error::Config(why) = &e {
                     // Retrying cannot fix a configuration the server refuses.
-                    tracing::error!(url = %self.url(), error = %why, "configuration error: the watcher stops");
+                    tracing::error!(stream = %self.stream, url = %self.url(), error = %why, "configuration error: the watcher stops");
                     self.fatal = true;
                     self.set_live(false);
                     return Err(e);
                 }
                 let delay = self.backoff.next_delay();
-                tracing::warn!(url = %self.url(), error = %e, retry_in_ms = delay.as_millis() as u64,
+                tracing::warn!(stream = %self.stream, url = %self.url(), error = %e, retry_in_ms = delay.as_millis() as u64,
                     "list/watch error, backing off");
                 self.set_live(false);
                 self.stage = Stage::Backoff {
@@ -443,23 +452,23 @@ impl Machine {
         match &state.phase {
             Phase::Synced { resource_version } => {
                 Counters::add(&self.stats.resumes, 1);
-                tracing::info!(url = %self.url(), resource_version = %resource_version, objects = state.count,
+                tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %resource_version, objects = state.count,
                     prune, "resuming from checkpoint without LIST");
             }
             Phase::Listing {
                 continue_token: Some(_),
                 ..
             } if !self.streaming => {
-                tracing::info!(url = %self.url(), epoch = state.epoch, "continuing an interrupted list");
+                tracing::info!(stream = %self.stream, url = %self.url(), epoch = state.epoch, "continuing an interrupted list");
                 if self.cold() {
                     self.push(RawEvent::Init);
                 }
             }
             Phase::Sweeping { .. } => {
-                tracing::info!(url = %self.url(), "continuing an interrupted sweep")
+                tracing::info!(stream = %self.stream, url = %self.url(), "continuing an interrupted sweep")
             }
             Phase::Listing { .. } if !self.cold() => {
-                tracing::info!(url = %self.url(), "an interrupted relist starts again; resumed at its end")
+                tracing::info!(stream = %self.stream, url = %self.url(), "an interrupted relist starts again; resumed at its end")
             }
             Phase::Empty | Phase::Listing { .. } => {}
         }
@@ -483,7 +492,7 @@ impl Machine {
             (false, _) => Stage::Pruning { then_build },
             (true, true) => Stage::BuildingIndex { after: None },
             (true, false) => {
-                tracing::info!(url = %self.url(), objects = self.disk.state.count, "prune complete");
+                tracing::info!(stream = %self.stream, url = %self.url(), objects = self.disk.state.count, "prune complete");
                 Stage::Resume
             }
         })
@@ -565,7 +574,7 @@ impl Machine {
     /// listed from scratch every second.
     async fn relist(&mut self, why: &str) -> Result<Stage> {
         let d = jitter(self.cfg.relist_jitter) + self.pacing.relist_delay();
-        tracing::info!(url = %self.url(), reason = why, delay_ms = d.as_millis() as u64,
+        tracing::info!(stream = %self.stream, url = %self.url(), reason = why, delay_ms = d.as_millis() as u64,
             relists_in_a_row = self.pacing.relists_in_a_row(), "relisting");
         self.too_large = 0;
         let next = self.begin_list().await?;
@@ -577,7 +586,7 @@ impl Machine {
 
     /// The server does not stream lists: use paginated LISTs from now on.
     async fn fall_back(&mut self, why: &str) -> Result<Stage> {
-        tracing::warn!(url = %self.url(), reason = why,
+        tracing::warn!(stream = %self.stream, url = %self.url(), reason = why,
             "streaming lists (sendInitialEvents) unusable with this API server; falling back to paginated LIST for this process");
         self.streaming = false;
         self.begin_list().await
@@ -610,6 +619,7 @@ impl Machine {
     /// Where watches connect; `timeout` overrides the configured server-side timeout.
     fn target(&self, timeout: Option<u32>) -> WatchTarget<'_> {
         WatchTarget {
+            stream: &self.stream,
             request: &self.request,
             metadata_only: self.metadata_only,
             cfg: &self.cfg,

@@ -8,6 +8,7 @@
 
 mod backoff;
 mod catch_up;
+mod compat;
 mod config;
 mod conn;
 mod indexers;
@@ -16,6 +17,7 @@ mod machine;
 mod pacing;
 mod parse;
 mod raw;
+mod shared;
 mod verify;
 
 use std::marker::PhantomData;
@@ -29,6 +31,7 @@ use serde::de::DeserializeOwned;
 
 pub use config::{StreamConfig, Transform};
 use machine::{Machine, RawEvent};
+pub use shared::{SharedEvent, SharedWatcher, Subscriber};
 pub use verify::{Difference, Verdict, Verification};
 
 use crate::Reader;
@@ -252,6 +255,37 @@ where
         })
     }
 
+    /// The objects created or changed, as kube-runtime's `WatchStreamExt::applied_objects`
+    /// gives them: the objects of the first list and of every later change, each once it is
+    /// on disk. Deletions and the start signals are left out; the stream drives the store
+    /// like [`Watcher::stream`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use futures::TryStreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+    /// let mut pods = std::pin::pin!(watcher.applied_objects());
+    /// let first = pods.try_next().await?.expect("an object of the first list");
+    /// assert!(first.metadata.name.as_deref().unwrap().starts_with("web-"));
+    /// # Ok(()) }
+    /// ```
+    pub fn applied_objects(self) -> impl Stream<Item = Result<K>> + Send {
+        use futures::StreamExt;
+        self.stream().filter_map(|event| async move {
+            match event {
+                Ok(Event::Apply(obj) | Event::InitApply(obj)) => Some(Ok(obj)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+    }
+
     /// The events; with `refs` (the controller's main kind, which needs only which object
     /// changed): an applied object as [`Touched::Changed`], shared with the hot cache when
     /// the write path kept its decode, and the first list's objects not decoded at all.
@@ -371,20 +405,6 @@ pub(crate) enum Touched<K> {
 }
 
 impl Db {
-    /// The work of [`Db::store`](crate::Db::store).
-    pub(crate) fn open_store<K>(
-        &self,
-        name: &str,
-        api: Api<K>,
-        config: StreamConfig,
-    ) -> Result<(Reader<K>, Watcher<K>)>
-    where
-        K: Resource + DeserializeOwned + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        self.open_store_with(name, api, config, &K::DynamicType::default())
-    }
-
     /// The work of [`Db::store_with`](crate::Db::store_with).
     pub(crate) fn open_store_with<K>(
         &self,
@@ -494,6 +514,7 @@ impl Db {
         let path = self.path().to_path_buf();
         let machine = Machine::new(
             client,
+            name,
             url,
             metadata_only,
             config,

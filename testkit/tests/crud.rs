@@ -85,7 +85,8 @@ async fn create_get_replace_delete() {
             get: 2,
             create: 2,
             update: 3,
-            delete: 2
+            delete: 2,
+            patch: 0,
         }
     );
     server.handle().reset_counts();

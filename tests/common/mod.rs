@@ -223,7 +223,7 @@ pub fn store_versions<K: Resource + DeserializeOwned + Send + Sync + 'static>(
         .map(|o| {
             let o = o.expect("stored object decodes");
             (
-                key(&o),
+                key(&*o),
                 o.meta().resource_version.clone().unwrap_or_default(),
             )
         })
@@ -243,7 +243,7 @@ pub fn assert_matches<K: Resource + DeserializeOwned + Send + Sync + 'static>(
         "store differs: {}",
         diff("store", &store, &server)
     );
-    assert_eq!(r.len(), server.len() as u64, "Reader::len");
+    assert_eq!(r.len(), server.len(), "Reader::len");
     for k in server.keys().take(50) {
         let (ns, name) = match k.split_once('/') {
             Some((ns, n)) => (Some(ns), n),

@@ -46,7 +46,7 @@ fn last_line(out: &str) -> &str {
 /// The checkpoint and object count of the closed store at `dir`.
 fn checkpoint(server: &Server, dir: &Path, engine: Engine) -> Result<(String, u64), Fail> {
     let (db, reader, _w) = open_pods(server, dir, engine, config(false))?;
-    let out = (reader.checkpoint().unwrap_or_default(), reader.len());
+    let out = (reader.checkpoint().unwrap_or_default(), reader.len() as u64);
     drop((reader, _w, db));
     common::wait_unlocked(dir);
     Ok(out)

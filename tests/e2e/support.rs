@@ -302,7 +302,7 @@ pub async fn at_checkpoint(reader: &Reader<Pod>, client: &Client) -> Outcome {
             e => e,
         })?;
     }
-    ensure(reader.len() == have.len() as u64, || {
+    ensure(reader.len() == have.len(), || {
         format!(
             "Reader::len {} but {} objects iterated",
             reader.len(),

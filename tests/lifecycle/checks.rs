@@ -135,7 +135,10 @@ pub fn store_matches(
         .filter(|(_, o)| cfg.owns(&o.uid))
         .map(|(n, o)| (n.as_str(), o.rv.as_str()))
         .collect();
-    let stored: Vec<ConfigMap> = reader.iter().map(|o| o.expect("decodes")).collect();
+    let stored: Vec<ConfigMap> = reader
+        .iter()
+        .map(|o| (*o.expect("decodes")).clone())
+        .collect();
     let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
     let have: BTreeMap<String, String> = stored
         .iter()
@@ -176,7 +179,7 @@ pub fn store_matches(
     if !outside.is_empty() {
         out.push(found("no object outside the shard", few(outside)));
     }
-    let records = stored.len() as u64;
+    let records = stored.len();
     if reader.len() != records {
         out.push(found(
             "len() equals the number of records",
@@ -204,6 +207,46 @@ pub fn store_matches(
                     format!("by_index(label:mode) on a Synced store: {e}"),
                 )),
             }
+        }
+    }
+    out
+}
+
+/// The async reads give what the blocking ones give, once quiescent: `iter_stream` the
+/// objects and versions of `iter`, `get_named_async` each of them.
+pub async fn async_reads_match(reader: &Reader<ConfigMap>) -> Vec<Found> {
+    use futures::TryStreamExt;
+    let key = |c: &ConfigMap| {
+        (
+            c.metadata.name.clone().unwrap_or_default(),
+            c.metadata.resource_version.clone().unwrap_or_default(),
+        )
+    };
+    let blocking: Vec<_> = reader.iter().map(|o| key(&o.expect("decodes"))).collect();
+    let streamed: Vec<_> = match reader.iter_stream().try_collect::<Vec<_>>().await {
+        Ok(objs) => objs.iter().map(|o| key(o)).collect(),
+        Err(e) => return vec![found("iter_stream reads the store", e.to_string())],
+    };
+    let mut out = Vec::new();
+    if streamed != blocking {
+        out.push(found(
+            "iter_stream gives what iter gives",
+            format!("{} streamed vs {} iterated", streamed.len(), blocking.len()),
+        ));
+    }
+    let namespaces: Vec<Option<String>> = reader
+        .iter()
+        .take(20)
+        .map(|o| o.expect("decodes").metadata.namespace.clone())
+        .collect();
+    for ((name, rv), ns) in blocking.iter().zip(namespaces) {
+        let got = reader.get_named_async(ns.as_deref(), name).await;
+        let got_rv = got.as_ref().ok().and_then(|o| o.as_ref()).map(|c| key(c).1);
+        if got_rv.as_deref() != Some(rv.as_str()) {
+            out.push(found(
+                "get_named_async gives what iter gives",
+                format!("{name}: {got_rv:?} vs {rv}"),
+            ));
         }
     }
     out

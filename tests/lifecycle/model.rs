@@ -592,6 +592,9 @@ impl Model {
                 for f in checks::store_matches(&reader, &cfg, &server) {
                     self.report(step, f);
                 }
+                for f in checks::async_reads_match(&reader).await {
+                    self.report(step, f);
+                }
                 let log = self.log.clone();
                 let mut rc = std::mem::take(&mut self.rc);
                 let found = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;

@@ -53,6 +53,16 @@ const TURNS: usize = 64;
 /// Farther requeues are clamped (kube-runtime's scheduler clamps to about six months too).
 const MAX_REQUEUE: Duration = Duration::from_secs(86_400 * 180);
 
+/// A running reconcile's task, aborted when the controller drops it (a stopped controller
+/// does not leave reconciles running behind it).
+struct Reconciling<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Reconciling<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Done<K: Resource, E> {
     request: ReconcileRequest<K>,
     obj: Arc<K>,
@@ -394,16 +404,25 @@ where
             object.reason = %request.reason
         );
         let fut = span.in_scope(|| (self.p.reconcile)(obj.clone(), self.p.ctx.clone()));
+        // Each reconcile is a task of its own: one that blocks (a long scan of a store) or
+        // runs long holds its own worker, not the controller's task, which keeps driving
+        // the scheduler, the triggers and the watch. Dropping the controller aborts it.
+        let mut task = Reconciling(tokio::spawn(fut.instrument(span)));
         self.running.push(
             async move {
-                let result = fut.await;
+                let result = match (&mut task.0).await {
+                    Ok(result) => result,
+                    // The reconciler panicked: as if it had been polled here.
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    // Cancelled: only by the runtime shutting down, which drops this too.
+                    Err(_) => futures::future::pending().await,
+                };
                 Done {
                     request,
                     obj,
                     result,
                 }
             }
-            .instrument(span)
             .boxed(),
         );
     }

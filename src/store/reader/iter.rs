@@ -55,6 +55,10 @@ where
     /// [`Reader::read_threads`]), handed out in key order; memory is bounded by a few
     /// chunks of 64 objects.
     ///
+    /// Blocking: each `next()` reads the disk and decodes on the calling thread, about 27,000
+    /// Pods/s (100,000 Pods take about 3.7 s; BENCHMARKS.md, *Lookups, iteration and apply*).
+    /// In async code use [`Reader::iter_stream`].
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -79,6 +83,8 @@ where
     }
 
     /// The stored objects of one namespace (one prefix scan), ordered by name.
+    ///
+    /// Blocking, like [`Reader::iter`]; in async code use [`Reader::iter_namespace_stream`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -131,7 +137,7 @@ where
     /// assert_eq!(nodes, [Some("node-1".to_string()), Some("node-2".to_string())]);
     /// # Ok(()) }
     /// ```
-    pub fn iter_as<T: DeserializeOwned + Send + 'static>(&self) -> Iter<T> {
+    pub fn iter_as<T: DeserializeOwned + Send + Sync + 'static>(&self) -> Iter<T> {
         let (start, end) = keys::range(OBJECT, None);
         self.iter_range(&start, &end)
     }
@@ -156,7 +162,7 @@ where
     /// assert_eq!(metas.count(), 2);
     /// # Ok(()) }
     /// ```
-    pub fn iter_namespace_as<T: DeserializeOwned + Send + 'static>(
+    pub fn iter_namespace_as<T: DeserializeOwned + Send + Sync + 'static>(
         &self,
         namespace: &str,
     ) -> Iter<T> {
@@ -164,7 +170,7 @@ where
         self.iter_range(&start, &end)
     }
 
-    fn iter_range<T: DeserializeOwned + Send + 'static>(
+    fn iter_range<T: DeserializeOwned + Send + Sync + 'static>(
         &self,
         start: &[u8],
         end: &[u8],
@@ -174,9 +180,9 @@ where
             Err(e) => Box::new(std::iter::once(Err(e))),
         };
         let (path, cipher, stats) = (self.path.clone(), self.cipher.clone(), self.stats.clone());
-        let decode: MapFn<Result<T>> = Arc::new(move |(k, v)| {
+        let decode: MapFn<Result<Arc<T>>> = Arc::new(move |(k, v)| {
             Counters::add(&stats.decodes, 1);
-            decode_value::<T>(&path, &k, &v, cipher.as_deref()).map(|(t, _)| t)
+            decode_value::<T>(&path, &k, &v, cipher.as_deref()).map(|(t, _)| Arc::new(t))
         });
         Iter {
             ahead: ReadAhead::new(entries, decode, Err, self.path.clone(), self.read_threads),
@@ -187,6 +193,9 @@ where
     /// [`Config::index`](crate::StreamConfig::index)), read lazily from disk without a scan,
     /// in chunks read in parallel like [`Reader::iter`].
     /// Fails if the index is not configured or still being built.
+    ///
+    /// Blocking: each `next()` reads and decodes on the calling thread (about 21,000 Pods/s,
+    /// BENCHMARKS.md). In async code use [`Reader::by_index_stream`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -293,11 +302,11 @@ where
 /// # Ok(()) }
 /// ```
 pub struct Iter<K> {
-    ahead: ReadAhead<Result<K>>,
+    ahead: ReadAhead<Result<Arc<K>>>,
 }
 
-impl<K: Send + 'static> Iterator for Iter<K> {
-    type Item = Result<K>;
+impl<K: Send + Sync + 'static> Iterator for Iter<K> {
+    type Item = Result<Arc<K>>;
 
     fn next(&mut self) -> Option<Self::Item> {
         self.ahead.next()

@@ -90,7 +90,7 @@ impl Machine {
         continue_token: Option<String>,
         committing: Option<Committing>,
     ) -> Result<Stage> {
-        let url = self.url().to_string();
+        let url = self.described();
         let context = |continued: bool| format!("LIST {url} (continue: {continued})");
         // After the last page there is nothing more to fetch: only its commit to take in.
         let fetch_next = !committing.as_ref().is_some_and(|c| c.last);
@@ -222,7 +222,7 @@ impl Machine {
         let mut parsed = compute(move || ingest.lines(burst.lines, true))
             .await
             .ok_or_else(|| Error::Protocol {
-                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                context: format!("WATCH {} (sendInitialEvents=true)", self.described()),
                 detail: "parsing a burst of initial events panicked".into(),
             })?;
         let objects: Vec<_> = std::mem::take(&mut parsed.ops)
@@ -251,7 +251,7 @@ impl Machine {
         let received = received + p.delivered;
         self.push_rejected(p.rejected);
         if let Some(rv) = p.end {
-            tracing::info!(url = %self.url(), resource_version = %rv, "streaming list complete");
+            tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %rv, "streaming list complete");
             self.set_live(true);
             self.pacing.watch_up();
             return Ok(match self.disk.state.phase {
@@ -291,7 +291,7 @@ impl Machine {
         if ended {
             // The retry (after a backoff) starts a new list: a new epoch, a sweep at its end.
             let e = Error::Protocol {
-                context: format!("WATCH {} (sendInitialEvents=true)", self.url()),
+                context: format!("WATCH {} (sendInitialEvents=true)", self.described()),
                 detail: format!(
                     "the stream ended after {received} initial events, before the end bookmark"
                 ),

@@ -73,7 +73,7 @@ impl Machine {
 
     pub(super) fn watch_status(&self, status: crate::sync::raw::StatusBody) -> Error {
         Error::WatchStatus {
-            url: self.url().to_string(),
+            url: self.described(),
             resource_version: self.disk.state.last_synced.clone().unwrap_or_default(),
             code: status.code,
             reason: status.reason,
@@ -178,7 +178,7 @@ impl Machine {
             {
                 self.fresh.watch_ended(checkpoint, lasted, quiet);
             }
-            tracing::debug!(url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
+            tracing::debug!(stream = %self.stream, url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
             self.set_live(false);
             return Ok(Stage::Watching {
                 conn: None,

@@ -1,0 +1,205 @@
+//! The controller never lets one reconcile stall the others or the watch (issue 34 item 3).
+//!
+//! A reconcile that scans 20,000 stored objects with the blocking `Reader::iter` holds, in
+//! the middle of its scan, until the test has seen another object's change reconciled and
+//! the store's checkpoint move: each reconcile is a task of its own, so the controller
+//! keeps driving the scheduler and the watch while one reconcile blocks its worker. The
+//! async reads (`iter_stream`, `get_async`) give the same objects as the blocking ones.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube_persist::controller::{Config, Controller};
+use kube_persist::{Db, Reader, resource_version};
+use kube_persist_testkit::{ResourceType, TestServer};
+use tokio::sync::Notify;
+
+const OBJECTS: usize = 20_000;
+/// How long the test waits for what must happen while the scan is held.
+const PROMPT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+#[error("never fails")]
+struct Never;
+
+struct Ctx {
+    reader: Reader<Pod>,
+    /// Set by the test once the first reconciles are done: the next reconcile of the
+    /// scanner scans.
+    armed: AtomicBool,
+    /// The scan reached its middle and holds.
+    mid_scan: Notify,
+    /// The test lets the scan go on.
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    scanned: AtomicUsize,
+    scan_done: Notify,
+    /// Objects whose reconcile started since the test cleared it.
+    started: Mutex<HashSet<String>>,
+    reconciled: AtomicUsize,
+}
+
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, Never> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    ctx.started.lock().unwrap().insert(name.clone());
+    if name == "pod-0" && ctx.armed.swap(false, Ordering::SeqCst) {
+        // A blocking scan on this task's worker, held in its middle.
+        let release = ctx.release.lock().unwrap().take().expect("one scan");
+        let mut n = 0;
+        for obj in ctx.reader.iter() {
+            obj.expect("stored pod decodes");
+            n += 1;
+            if n == OBJECTS / 2 {
+                ctx.mid_scan.notify_one();
+                // Bounded, so that a failing run ends instead of hanging.
+                let _ = release.recv_timeout(PROMPT * 2);
+            }
+        }
+        ctx.scanned.store(n, Ordering::SeqCst);
+        ctx.scan_done.notify_one();
+    }
+    ctx.reconciled.fetch_add(1, Ordering::SeqCst);
+    Ok(Action::await_change())
+}
+
+fn error_policy(_: Arc<Pod>, _: &Never, _: Arc<Ctx>) -> Action {
+    Action::await_change()
+}
+
+/// Labels `name` on the server with `value` (a change the watch delivers).
+fn relabel(h: &kube_persist_testkit::ServerHandle, ns: &str, name: &str, value: &str) {
+    let rt = ResourceType::pods();
+    let mut pod = h.get(&rt, Some(ns), name).expect("seeded pod");
+    pod["metadata"]["labels"]["touched"] = value.into();
+    h.apply(&rt, pod);
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {PROMPT:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_watch() {
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(OBJECTS, 20);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Default::default())
+        .unwrap();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let ctx = Arc::new(Ctx {
+        reader: reader.clone(),
+        armed: AtomicBool::new(false),
+        mid_scan: Notify::new(),
+        release: Mutex::new(Some(release_rx)),
+        scanned: AtomicUsize::new(0),
+        scan_done: Notify::new(),
+        started: Mutex::default(),
+        reconciled: AtomicUsize::new(0),
+    });
+    let run = Controller::new(reader.clone(), watcher, Config::default())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let task = tokio::spawn(run);
+    until("every object reconciled once", || {
+        ctx.reconciled.load(Ordering::SeqCst) >= OBJECTS
+    })
+    .await;
+
+    // The scanner's change: its reconcile scans the store and holds in the middle.
+    ctx.armed.store(true, Ordering::SeqCst);
+    let mid = ctx.mid_scan.notified();
+    relabel(&h, "ns-0", "pod-0", "scan");
+    tokio::time::timeout(PROMPT, mid)
+        .await
+        .expect("the scanning reconcile reaches its middle");
+    ctx.started.lock().unwrap().clear();
+    let before = reader.checkpoint().expect("synced");
+
+    // Another object changes while the scan holds its worker.
+    relabel(&h, "ns-1", "pod-1", "during-scan");
+    until("pod-1's reconcile starts while the scan holds", || {
+        ctx.started.lock().unwrap().contains("pod-1")
+    })
+    .await;
+    until("the watch applies events while the scan holds", || {
+        reader.checkpoint().is_some_and(|now| {
+            matches!(
+                resource_version::compare(&now, &before),
+                Ok(std::cmp::Ordering::Greater)
+            )
+        })
+    })
+    .await;
+    assert_eq!(
+        ctx.scanned.load(Ordering::SeqCst),
+        0,
+        "the scan still holds"
+    );
+
+    let done = ctx.scan_done.notified();
+    release_tx.send(()).unwrap();
+    tokio::time::timeout(PROMPT, done)
+        .await
+        .expect("the scan completes");
+    assert_eq!(ctx.scanned.load(Ordering::SeqCst), OBJECTS);
+    task.abort();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_async_reads_give_what_the_blocking_ones_give() {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(600, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Default::default())
+        .unwrap();
+    tokio::spawn(watcher.run());
+    reader.wait_until_ready().await.unwrap();
+    let names = |pods: Vec<Arc<Pod>>| -> Vec<String> {
+        pods.iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect()
+    };
+    let blocking: Vec<_> = reader.iter().collect::<Result<_, _>>().unwrap();
+    let streamed: Vec<_> = reader.iter_stream().try_collect().await.unwrap();
+    assert_eq!(streamed.len(), 600);
+    assert_eq!(names(streamed), names(blocking));
+    let ns: Vec<_> = reader
+        .iter_namespace_stream("ns-1")
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(ns.len(), 200);
+    let got = reader
+        .get_async(&ObjectRef::new("pod-7").within("ns-1"))
+        .await
+        .unwrap()
+        .expect("stored");
+    assert_eq!(got.metadata.name.as_deref(), Some("pod-7"));
+    // A stream dropped after its first object stops its scan (no error, no hang).
+    let first = reader.iter_stream().next().await.unwrap().unwrap();
+    assert!(first.metadata.name.is_some());
+    // An unknown index is the stream's one item, an error.
+    let mut unknown = reader.by_index_stream("nope", "x");
+    assert!(unknown.next().await.unwrap().is_err());
+    assert!(unknown.next().await.is_none());
+}
