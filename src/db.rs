@@ -35,7 +35,7 @@ impl Db {
     ///
     /// The directory is created with mode 0700: cached objects are cluster data. An existing
     /// store is opened with the engine recorded in it unless `config` chose another one
-    /// ([`Error::EngineMismatch`]); see [`DbConfig::engine`].
+    /// ([`Error::EngineMismatch`](crate::Error::EngineMismatch)); see [`DbConfig::engine`].
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -51,14 +51,14 @@ impl Db {
     }
 
     /// Remove the store directory at `path` and everything in it, so that the next start
-    /// lists from scratch. Use it after [`Error::Corrupt`]: nothing is lost that the API
+    /// lists from scratch. Use it after [`Error::Corrupt`](crate::Error::Corrupt): nothing is lost that the API
     /// server cannot give again.
     ///
     /// A path that does not exist is not an error (there is nothing to remove). To guard
-    /// against a wrong path, it refuses (with [`Error::Config`]) a directory that does not
+    /// against a wrong path, it refuses (with [`Error::Config`](crate::Error::Config)) a directory that does not
     /// look like a store: it must hold its engine's files and nothing else (the `engine`
     /// file; for sled `conf`, `db`, `blobs/`, `snap.*`; for redb `data.redb`). It refuses
-    /// (with [`Error::Locked`]) a store that is open, in this process or another one;
+    /// (with [`Error::Locked`](crate::Error::Locked)) a store that is open, in this process or another one;
     /// checking that lock opens the store, which costs a recovery scan for a healthy sled
     /// store.
     ///
@@ -376,7 +376,7 @@ impl Db {
     }
 
     /// Every object record of controller `name`'s reconcile state, in key order, read
-    /// lazily from disk. An unknown controller is [`Error::Config`].
+    /// lazily from disk. An unknown controller is [`Error::Config`](crate::Error::Config).
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {

@@ -22,7 +22,7 @@ where
     /// Reconciles the owners (of kind `K`, by `ownerReferences`) of each object a persistent
     /// stream of `Child` touches. The controller drives the child stream's watcher, and waits
     /// until its store is ready before the first reconcile. Keep a clone of the child
-    /// [`Reader`] to look children up from the reconciler.
+    /// [`Reader`](crate::Reader) to look children up from the reconciler.
     ///
     /// ```no_run
     /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::ReplicaSet>) -> kube_persist::Result<()> {

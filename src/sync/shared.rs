@@ -66,7 +66,9 @@ struct Hub<K> {
     buffer: usize,
 }
 
-/// One watch, several consumers; see the [module docs](self).
+/// One watch, several consumers (from [`Watcher::shared`]). A subscriber whose queue is
+/// full holds the watch at most [`SharedWatcher::max_stall`], then is lagged: it misses
+/// events (all on disk) and gets [`SharedEvent::Lagged`] once its queue has room.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -93,6 +93,48 @@ async fn create_get_replace_delete() {
     assert_eq!(server.handle().counts(), RequestCounts::default());
 }
 
+/// PATCH: server-side apply creates the object when absent and merges when present; a
+/// JSON merge patch merges (`null` removes a key) and is 404 on an absent object.
+#[tokio::test]
+async fn patch_merges_and_apply_creates() {
+    use kube::api::{Patch, PatchParams};
+    let server = TestServer::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let err = api
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"a": "1"}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), (404, "NotFound".into()));
+    let applied = api
+        .patch(
+            "cfg",
+            &PatchParams::apply("test"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cfg"}, "data": {"a": "1", "b": "2"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.data.as_ref().unwrap()["a"], "1");
+    let uid = applied.metadata.uid.clone();
+    let merged = api
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "data": {"a": null}})),
+        )
+        .await
+        .unwrap();
+    let data = merged.data.unwrap();
+    assert!(!data.contains_key("a") && data["b"] == "2", "{data:?}");
+    assert_eq!(merged.metadata.labels.unwrap()["x"], "y");
+    assert_eq!(merged.metadata.uid, uid, "the same object");
+    assert_eq!(server.handle().counts().patch, 3);
+}
+
 #[tokio::test]
 async fn cluster_scoped_and_custom_resources() {
     let server = TestServer::start().await;
@@ -200,7 +242,9 @@ async fn bad_http_input_gets_status_errors() {
             "{\"metadata\":{\"name\":\"b\"}}",
             400,
         ),
-        ("PATCH", "/api/v1/namespaces/default/pods/a", "{}", 405),
+        // A patch type the server does not take (plain JSON): 415, as kube-apiserver.
+        ("PATCH", "/api/v1/namespaces/default/pods/a", "{}", 415),
+        ("PUT", "/api/v1/pods", "{}", 405),
         ("GET", "/api/v1/pods?limit=abc", "", 400),
         (
             "GET",

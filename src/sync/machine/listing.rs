@@ -43,6 +43,7 @@ impl Machine {
     /// is not `Sync`), so that a page can be fetched while another is being committed.
     fn lister(&self) -> Lister<'_> {
         Lister {
+            stream: &self.stream,
             client: &self.client,
             request: &self.request,
             metadata_only: self.metadata_only,
@@ -307,6 +308,8 @@ impl Machine {
 
 /// See [`Machine::lister`].
 struct Lister<'a> {
+    /// The stream's name, for errors.
+    stream: &'a str,
     client: &'a kube::Client,
     request: &'a Request,
     metadata_only: bool,
@@ -327,6 +330,10 @@ impl Lister<'_> {
         &self.request.url_path
     }
 
+    fn described(&self) -> String {
+        format!("{} (stream {:?})", self.url(), self.stream)
+    }
+
     /// GET one LIST page (network only) with its place in the directory's page budget,
     /// taken once the response arrives (a LIST the server has not answered holds none);
     /// `None` when its continue token expired (410).
@@ -339,7 +346,7 @@ impl Lister<'_> {
         let context = || {
             format!(
                 "LIST {} (continue: {})",
-                self.url(),
+                self.described(),
                 continue_token.is_some()
             )
         };
