@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{eventually, relabel_pod};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -20,7 +21,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::{Config, Controller};
 use kube_persist::{Db, Reader, resource_version};
-use kube_persist_testkit::{ResourceType, TestServer};
+use kube_persist_testkit::TestServer;
 use tokio::sync::Notify;
 
 const OBJECTS: usize = 20_000;
@@ -74,25 +75,6 @@ fn error_policy(_: Arc<Pod>, _: &Never, _: Arc<Ctx>) -> Action {
     Action::await_change()
 }
 
-/// Labels `name` on the server with `value` (a change the watch delivers).
-fn relabel(h: &kube_persist_testkit::ServerHandle, ns: &str, name: &str, value: &str) {
-    let rt = ResourceType::pods();
-    let mut pod = h.get(&rt, Some(ns), name).expect("seeded pod");
-    pod["metadata"]["labels"]["touched"] = value.into();
-    h.apply(&rt, pod);
-}
-
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PROMPT;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {PROMPT:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_watch() {
     let server = TestServer::start().await;
@@ -118,7 +100,7 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
     let task = tokio::spawn(run);
-    until("every object reconciled once", || {
+    eventually("every object reconciled once", || {
         ctx.reconciled.load(Ordering::SeqCst) >= OBJECTS
     })
     .await;
@@ -126,7 +108,7 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
     // The scanner's change: its reconcile scans the store and holds in the middle.
     ctx.armed.store(true, Ordering::SeqCst);
     let mid = ctx.mid_scan.notified();
-    relabel(&h, "ns-0", "pod-0", "scan");
+    relabel_pod(&h, "ns-0", "pod-0", "scan");
     tokio::time::timeout(PROMPT, mid)
         .await
         .expect("the scanning reconcile reaches its middle");
@@ -134,12 +116,12 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
     let before = reader.checkpoint().expect("synced");
 
     // Another object changes while the scan holds its worker.
-    relabel(&h, "ns-1", "pod-1", "during-scan");
-    until("pod-1's reconcile starts while the scan holds", || {
+    relabel_pod(&h, "ns-1", "pod-1", "during-scan");
+    eventually("pod-1's reconcile starts while the scan holds", || {
         ctx.started.lock().unwrap().contains("pod-1")
     })
     .await;
-    until("the watch applies events while the scan holds", || {
+    eventually("the watch applies events while the scan holds", || {
         reader.checkpoint().is_some_and(|now| {
             matches!(
                 resource_version::compare(&now, &before),

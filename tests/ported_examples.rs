@@ -2,30 +2,20 @@
 //! (`examples/pod_reflector.rs`, `examples/configmapgen_controller.rs`), each run against
 //! the testkit: the port builds, and it does what the original does.
 
+mod common;
+
 #[path = "../examples/configmapgen_controller.rs"]
 mod configmapgen_controller;
 #[path = "../examples/pod_reflector.rs"]
 mod pod_reflector;
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::eventually;
 use futures::StreamExt;
 use kube_persist::Db;
 use kube_persist_testkit::{ResourceType, TestServer};
 use serde_json::{Value, json};
-
-/// Waits (polling the server's state, up to 30 s) until `f` holds.
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within 30 s: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_reflector_sees_every_pod_of_the_default_namespace() {
@@ -80,19 +70,19 @@ async fn configmapgen_controller_owns_one_configmap_per_generator() {
         let cm = h.get(&cms, Some("default"), "gen-a")?;
         (cm["metadata"]["ownerReferences"][0]["uid"] == uid).then(|| cm["data"]["content"].clone())
     };
-    until("the generator's ConfigMap, owned by it", || {
+    eventually("the generator's ConfigMap, owned by it", || {
         content(&h) == Some(json!("hello"))
     })
     .await;
     // The generator changes: its ConfigMap follows.
     h.apply(&cmg, generator("bye"));
-    until("the ConfigMap updated", || {
+    eventually("the ConfigMap updated", || {
         content(&h) == Some(json!("bye"))
     })
     .await;
     // The owned ConfigMap is deleted: its owner is reconciled and writes it again.
     h.delete(&cms, Some("default"), "gen-a");
-    until("the ConfigMap written again", || {
+    eventually("the ConfigMap written again", || {
         content(&h) == Some(json!("bye"))
     })
     .await;

@@ -3,17 +3,20 @@
 //! change; a consumer that stops taking its events is lagged after the bounded stall, and
 //! the other keeps reconciling.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{eventually, relabel_pod};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube_persist::controller::{Config, Controller};
 use kube_persist::{Db, SharedEvent};
-use kube_persist_testkit::{ResourceType, ServerHandle, TestServer};
+use kube_persist_testkit::TestServer;
 
 const PROMPT: Duration = Duration::from_secs(20);
 
@@ -59,24 +62,6 @@ fn error_policy(_: Arc<Pod>, _: &Never, _: Arc<Book>) -> Action {
     Action::await_change()
 }
 
-fn relabel(h: &ServerHandle, ns: &str, name: &str, value: &str) {
-    let rt = ResourceType::pods();
-    let mut pod = h.get(&rt, Some(ns), name).expect("seeded pod");
-    pod["metadata"]["labels"]["touched"] = value.into();
-    h.apply(&rt, pod);
-}
-
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PROMPT;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {PROMPT:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_change() {
     let server = TestServer::start().await;
@@ -101,16 +86,16 @@ async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_c
     }
     tasks.push(tokio::spawn(shared.run()));
     for (i, book) in books.iter().enumerate() {
-        until(&format!("controller {i} reconciles every pod"), || {
+        eventually(&format!("controller {i} reconciles every pod"), || {
             book.objects() == 20
         })
         .await;
     }
     for i in 0..5 {
-        relabel(&h, &format!("ns-{}", i % 2), &format!("pod-{i}"), "changed");
+        relabel_pod(&h, &format!("ns-{}", i % 2), &format!("pod-{i}"), "changed");
     }
     for (i, book) in books.iter().enumerate() {
-        until(&format!("controller {i} reconciles every change"), || {
+        eventually(&format!("controller {i} reconciles every change"), || {
             (0..5).all(|p| book.saw(&format!("pod-{p}"), "changed"))
         })
         .await;
@@ -144,13 +129,13 @@ async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
         .run(reconcile, error_policy, book.clone())
         .for_each(|_| async {});
     let tasks = [tokio::spawn(controller), tokio::spawn(shared.run())];
-    until("every pod reconciled", || book.objects() == 10).await;
+    eventually("every pod reconciled", || book.objects() == 10).await;
     for round in 0..3 {
         for p in 0..10 {
-            relabel(&h, "ns-0", &format!("pod-{p}"), &format!("round-{round}"));
+            relabel_pod(&h, "ns-0", &format!("pod-{p}"), &format!("round-{round}"));
         }
     }
-    until(
+    eventually(
         "the other consumer reconciles the last round of changes",
         || (0..10).all(|p| book.saw(&format!("pod-{p}"), "round-2")),
     )

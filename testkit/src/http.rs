@@ -333,8 +333,20 @@ fn replace(
     name: &str,
     body: &Bytes,
 ) -> Result<Response, ApiError> {
+    replace_with(shared, ty, ns, name, parse_body(body)?)
+}
+
+/// Replaces object `ns/name` of type `ty` with `value` (its resourceVersion, if any, must
+/// be the stored one), refusing a body that names another object.
+fn replace_with(
+    shared: &Shared,
+    ty: usize,
+    ns: &str,
+    name: &str,
+    value: Value,
+) -> Result<Response, ApiError> {
     let rt = shared.state().resource_type(ty).clone();
-    let p = object::prepare(&rt, parse_body(body)?, (!ns.is_empty()).then_some(ns))?;
+    let p = object::prepare(&rt, value, (!ns.is_empty()).then_some(ns))?;
     if p.name != name {
         return Err(ApiError::bad_request(format!(
             "the name of the object ({}) does not match the name on the URL ({name})",
@@ -392,15 +404,7 @@ fn patch(
     };
     let mut merged = existing.value();
     merge_patch(&mut merged, patch);
-    let p = object::prepare(&rt, merged, (!ns.is_empty()).then_some(ns))?;
-    if p.name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({}) does not match the name on the URL ({name})",
-            p.name
-        )));
-    }
-    let obj = shared.write(|st| st.replace(ty, p, true))?;
-    Ok(json_response(StatusCode::OK, obj.json.to_vec()))
+    replace_with(shared, ty, ns, name, merged)
 }
 
 /// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else

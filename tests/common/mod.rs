@@ -367,6 +367,15 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Sets label `touched=<value>` on the Pod `ns/name` on the server: a change the watch
+/// delivers.
+pub fn relabel_pod(h: &ServerHandle, ns: &str, name: &str, value: &str) {
+    let rt = ResourceType::pods();
+    let mut pod = h.get(&rt, Some(ns), name).expect("seeded pod");
+    pod["metadata"]["labels"]["touched"] = value.into();
+    h.apply(&rt, pod);
+}
+
 /// Collect the lines of a child process's stdout that `keep` accepts, on a thread, into
 /// a shared list the test reads while the child runs.
 pub fn collect_stdout(
