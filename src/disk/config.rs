@@ -127,16 +127,16 @@ impl DbConfig {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
     /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::{Config, Db, DbConfig, EncryptionKey, Error};
+    /// use kube_persist::{Db, DbConfig, EncryptionKey, Error, StreamConfig};
     /// let key = EncryptionKey::from_bytes([7; 32]);
     /// let dir = tempfile::tempdir()?;
     /// let db = Db::open_with(dir.path(), DbConfig::default().encryption_key(key.clone()))?;
-    /// drop(db.store("pods", kube::Api::<Pod>::all(client.clone()), Config::default())?);
+    /// drop(db.store("pods", kube::Api::<Pod>::all(client.clone()), StreamConfig::default())?);
     /// assert_eq!(db.streams()?[0].key_fingerprint, Some(key.fingerprint()));
     /// drop(db);
     /// // Reopened without the key, the stream is refused instead of read or wiped.
     /// let db = Db::open(dir.path())?;
-    /// let err = db.store("pods", kube::Api::<Pod>::all(client), Config::default()).unwrap_err();
+    /// let err = db.store("pods", kube::Api::<Pod>::all(client), StreamConfig::default()).unwrap_err();
     /// assert!(matches!(err, Error::Encryption { .. }));
     /// # Ok(()) }
     /// ```

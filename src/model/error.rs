@@ -133,7 +133,7 @@ pub enum Error {
         requested: crate::model::Engine,
     },
     /// An object from the API server was not stored: it does not decode into the stream's
-    /// type, exceeds `Config::max_object_bytes`, or the transform failed on it. Its previous
+    /// type, exceeds `StreamConfig::max_object_bytes`, or the transform failed on it. Its previous
     /// version was removed from the store in the same batch (the store never serves a
     /// version older than its checkpoint as current); the stream goes on. Yielded by
     /// `Watcher::stream` and counted in `Stats::bad_objects`.

@@ -48,7 +48,7 @@ use crate::model::{Error, Result};
 /// }
 /// for pod in reader.iter_namespace("default") {
 ///     let pod = pod?;
-///     println!("{}", pod.metadata.name.unwrap_or_default());
+///     println!("{}", pod.metadata.name.clone().unwrap_or_default());
 /// }
 /// # Ok(()) }
 /// ```
@@ -516,13 +516,13 @@ where
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::Api;
     /// use kube_persist::StreamConfig;
-    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client.clone()), Config::default())?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(client.clone()), StreamConfig::default())?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// assert_eq!(reader.len(), 2);
     ///
     /// // Without a watcher the store never gets there: an error, not a hang.
-    /// let (reader, watcher) = db.store("pods-unwatched", Api::<Pod>::all(client), Config::default())?;
+    /// let (reader, watcher) = db.store("pods-unwatched", Api::<Pod>::all(client), StreamConfig::default())?;
     /// drop(watcher);
     /// assert!(reader.wait_until_ready().await.is_err());
     /// # Ok(()) }

@@ -72,7 +72,7 @@ where
     /// reader.wait_until_ready().await?;
     /// let mut names = Vec::new();
     /// for pod in reader.iter() {
-    ///     names.push(pod?.metadata.name.unwrap_or_default());
+    ///     names.push(pod?.metadata.name.clone().unwrap_or_default());
     /// }
     /// assert_eq!(names, ["web-0", "web-1"]);
     /// # Ok(()) }
@@ -132,7 +132,7 @@ where
     /// reader.wait_until_ready().await?;
     /// let nodes: Vec<_> = reader
     ///     .iter_as::<NodeOnly>()
-    ///     .map(|p| p.map(|p| p.spec.and_then(|s| s.node_name)))
+    ///     .map(|p| p.map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())))
     ///     .collect::<Result<_, _>>()?;
     /// assert_eq!(nodes, [Some("node-1".to_string()), Some("node-2".to_string())]);
     /// # Ok(()) }
