@@ -37,6 +37,13 @@ impl Db {
     /// store is opened with the engine recorded in it unless `config` chose another one
     /// ([`Error::EngineMismatch`](crate::Error::EngineMismatch)); see [`DbConfig::engine`].
     ///
+    /// Blocking: it opens the engine (redb checks its file; sled replays its log, seconds
+    /// for a large store), so from async code call it in `spawn_blocking`. A store open
+    /// elsewhere is [`Error::Locked`](crate::Error::Locked), at once. A store whose last `Db`
+    /// this process dropped a moment ago may still be held by its last handles (a queued
+    /// write, a running scan, redb's final flush): the open waits for them to close (up to
+    /// 30 s; a `Reader` kept past its `Db` holds the files too) and then opens it.
+    ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
     /// use kube_persist::{Db, DbConfig};

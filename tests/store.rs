@@ -573,6 +573,37 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) 
     assert!(err.to_string().contains("already open"), "{err}");
 }
 
+/// A store closed in this process reopens once the last handle on its files is gone, however
+/// long that takes (within 30 s): here a `Reader` outlives its `Db` by 3 s, as a queued write
+/// or redb's final flush on a loaded disk can. The reopen waits for that release, not for a
+/// fixed time (it was 2 s, and CI once saw `Locked` on a reopen after a watcher stopped).
+async fn reopen_waits_for_the_last_handle_of_a_closed_store(engine: Engine) {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = try_open_db(engine, dir.path()).unwrap();
+    let (reader, watcher) = db
+        .store::<Pod>("pods", Api::all(server.client()), StreamConfig::default())
+        .unwrap();
+    drop((watcher, db));
+    let held = Duration::from_secs(3);
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(held);
+        drop(reader);
+    });
+    let path = dir.path().to_path_buf();
+    let t0 = std::time::Instant::now();
+    let reopened = tokio::task::spawn_blocking(move || try_open_db(engine, &path))
+        .await
+        .unwrap();
+    let waited = t0.elapsed();
+    reopened.expect("the store reopens once the reader is dropped");
+    assert!(
+        waited >= held,
+        "reopened after {waited:?}, while the reader held the files"
+    );
+    releaser.join().unwrap();
+}
+
 /// Readers on many tasks never see an object older than one they already saw, while the
 /// watcher applies updates (the hot cache is invalidated in the same step as the write).
 async fn hot_cache_never_goes_back_in_time(engine: Engine) {
@@ -663,5 +694,6 @@ engine_tests! {
         bad_objects_are_skipped_and_counted,
         server_errors_are_retried,
         locked_directory_and_duplicate_stream_are_clear_errors,
+        reopen_waits_for_the_last_handle_of_a_closed_store,
         hot_cache_never_goes_back_in_time,
 }

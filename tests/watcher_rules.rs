@@ -13,15 +13,23 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Db, DbConfig, Durability, StreamConfig};
 use kube_persist_testkit::{ResourceType, TestServer, Verb};
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// Thread names of every "batch committed" log event, process-wide.
+/// Thread names of every "batch committed" log event, process-wide. Installs this binary's
+/// one global subscriber, which also prints the logs of a failing test (every test calls it
+/// first).
 fn commit_threads() -> &'static Arc<Mutex<Vec<String>>> {
     static THREADS: OnceLock<Arc<Mutex<Vec<String>>>> = OnceLock::new();
     THREADS.get_or_init(|| {
         let threads = Arc::new(Mutex::new(Vec::new()));
         let layer = CommitThreads(threads.clone());
-        let subscriber = tracing_subscriber::registry().with(layer);
+        let logs = tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::EnvFilter::new(
+                "kube_persist=debug,kube_persist_testkit=debug,warn",
+            ));
+        let subscriber = tracing_subscriber::registry().with(layer).with(logs);
         tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
         threads
     })
@@ -104,6 +112,7 @@ fn disk_work_runs_on_the_disk_thread_under_a_local_set() {
 /// to fail validation on every attempt, forever); a page size of 0 is raised to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_range_config_is_clamped_and_the_watch_goes_live() {
+    commit_threads();
     let cfg = StreamConfig::default().timeout(300).page_size(0);
     assert_eq!(cfg.get_timeout(), StreamConfig::MAX_TIMEOUT);
     assert_eq!(cfg.get_page_size(), 1);
@@ -128,6 +137,7 @@ async fn out_of_range_config_is_clamped_and_the_watch_goes_live() {
 /// stream (issue 34 item 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_their_stream() {
+    commit_threads();
     use futures::StreamExt;
     let server = TestServer::start().await;
     server.handle().seed_pods(4, 1);
@@ -161,6 +171,7 @@ async fn errors_name_their_stream() {
 /// backoff: the next reconnect waits about the minimum, not the grown delay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backoff_resets_after_a_healthy_watch() {
+    commit_threads();
     let server = TestServer::start().await;
     let h = server.handle();
     h.seed_pods(20, 2);
@@ -185,7 +196,8 @@ async fn backoff_resets_after_a_healthy_watch() {
     o["metadata"]["labels"]["round"] = "1".into();
     h.apply(&rt, o.clone());
     w.until(|e| matches!(e, Ev::Apply(_))).await;
-    // One more failure: the retry comes after 50..100 ms, not 1.6..3.2 s.
+    // One more failure: the retry comes after 50..100 ms, not 1.6..3.2 s (the bound leaves
+    // room for a loaded machine and stays below the grown delay).
     h.faults().fail_next(Verb::Watch, 500, 1);
     let start = Instant::now();
     h.faults().close_watches();
@@ -195,7 +207,7 @@ async fn backoff_resets_after_a_healthy_watch() {
     w.until(|e| matches!(e, Ev::Apply(_))).await;
     let took = start.elapsed();
     assert!(
-        took < Duration::from_millis(600),
+        took < Duration::from_millis(1500),
         "reconnect after a healthy watch took {took:?}: backoff was not reset"
     );
     assert!(reader.stats().errors >= 6);
@@ -209,6 +221,7 @@ const HUGE_ENV: &str = "KP_RULES_SERVER";
 /// it, relists (the object cannot be identified) and stays correct.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_watch_lines_are_never_buffered() {
+    commit_threads();
     const LINE_MIB: usize = 200;
     let server = TestServer::start().await;
     let h = server.handle();

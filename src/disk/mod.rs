@@ -18,6 +18,7 @@ pub(crate) use crypto::Cipher;
 pub use crypto::EncryptionKey;
 pub(crate) use engine::{
     Backend, CONTROLLERS, Entry, Storage, WriteBatch, check_removable, open as open_storage,
+    wait_released,
 };
 pub(crate) use lease::{LeaseCloser, Leases, StreamLease};
 pub(crate) use perms::{create_private_dir, tighten, too_open};

@@ -69,10 +69,18 @@ struct DbInner {
     worker: DiskWorker,
 }
 
-/// Store directories whose last `Db` handle in this process was dropped recently. sled
-/// releases its file lock only when deferred destructors run, a moment after the drop (and
-/// redb's background flush may hold the database a moment longer).
+/// Store directories whose last `Db` handle in this process was dropped recently. The
+/// engine may hold the files a while longer: a queued write or a scan still running ends
+/// first, redb flushes on close, and sled releases its file lock only when its deferred
+/// destructors run, a moment after that.
 static RECENTLY_CLOSED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// How long a reopen waits for this process's remaining engine handles on a store it closed
+/// (queued writes, running scans, the final flush): past it, the store is reported
+/// [`Error::Locked`] (a `Reader` kept after its `Db` was dropped holds the files).
+const RELEASE_WAIT: Duration = Duration::from_secs(30);
+/// How long a reopen retries once those handles are gone, for the engine's deferred release.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
 
 impl Drop for DbInner {
     fn drop(&mut self) {
@@ -84,10 +92,12 @@ impl Drop for DbInner {
 }
 
 /// Run `open`; if the store is locked and this process closed it (or failed to open it) a
-/// moment ago, retry for up to two seconds while the engine finishes releasing it. A lock
-/// held by another process (or by a live handle in this one) is reported at once.
+/// moment ago, wait for this process's last engine handles on it to close (up to
+/// [`RELEASE_WAIT`]), then retry for up to [`RELEASE_GRACE`] while the engine finishes
+/// releasing it. A lock held by another process (or by a live `Db` in this one) is reported
+/// at once. Blocks the calling thread while it waits.
 fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut grace = std::time::Instant::now() + RELEASE_GRACE;
     loop {
         let res = open();
         let recently_closed = || {
@@ -97,28 +107,31 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
                 .iter()
                 .any(|p| p == path)
         };
-        match res {
-            Err(Error::Locked { .. })
-                if recently_closed() && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            other => {
-                let mut closed = RECENTLY_CLOSED.lock().unwrap_or_else(|p| p.into_inner());
-                match &other {
-                    Ok(_) => closed.retain(|p| p != path),
-                    // The engine may have opened (and locked) the files before it failed,
-                    // e.g. on a corrupt store: it releases them like a closed store.
-                    Err(Error::Locked { .. }) => {}
-                    Err(_) => {
-                        if !closed.iter().any(|p| p == path) {
-                            closed.push(path.to_path_buf());
-                        }
-                    }
+        if matches!(res, Err(Error::Locked { .. })) && recently_closed() {
+            match disk::wait_released(path, RELEASE_WAIT) {
+                // Closed while we waited: the engine's own release may lag a moment.
+                Some(true) => grace = std::time::Instant::now() + RELEASE_GRACE,
+                Some(false) if std::time::Instant::now() < grace => {
+                    std::thread::sleep(Duration::from_millis(10));
                 }
-                return other;
+                // Still held by this process, or released and still locked past the grace.
+                Some(false) | None => return res,
+            }
+            continue;
+        }
+        let mut closed = RECENTLY_CLOSED.lock().unwrap_or_else(|p| p.into_inner());
+        match &res {
+            Ok(_) => closed.retain(|p| p != path),
+            // The engine may have opened (and locked) the files before it failed,
+            // e.g. on a corrupt store: it releases them like a closed store.
+            Err(Error::Locked { .. }) => {}
+            Err(_) => {
+                if !closed.iter().any(|p| p == path) {
+                    closed.push(path.to_path_buf());
+                }
             }
         }
+        return res;
     }
 }
 

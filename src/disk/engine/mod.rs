@@ -7,8 +7,11 @@
 //! built. A store directory records which engine wrote it in its `engine` file, and is
 //! reopened with that engine unless the caller asks for another one.
 
+mod held;
 mod redb;
 mod sled;
+
+pub(crate) use held::wait_released;
 
 use std::path::Path;
 use std::sync::Arc;

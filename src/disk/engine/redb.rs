@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
+use super::held::Held;
 use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::disk::{DbConfig, Durability};
 use crate::model::{Error, Result};
@@ -38,6 +39,8 @@ struct Shared {
     /// A write failed for lack of space. redb then answers `PreviousIo` until reopened,
     /// which is reported as the disk-full error it stands for.
     disk_full: AtomicBool,
+    /// Dropped last, after `db` has closed the file.
+    _held: Held,
 }
 
 /// One redb database.
@@ -60,6 +63,7 @@ impl RedbStorage {
             Durability::Periodic(every) => Some(every.max(Duration::from_millis(1))),
             Durability::EveryBatch => None,
         };
+        let held = Held::new(&dir);
         let shared = Arc::new(Shared {
             db,
             path: file,
@@ -68,6 +72,7 @@ impl RedbStorage {
             every_batch: config.durability == Durability::EveryBatch,
             dirty: AtomicBool::new(false),
             disk_full: AtomicBool::new(false),
+            _held: held,
         });
         if let Some(every) = periodic {
             spawn_flusher(Arc::downgrade(&shared), stopped, every)?;

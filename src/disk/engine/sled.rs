@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::held::Held;
 use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
 use crate::disk::{DbConfig, Durability};
 use crate::model::{Error, Result};
@@ -21,6 +22,8 @@ pub(super) struct SledStorage {
     sled: sled::Db,
     path: PathBuf,
     flush_every_batch: bool,
+    /// Shared with every tree; dropped after the last of them.
+    held: Arc<Held>,
 }
 
 impl SledStorage {
@@ -47,6 +50,7 @@ impl SledStorage {
             sled,
             path: path.to_path_buf(),
             flush_every_batch: config.durability == Durability::EveryBatch,
+            held: Arc::new(Held::new(path)),
         })
     }
 
@@ -65,6 +69,7 @@ impl Storage for SledStorage {
             tree,
             path: self.path.clone(),
             flush_every_batch: self.flush_every_batch,
+            held: self.held.clone(),
         }))
     }
 
@@ -96,6 +101,8 @@ struct SledTree {
     tree: sled::Tree,
     path: PathBuf,
     flush_every_batch: bool,
+    /// Dropped after `tree` (and after each scan's iterator, which holds a clone).
+    held: Arc<Held>,
 }
 
 impl SledTree {
@@ -132,13 +139,17 @@ impl Backend for SledTree {
     }
 
     fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send> {
-        let path = self.path.clone();
+        let (path, held) = (self.path.clone(), self.held.clone());
         let entries = self
             .tree
             .range(start.to_vec()..end.to_vec())
-            .map(move |r| match r {
-                Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
-                Err(e) => Err(Error::from_sled(&path, e)),
+            // The closure owns a mark, dropped after sled's iterator.
+            .map(move |r| {
+                let _open = &held;
+                match r {
+                    Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                    Err(e) => Err(Error::from_sled(&path, e)),
+                }
             });
         Box::new(Guarded::new(entries, &self.path))
     }
