@@ -28,9 +28,9 @@ use crate::model::{Error, Result};
 #[non_exhaustive]
 pub enum Engine {
     /// [redb](https://docs.rs/redb) 4: the default for new stores. Its memory stays flat under
-    /// reads (about 39 MiB after 100,000 random gets at every store size measured, where
-    /// sled's grew from 53 to 175 MiB), it syncs at less than half of sled's peak, and a
-    /// warm restart is ready in about 5 ms instead of 100 ms (BENCHMARKS.md).
+    /// reads where sled's grows with what was read, it syncs at less than half of sled's
+    /// peak, and a warm restart is ready sooner (the figures: BENCHMARKS.md in the
+    /// repository, section "Storage engines: why redb is the default").
     #[default]
     Redb,
     /// [sled](https://docs.rs/sled) 0.34: chosen with `DbConfig::engine(Engine::Sled)`, and
