@@ -20,6 +20,24 @@
 //! | `kube_persist_seconds_since_watch_activity` | gauge | seconds since the last watch event or bookmark (absent before the first) |
 //! | `kube_persist_store_disk_bytes` | gauge | bytes of the store directory's files (shared by its streams) |
 //!
+//! [`Metrics::add_controller`] adds a controller's counters ([`Controller::stats`]), named
+//! like controller-runtime's and labeled with `controller`:
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `kube_persist_controller_reconcile_total` | counter | reconciles by `result`: `success`, `requeue_after` (`Ok` with a requeue), `error`, `skipped` (not run: the durable state showed the version handled) |
+//! | `kube_persist_controller_reconcile_errors_total` | counter | reconciles that returned `Err` |
+//! | `kube_persist_controller_reconcile_time_seconds` | histogram | reconcile durations ([`RECONCILE_BUCKETS`]) |
+//! | `kube_persist_controller_active_workers` | gauge | reconciles running |
+//! | `kube_persist_controller_queue_depth` | gauge | requests waiting in the scheduler, requeues excepted |
+//! | `kube_persist_controller_pending_requeues` | gauge | requeues and retries waiting in the scheduler |
+//! | `kube_persist_controller_startup_pass_running` | gauge | 1 while the startup pass (or its wait for the store to catch up) runs |
+//! | `kube_persist_controller_startup_pass_objects` | gauge | objects in the store when the last startup pass began |
+//! | `kube_persist_controller_startup_pass_read_total` | counter | objects the startup passes have read |
+//!
+//! [`Controller::stats`]: crate::Controller::stats
+//! [`RECONCILE_BUCKETS`]: crate::controller::RECONCILE_BUCKETS
+//!
 //! Serving `/metrics` with the registry (here with hyper-free std networking; a controller
 //! would use its HTTP server, e.g. axum):
 //!
@@ -62,12 +80,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::Reader;
+use crate::controller::{ControllerCounts, ControllerStats};
 use crate::model::Stats;
 use crate::store::MetricsSource;
 use crate::store::{Status, SyncPhase};
@@ -186,6 +206,7 @@ const PHASES: [(SyncPhase, &str); 4] = [
 #[derive(Debug, Clone)]
 pub struct Metrics {
     streams: Arc<Mutex<Vec<Stream>>>,
+    controllers: Arc<Mutex<Vec<(String, ControllerStats)>>>,
 }
 
 #[derive(Debug)]
@@ -210,6 +231,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Metrics {
         let metrics = Metrics {
             streams: Arc::default(),
+            controllers: Arc::default(),
         };
         registry.register_collector(Box::new(metrics.clone()));
         metrics
@@ -243,6 +265,30 @@ impl Metrics {
             name: name.to_string(),
             source: reader.metrics_source(),
         });
+    }
+
+    /// Serve the metrics of controller `name` (`kube_persist_controller_*`, see the
+    /// [module docs](self)), read from its [`ControllerStats`]. Adding a name again
+    /// replaces the earlier controller of that name.
+    ///
+    /// ```
+    /// use prometheus_client::{encoding::text::encode, registry::Registry};
+    /// let mut registry = Registry::default();
+    /// let metrics = kube_persist::metrics::Metrics::register(&mut registry);
+    /// // A controller's: `Controller::stats()`.
+    /// let stats = kube_persist::controller::ControllerStats::default();
+    /// metrics.add_controller("configmapgen", &stats);
+    /// let mut text = String::new();
+    /// encode(&mut text, &registry).unwrap();
+    /// assert!(text.contains(
+    ///     "kube_persist_controller_reconcile_total{controller=\"configmapgen\",result=\"success\"} 0"
+    /// ));
+    /// assert!(text.contains("kube_persist_controller_queue_depth{controller=\"configmapgen\"} 0"));
+    /// ```
+    pub fn add_controller(&self, name: &str, stats: &ControllerStats) {
+        let mut controllers = self.controllers.lock().unwrap_or_else(|p| p.into_inner());
+        controllers.retain(|(n, _)| n != name);
+        controllers.push((name.to_string(), stats.clone()));
     }
 }
 
@@ -322,6 +368,7 @@ impl Collector for Metrics {
                 .map(|s| (s.name.clone(), sample(&s.source)))
                 .collect()
         };
+        encode_controllers(&self.controllers, &mut encoder)?;
         if samples.is_empty() {
             return Ok(());
         }
@@ -395,4 +442,140 @@ impl Collector for Metrics {
         }
         Ok(())
     }
+}
+
+/// A histogram read at scrape time: per-bucket counts (not cumulative; the encoder
+/// cumulates them), the last bound `f64::MAX` for `+Inf`.
+#[derive(Debug)]
+struct ConstHistogram {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl ConstHistogram {
+    fn of(c: &ControllerCounts) -> Self {
+        let mut below = 0;
+        let buckets = c
+            .duration_buckets
+            .iter()
+            .map(|&(bound, cumulative)| {
+                let n = cumulative - below;
+                below = cumulative;
+                (if bound.is_finite() { bound } else { f64::MAX }, n)
+            })
+            .collect();
+        ConstHistogram {
+            sum: c.duration_sum.as_secs_f64(),
+            count: below,
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for ConstHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The `kube_persist_controller_*` families of the controllers added.
+fn encode_controllers(
+    controllers: &Mutex<Vec<(String, ControllerStats)>>,
+    encoder: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let samples: Vec<(String, ControllerCounts)> = controllers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(name, stats)| (name.clone(), stats.get()))
+        .collect();
+    if samples.is_empty() {
+        return Ok(());
+    }
+    let label = |name: &str| [("controller".to_string(), name.to_string())];
+    let mut family = encoder.encode_descriptor(
+        "kube_persist_controller_reconcile",
+        "Reconciles by result: success, requeue_after (Ok with a requeue), error, skipped (not run: the durable state showed the version handled).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (name, c) in &samples {
+        let results = [
+            ("success", c.reconciled),
+            ("requeue_after", c.requeued),
+            ("error", c.failed),
+            ("skipped", c.skipped),
+        ];
+        for (result, n) in results {
+            let labels = [
+                ("controller".to_string(), name.clone()),
+                ("result".to_string(), result.to_string()),
+            ];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let counters: [Metric<ControllerCounts, u64>; 2] = [
+        (
+            "reconcile_errors",
+            "Reconciles that returned an error.",
+            |c| c.failed,
+        ),
+        (
+            "startup_pass_read",
+            "Objects the startup passes have read.",
+            |c| c.startup_pass_read,
+        ),
+    ];
+    for (metric, help, value) in counters {
+        let name = format!("kube_persist_controller_{metric}");
+        let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
+        for (controller, c) in &samples {
+            ConstCounter::new(value(c)).encode(family.encode_family(&label(controller))?)?;
+        }
+    }
+    let gauges: [Metric<ControllerCounts, i64>; 5] = [
+        ("active_workers", "Reconciles running.", |c| c.active as i64),
+        (
+            "queue_depth",
+            "Requests waiting in the scheduler, requeues excepted.",
+            |c| c.queue_depth as i64,
+        ),
+        (
+            "pending_requeues",
+            "Requeues and retries waiting in the scheduler.",
+            |c| c.pending_requeues as i64,
+        ),
+        (
+            "startup_pass_running",
+            "1 while the startup pass (or its wait for the store to catch up) runs.",
+            |c| i64::from(c.startup_pass_running),
+        ),
+        (
+            "startup_pass_objects",
+            "Objects in the store when the last startup pass began.",
+            |c| c.startup_pass_objects as i64,
+        ),
+    ];
+    for (metric, help, value) in gauges {
+        let name = format!("kube_persist_controller_{metric}");
+        let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Gauge)?;
+        for (controller, c) in &samples {
+            ConstGauge::new(value(c)).encode(family.encode_family(&label(controller))?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "kube_persist_controller_reconcile_time_seconds",
+        "How long reconciles took.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (controller, c) in &samples {
+        ConstHistogram::of(c).encode(family.encode_family(&label(controller))?)?;
+    }
+    Ok(())
 }

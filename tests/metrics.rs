@@ -171,3 +171,135 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
 engine_tests! {
     async: scrape_after_sync_has_the_store_counters,
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("refused")]
+struct Refused;
+
+/// A durable controller over 30 Pods with one worker: while the first reconcile is held,
+/// one worker is active and the others wait in the queue; once released, every Pod is
+/// reconciled (one fails, one asks for a requeue) and the two requeues wait. The scrape
+/// shows the controller's counters (`kube_persist_controller_*`) as `ControllerStats` reads
+/// them, with a reconcile duration histogram whose count is the number of reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_metrics_count_reconciles_queue_and_startup_pass() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use kube_persist::controller::{Action, Config, Controller};
+
+    init_tracing();
+    let server = TestServer::start().await;
+    server.handle().seed_pods(30, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Db::open(tmp.path()).unwrap();
+    let (reader, watcher) = db
+        .store(
+            "pods",
+            Api::<Pod>::all(server.client()),
+            StreamConfig::default(),
+        )
+        .unwrap();
+    let controller = Controller::new(reader, watcher, Config::default().concurrency(1))
+        .durable_state(&db, "labeler")
+        .unwrap();
+    let stats = controller.stats();
+    let mut registry = Registry::default();
+    Metrics::register(&mut registry).add_controller("labeler", &stats);
+    // The first reconcile waits for a permit; the others pass once it is given.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reconcile = {
+        let (gate, first) = (gate.clone(), first.clone());
+        move |pod: Arc<Pod>, _: Arc<()>| {
+            let (gate, first) = (gate.clone(), first.clone());
+            async move {
+                if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    let _permit = gate.acquire().await.unwrap();
+                }
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                match name.rsplit('-').next() {
+                    Some("7") => Err(Refused),
+                    Some("8") => Ok(Action::requeue(Duration::from_secs(3600))),
+                    _ => Ok(Action::await_change()),
+                }
+            }
+        }
+    };
+    let run = tokio::spawn(
+        controller
+            .run(
+                reconcile,
+                |_, _: &Refused, _| Action::requeue(Duration::from_secs(3600)),
+                Arc::new(()),
+            )
+            .for_each(|_| async {}),
+    );
+    eventually("one reconcile held, the other Pods queued", || {
+        let c = stats.get();
+        c.active == 1 && c.queue_depth >= 29
+    })
+    .await;
+    let held = scrape(&registry);
+    assert_eq!(
+        held["kube_persist_controller_active_workers{controller=\"labeler\"}"],
+        1.0
+    );
+    assert!(held["kube_persist_controller_queue_depth{controller=\"labeler\"}"] >= 29.0);
+    gate.add_permits(1);
+    eventually("every Pod reconciled, the two requeues waiting", || {
+        let c = stats.get();
+        c.active == 0
+            && c.queue_depth == 0
+            && c.pending_requeues == 2
+            && !c.startup_pass_running
+            && c.reconciles() >= 30
+    })
+    .await;
+    let c = stats.get();
+    assert!(
+        c.reconciled >= 28 && c.requeued >= 1 && c.failed >= 1,
+        "{c:?}"
+    );
+    assert_eq!(c.startup_pass_objects, 30, "{c:?}");
+    assert_eq!(c.startup_pass_read, 30, "{c:?}");
+    let m = scrape(&registry);
+    let get = |metric: &str, labels: &str| {
+        let key = format!("kube_persist_controller_{metric}{{controller=\"labeler\"{labels}}}");
+        *m.get(&key)
+            .unwrap_or_else(|| panic!("no sample {key} in {m:?}"))
+    };
+    for (result, n) in [
+        ("success", c.reconciled),
+        ("requeue_after", c.requeued),
+        ("error", c.failed),
+        ("skipped", c.skipped),
+    ] {
+        let labels = format!(",result=\"{result}\"");
+        assert_eq!(get("reconcile_total", &labels), n as f64, "{result}");
+    }
+    assert_eq!(get("reconcile_errors_total", ""), c.failed as f64);
+    assert_eq!(get("pending_requeues", ""), 2.0);
+    assert_eq!(get("queue_depth", ""), 0.0);
+    assert_eq!(get("active_workers", ""), 0.0);
+    assert_eq!(get("startup_pass_running", ""), 0.0);
+    assert_eq!(get("startup_pass_objects", ""), 30.0);
+    assert_eq!(get("startup_pass_read_total", ""), 30.0);
+    assert_eq!(
+        get("reconcile_time_seconds_count", ""),
+        c.reconciles() as f64
+    );
+    assert_eq!(
+        get("reconcile_time_seconds_bucket", ",le=\"+Inf\""),
+        c.reconciles() as f64
+    );
+    assert!(get("reconcile_time_seconds_sum", "") > 0.0);
+    run.abort();
+    let _ = run.await;
+    eventually("a dropped controller leaves its gauges at 0", || {
+        let c = stats.get();
+        c.queue_depth == 0 && c.pending_requeues == 0 && c.active == 0
+    })
+    .await;
+}

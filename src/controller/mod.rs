@@ -76,6 +76,7 @@ mod related;
 mod runner;
 mod scan;
 mod state;
+mod stats;
 mod triggers;
 
 use std::future::Future;
@@ -92,6 +93,7 @@ pub use compat::to_watcher_error;
 pub use config::{Config, StartupMode};
 pub use error::ControllerError;
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
+pub use stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
 
 use crate::{Db, Reader, Watcher};
 use runner::{Parts, Runner};
@@ -134,6 +136,7 @@ where
         crate::exec::DiskWorker,
         String,
     )>,
+    stats: ControllerStats,
 }
 
 impl<K: Resource> std::fmt::Debug for Controller<K> {
@@ -272,6 +275,7 @@ where
             shutdown: Vec::new(),
             related: Vec::new(),
             durable: None,
+            stats: ControllerStats::default(),
         }
     }
 
@@ -507,6 +511,23 @@ where
         })
     }
 
+    /// A handle on this controller's live counters (reconciles by result and duration,
+    /// what waits in its scheduler, the startup pass's progress), to read while it runs or
+    /// to export ([`Metrics::add_controller`](crate::metrics::Metrics::add_controller) with
+    /// the `metrics` feature).
+    ///
+    /// ```no_run
+    /// # async fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {
+    /// let stats = c.stats();
+    /// // ... run the controller, then at any time:
+    /// let now = stats.get();
+    /// println!("{} reconciles, {} waiting", now.reconciles(), now.queue_depth);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> ControllerStats {
+        self.stats.clone()
+    }
+
     /// Runs the controller: reconciles objects as they (or related objects) change, and
     /// yields each reconcile's result. Same signatures as kube-runtime's
     /// `Controller::run`, so a reconciler and error policy port unchanged.
@@ -571,6 +592,7 @@ where
             reconcile: Box::new(move |obj, ctx| reconcile(obj, ctx).boxed()),
             error_policy: Box::new(error_policy),
             ctx,
+            stats: self.stats,
         })
     }
 }

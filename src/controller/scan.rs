@@ -23,6 +23,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use super::stats::ControllerStats;
 use super::triggers::bare_ref;
 use crate::Reader;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
@@ -147,6 +148,7 @@ where
         dyntype: K::DynamicType,
         chunk: usize,
         pass: Pass,
+        stats: ControllerStats,
     ) -> Self {
         let (tx, rx) = mpsc::channel(1);
         tokio::task::spawn_blocking(move || {
@@ -158,6 +160,7 @@ where
                 pass,
                 now: super::state::now_ms(),
                 counts: [0; 4],
+                stats,
             };
             if let Err(e) = merge.run(&tx) {
                 let _ = tx.blocking_send(Err(e));
@@ -190,6 +193,8 @@ struct Merge<K: Resource> {
     now: u64,
     /// Reconciles now, requeues scheduled later, records forgotten, objects read.
     counts: [u64; 4],
+    /// The controller's counters: objects read, as they are.
+    stats: ControllerStats,
 }
 
 /// A paged, ordered source of (suffix, value).
@@ -248,11 +253,13 @@ where
                     let (suffix, rv) = objects.buf.pop_front().expect("peeked");
                     let (_, rec) = records.buf.pop_front().expect("peeked");
                     self.counts[3] += 1;
+                    self.stats.pass_read(1);
                     self.decide(&suffix, &rv, Some(&rec))
                 }
                 (Some(o), r) if r.as_ref().is_none_or(|r| o < *r) => {
                     let (suffix, rv) = objects.buf.pop_front().expect("peeked");
                     self.counts[3] += 1;
+                    self.stats.pass_read(1);
                     self.decide(&suffix, &rv, None)
                 }
                 _ => {

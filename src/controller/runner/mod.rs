@@ -6,7 +6,8 @@
 //! pending while the concurrency limit is reached or the stores are not ready yet. The
 //! scheduler itself does the deduplication, the debounce and the timed requeues.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -31,6 +32,7 @@ use super::action::requeue_after;
 use super::error::ControllerError;
 use super::scan::{self, Sweep, suffix_ref};
 use super::state::{Durable, effective, instant_at, now_ms};
+use super::stats::{ControllerStats, Waiting};
 use super::triggers::{Trigger, TriggerStream};
 use crate::Reader;
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
@@ -67,6 +69,8 @@ struct Done<K: Resource, E> {
     request: ReconcileRequest<K>,
     obj: Arc<K>,
     result: Result<Action, E>,
+    /// How long the reconcile ran.
+    took: Duration,
 }
 
 /// A scheduled object read from disk (on the blocking pool, not in `poll_next`), with its
@@ -90,6 +94,7 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
     pub error_policy: ErrorPolicyFn<K, Ctx, E>,
     pub ctx: Arc<Ctx>,
     pub durable: Option<Durable>,
+    pub stats: ControllerStats,
 }
 
 /// The controller's stream of reconcile results.
@@ -116,6 +121,10 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// forgotten records and due requeues when a tick comes.
     pass: Option<Sweep<K>>,
     sweep_outstanding: HashSet<ObjectRef<K>>,
+    /// What waits in the scheduler (which keeps one request per object): when it runs and
+    /// which gauge it counts in, mirroring the scheduler's merge rule (an earlier request
+    /// replaces a later one) for the controller's queue metrics.
+    waiting: HashMap<ObjectRef<K>, (Instant, Waiting)>,
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
@@ -128,6 +137,20 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     catching_up: Option<(bool, BoxFuture<'static, bool>)>,
     shutting_down: bool,
     out: VecDeque<RunItem<K, E>>,
+}
+
+/// A stopped controller leaves nothing in its gauges: what waited in its scheduler and the
+/// reconciles it aborts are taken out.
+impl<K: Resource, Ctx, E: 'static> Drop for Runner<K, Ctx, E> {
+    fn drop(&mut self) {
+        for (_, (_, kind)) in self.waiting.drain() {
+            self.p.stats.dequeued(kind);
+        }
+        for _ in 0..self.running.len() {
+            self.p.stats.aborted();
+        }
+        self.p.stats.pass_ended();
+    }
 }
 
 // Nothing is pinned structurally: the scheduler is boxed and pinned on its own.
@@ -158,6 +181,7 @@ where
             sweep: None,
             pass: None,
             sweep_outstanding: HashSet::new(),
+            waiting: HashMap::new(),
             ready: false,
             sweep_when_ready: false,
             catching_up: None,
@@ -169,6 +193,21 @@ where
     fn schedule(&mut self, obj_ref: ObjectRef<K>, reason: ReconcileReason, run_at: Instant) {
         if !skippable(&reason) {
             self.forced.insert(obj_ref.clone());
+        }
+        let kind = waiting_kind(&reason);
+        let stats = &self.p.stats;
+        let at = run_at.checked_add(self.p.config.debounce).unwrap_or(run_at);
+        match self.waiting.entry(obj_ref.clone()) {
+            Entry::Vacant(v) => {
+                v.insert((at, kind));
+                stats.enqueued(kind);
+            }
+            Entry::Occupied(mut o) if o.get().0 >= run_at => {
+                let (_, old) = o.insert((at, kind));
+                stats.dequeued(old);
+                stats.enqueued(kind);
+            }
+            Entry::Occupied(_) => {}
         }
         // The receiver lives in `self.scheduler`: sending cannot fail while we exist.
         let _ = self.schedule_tx.unbounded_send(ScheduleRequest {
@@ -190,6 +229,7 @@ where
             self.sweep = None;
             self.pass = None;
             self.catching_up = None;
+            self.p.stats.pass_ended();
             // Objects still being read are not reconciled.
             self.fetching = FuturesUnordered::new();
         }
@@ -260,6 +300,9 @@ where
     /// block on disk); [`Runner::start`] follows when it is read.
     fn dispatch(&mut self, request: ReconcileRequest<K>) {
         self.sweep_outstanding.remove(&request.obj_ref);
+        if let Some((_, kind)) = self.waiting.remove(&request.obj_ref) {
+            self.p.stats.dequeued(kind);
+        }
         self.running_refs.insert(request.obj_ref.clone());
         // A request that must run may have been merged into this one (see `forced`).
         let forced = self.forced.remove(&request.obj_ref);
@@ -396,6 +439,7 @@ where
         {
             tracing::trace!(object = %request.obj_ref, reason = %request.reason, "already reconciled at this version, skipped");
             self.running_refs.remove(&request.obj_ref);
+            self.p.stats.skipped();
             return;
         }
         let span = tracing::info_span!(
@@ -408,6 +452,8 @@ where
         // runs long holds its own worker, not the controller's task, which keeps driving
         // the scheduler, the triggers and the watch. Dropping the controller aborts it.
         let mut task = Reconciling(tokio::spawn(fut.instrument(span)));
+        let started = Instant::now();
+        self.p.stats.started();
         self.running.push(
             async move {
                 let result = match (&mut task.0).await {
@@ -421,6 +467,7 @@ where
                     request,
                     obj,
                     result,
+                    took: started.elapsed(),
                 }
             }
             .boxed(),
@@ -457,6 +504,8 @@ where
             }
         };
         let after = requeue_after(&action).map(|a| a.min(MAX_REQUEUE));
+        let requeue = item.is_ok() && after.is_some();
+        self.p.stats.finished(done.took, item.is_ok(), requeue);
         let due_ms = after.map(|a| wall.saturating_add(a.as_millis() as u64));
         let in_memory = match (self.durable.as_mut(), due_ms) {
             (Some(d), due) => {
@@ -575,6 +624,18 @@ fn suffix_of<K: Resource>(obj_ref: &ObjectRef<K>) -> Vec<u8> {
 fn custom(reason: &str) -> ReconcileReason {
     ReconcileReason::Custom {
         reason: reason.to_string(),
+    }
+}
+
+/// The gauge a waiting request counts in: requeues and retries (asked for by the reconciler,
+/// the error policy, or read back from the durable state as due), or the rest.
+fn waiting_kind(reason: &ReconcileReason) -> Waiting {
+    match reason {
+        ReconcileReason::ReconcilerRequestedRetry | ReconcileReason::ErrorPolicyRequestedRetry => {
+            Waiting::Requeue
+        }
+        ReconcileReason::Custom { reason } if reason == scan::DUE => Waiting::Requeue,
+        _ => Waiting::Queued,
     }
 }
 

@@ -46,6 +46,7 @@ where
             timeout_ms = limit.as_millis() as u64,
             "startup pass waits until the store has caught up with the server"
         );
+        self.p.stats.pass_began(None);
         let reader = self.p.reader.clone();
         let wait = async move {
             matches!(
@@ -95,6 +96,7 @@ where
         };
         tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
         let loaded_until = d.start_window();
+        self.p.stats.pass_began(Some(self.p.reader.len() as u64));
         self.pass = Some(Sweep::startup(
             self.p.reader.clone(),
             d.keyspace(),
@@ -105,6 +107,7 @@ where
                 loaded_until,
                 generation_filter: self.p.config.skip_unchanged_generation,
             },
+            self.p.stats.clone(),
         ));
     }
 
@@ -128,6 +131,9 @@ where
                 Poll::Pending => continue,
                 Poll::Ready(None) => {
                     *slot = None;
+                    if pass {
+                        self.p.stats.pass_ended();
+                    }
                     progressed = true;
                     continue;
                 }

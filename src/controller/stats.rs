@@ -1,0 +1,230 @@
+//! A controller's live counters: reconciles by result and their durations, what waits in
+//! the scheduler, and the startup pass's progress. The run loop updates them with relaxed
+//! atomics; [`ControllerStats::get`] reads them (and the `metrics` feature exports them as
+//! `kube_persist_controller_*`, named like controller-runtime's).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the reconcile duration histogram's buckets (and `+Inf`).
+pub const RECONCILE_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+#[derive(Debug, Default)]
+struct Counters {
+    ok: AtomicU64,
+    requeued: AtomicU64,
+    failed: AtomicU64,
+    skipped: AtomicU64,
+    /// Per bucket of [`RECONCILE_BUCKETS`], then `+Inf`: reconciles that took at most it
+    /// (not cumulative here; cumulated when read).
+    buckets: [AtomicU64; RECONCILE_BUCKETS.len() + 1],
+    duration_micros: AtomicU64,
+    active: AtomicU64,
+    queued: AtomicU64,
+    requeues: AtomicU64,
+    pass_running: AtomicU64,
+    pass_objects: AtomicU64,
+    pass_read: AtomicU64,
+}
+
+/// A handle on a controller's live counters ([`Controller::stats`](crate::Controller::stats)),
+/// cheap to clone; [`get`](ControllerStats::get) reads them.
+///
+/// ```
+/// let stats = kube_persist::controller::ControllerStats::default();
+/// let now = stats.get();
+/// assert_eq!(now.reconciles(), 0);
+/// assert_eq!(now.queue_depth, 0);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ControllerStats {
+    inner: Arc<Counters>,
+}
+
+/// What a controller has done so far, read by [`ControllerStats::get`].
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ControllerCounts {
+    /// Reconciles that returned `Ok` with no requeue (`Action::await_change`).
+    pub reconciled: u64,
+    /// Reconciles that returned `Ok` with a requeue (`Action::requeue`).
+    pub requeued: u64,
+    /// Reconciles that returned `Err` (the error policy then decided the requeue).
+    pub failed: u64,
+    /// Requests not run because the durable reconcile state showed the object's version
+    /// handled already.
+    pub skipped: u64,
+    /// Cumulative reconcile counts per bucket: `(upper bound in seconds, reconciles that
+    /// took at most that)`, ending with `f64::INFINITY`.
+    pub duration_buckets: Vec<(f64, u64)>,
+    /// Time spent in reconciles, summed.
+    pub duration_sum: Duration,
+    /// Reconciles running now.
+    pub active: u64,
+    /// Requests waiting in the scheduler that are not requeues: changes, related triggers,
+    /// sweeps, the startup pass (each object at most once: the scheduler merges requests).
+    pub queue_depth: u64,
+    /// Requeues and retries waiting in the scheduler (those the reconciler or the error
+    /// policy asked for, and those the durable state holds due within its window).
+    pub pending_requeues: u64,
+    /// Whether a startup pass (or the wait for the store to catch up before it) runs.
+    pub startup_pass_running: bool,
+    /// Objects in the store when the last startup pass began.
+    pub startup_pass_objects: u64,
+    /// Objects the startup passes have read so far (of `startup_pass_objects` each).
+    pub startup_pass_read: u64,
+}
+
+impl ControllerCounts {
+    /// Reconciles that ran to completion, whatever their result.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciled + self.requeued + self.failed
+    }
+}
+
+/// Which gauge of the scheduler a waiting request counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// A change, a related trigger, a sweep or the startup pass.
+    Queued,
+    /// A requeue or retry.
+    Requeue,
+}
+
+impl ControllerStats {
+    /// The counters as of now.
+    pub fn get(&self) -> ControllerCounts {
+        let c = &*self.inner;
+        let mut total = 0;
+        let duration_buckets = RECONCILE_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(&c.buckets)
+            .map(|(bound, n)| {
+                total += n.load(Relaxed);
+                (bound, total)
+            })
+            .collect();
+        ControllerCounts {
+            reconciled: c.ok.load(Relaxed),
+            requeued: c.requeued.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+            skipped: c.skipped.load(Relaxed),
+            duration_buckets,
+            duration_sum: Duration::from_micros(c.duration_micros.load(Relaxed)),
+            active: c.active.load(Relaxed),
+            queue_depth: c.queued.load(Relaxed),
+            pending_requeues: c.requeues.load(Relaxed),
+            startup_pass_running: c.pass_running.load(Relaxed) > 0,
+            startup_pass_objects: c.pass_objects.load(Relaxed),
+            startup_pass_read: c.pass_read.load(Relaxed),
+        }
+    }
+
+    /// A reconcile started.
+    pub(crate) fn started(&self) {
+        self.inner.active.fetch_add(1, Relaxed);
+    }
+
+    /// A reconcile that took `took` finished: `Ok` with or without a requeue, or `Err`.
+    pub(crate) fn finished(&self, took: Duration, ok: bool, requeue: bool) {
+        let c = &*self.inner;
+        c.active.fetch_sub(1, Relaxed);
+        match (ok, requeue) {
+            (true, false) => &c.ok,
+            (true, true) => &c.requeued,
+            (false, _) => &c.failed,
+        }
+        .fetch_add(1, Relaxed);
+        let secs = took.as_secs_f64();
+        let bucket = RECONCILE_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(RECONCILE_BUCKETS.len());
+        c.buckets[bucket].fetch_add(1, Relaxed);
+        c.duration_micros
+            .fetch_add(took.as_micros().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// A running reconcile was aborted (its controller was dropped).
+    pub(crate) fn aborted(&self) {
+        self.inner.active.fetch_sub(1, Relaxed);
+    }
+
+    pub(crate) fn skipped(&self) {
+        self.inner.skipped.fetch_add(1, Relaxed);
+    }
+
+    fn gauge(&self, waiting: Waiting) -> &AtomicU64 {
+        match waiting {
+            Waiting::Queued => &self.inner.queued,
+            Waiting::Requeue => &self.inner.requeues,
+        }
+    }
+
+    /// A request began waiting in the scheduler.
+    pub(crate) fn enqueued(&self, waiting: Waiting) {
+        self.gauge(waiting).fetch_add(1, Relaxed);
+    }
+
+    /// A request left the scheduler.
+    pub(crate) fn dequeued(&self, waiting: Waiting) {
+        self.gauge(waiting).fetch_sub(1, Relaxed);
+    }
+
+    /// A startup pass over `objects` stored objects began (or its wait for the store did).
+    pub(crate) fn pass_began(&self, objects: Option<u64>) {
+        self.inner.pass_running.store(1, Relaxed);
+        if let Some(n) = objects {
+            self.inner.pass_objects.store(n, Relaxed);
+        }
+    }
+
+    /// The startup pass read `n` more objects.
+    pub(crate) fn pass_read(&self, n: u64) {
+        self.inner.pass_read.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn pass_ended(&self) {
+        self.inner.pass_running.store(0, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_fall_in_cumulative_buckets() {
+        let s = ControllerStats::default();
+        let runs = [
+            (1, true, false),
+            (30, true, true),
+            (2000, false, false),
+            (1_000_000, true, false),
+        ];
+        for (ms, ok, requeue) in runs {
+            s.started();
+            s.finished(Duration::from_millis(ms), ok, requeue);
+        }
+        s.started(); // still running
+        let c = s.get();
+        assert_eq!((c.reconciled, c.requeued, c.failed), (2, 1, 1));
+        assert_eq!(c.reconciles(), 4);
+        assert_eq!(c.active, 1);
+        let at = |bound: f64| c.duration_buckets.iter().find(|b| b.0 == bound).unwrap().1;
+        assert_eq!(at(0.005), 1);
+        assert_eq!(at(0.05), 2);
+        assert_eq!(at(2.5), 3);
+        assert_eq!(at(300.0), 3);
+        assert_eq!(at(f64::INFINITY), 4);
+        assert_eq!(
+            c.duration_sum,
+            Duration::from_millis(1 + 30 + 2000 + 1_000_000)
+        );
+    }
+}
