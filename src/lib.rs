@@ -2,8 +2,8 @@
 //!
 //! A disk-backed, persistent reflector store for Kubernetes controllers written with
 //! [kube-rs](https://kube.rs), built on [redb](https://docs.rs/redb) (the default) or
-//! [sled](https://docs.rs/sled): see [`Engine`] for why redb is the default (both are
-//! always built, and a store is reopened with the engine that wrote it).
+//! [sled](https://docs.rs/sled): see [`Engine`] for why redb is the default (a store is
+//! reopened with the engine that wrote it).
 //!
 //! Controllers cache the objects they watch. Today's caches (kube-runtime's `Store`,
 //! client-go informers) live in RAM: at 100k+ objects that costs gigabytes, every initial
@@ -12,8 +12,11 @@
 //!
 //! - writes each LIST page and each burst of WATCH events straight into an on-disk keyspace
 //!   keyed by object, with the resourceVersion checkpoint **in the same atomic batch**;
-//! - **resumes the WATCH from that checkpoint** after a restart or a crash: no LIST;
-//! - keeps memory flat: at most one page of objects is in memory, as raw JSON;
+//! - **resumes the WATCH from that checkpoint** after a restart or a crash, while the API
+//!   server still keeps that history: no relist, only one `LIST limit=1` that reads the
+//!   server's current resourceVersion (to know when the store has caught up);
+//! - keeps memory flat in the number of objects: a stream holds list pages as raw JSON (two
+//!   or three while listing), within a per-directory page budget;
 //! - relists after `410 Gone` page by page, skipping unchanged objects and reporting exact
 //!   deletions (mark and sweep on disk, no in-memory key set);
 //! - serves [`Reader::get`], iteration and namespace scans from disk.
@@ -50,7 +53,19 @@
 //! let pod = reader.get(&ObjectRef::new("web-0").within("default"))?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Features
+//!
+//! - `sled` (default): the sled engine. Without it, a sled store or
+//!   `DbConfig::engine(Engine::Sled)` is [`Error::Config`]; redb is always built.
+//! - `encryption` (default): encryption at rest ([`DbConfig::encryption_key`]). Without it,
+//!   a key is [`Error::Config`].
+//! - `metrics`: Prometheus metrics for streams (`kube_persist::metrics`, with prometheus-client).
+//!
+//! The crate enables no Kubernetes version of k8s-openapi: the binary that uses it picks one
+//! (as with kube itself).
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc = include_str!("../ARCHITECTURE.md")]
 pub mod architecture {}

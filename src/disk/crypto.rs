@@ -1,15 +1,23 @@
 //! Optional encryption of stored object bodies: XChaCha20-Poly1305 (RustCrypto) with a fresh
 //! random nonce per record. The record's key and envelope fields are authenticated data, so
 //! a record moved to another key or edited on disk fails to open.
+//!
+//! The cipher is the `encryption` feature; keys (parsing, fingerprints) are always built, so
+//! that configuration code compiles either way and a build without the feature refuses a key
+//! with [`Error::Config`].
 
+#[cfg(feature = "encryption")]
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+#[cfg(feature = "encryption")]
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+#[cfg(feature = "encryption")]
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use crate::model::{Error, Result};
 
+#[cfg(feature = "encryption")]
 const NONCE_LEN: usize = 24;
 
 /// A 256-bit key for encrypting stored objects. Never written to disk; the store records
@@ -135,15 +143,40 @@ impl EncryptionKey {
         hex::encode(&h.finalize()[..8])
     }
 
-    pub(crate) fn cipher(&self) -> Cipher {
-        // The cipher keeps its own copy of the key, which it zeroes on drop.
-        Cipher(XChaCha20Poly1305::new((&**self.0).into()))
+    /// The cipher of this key; [`Error::Config`] in a build without the `encryption` feature.
+    pub(crate) fn cipher(&self) -> Result<Cipher> {
+        #[cfg(feature = "encryption")]
+        {
+            // The cipher keeps its own copy of the key, which it zeroes on drop.
+            Ok(Cipher(XChaCha20Poly1305::new((&**self.0).into())))
+        }
+        #[cfg(not(feature = "encryption"))]
+        Err(Error::Config(
+            "an encryption key needs kube-persist's `encryption` feature, which this build leaves out".into(),
+        ))
     }
 }
 
 /// Seals and opens record bodies.
+#[cfg(feature = "encryption")]
 pub(crate) struct Cipher(XChaCha20Poly1305);
 
+/// Without the `encryption` feature no cipher can exist (no store holds one).
+#[cfg(not(feature = "encryption"))]
+pub(crate) enum Cipher {}
+
+#[cfg(not(feature = "encryption"))]
+impl Cipher {
+    pub(crate) fn seal(&self, _: &[u8], _: &[u8]) -> Vec<u8> {
+        match *self {}
+    }
+
+    pub(crate) fn open(&self, _: &[u8], _: &[u8]) -> Option<Vec<u8>> {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "encryption")]
 impl Cipher {
     /// `nonce || ciphertext` of `plain`, bound to `aad`.
     pub(crate) fn seal(&self, plain: &[u8], aad: &[u8]) -> Vec<u8> {
@@ -171,20 +204,20 @@ impl Cipher {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "encryption"))]
 mod tests {
     use super::*;
 
     #[test]
     fn round_trip_and_tamper_detection() {
-        let c = EncryptionKey::from_bytes([7; 32]).cipher();
+        let c = EncryptionKey::from_bytes([7; 32]).cipher().unwrap();
         let sealed = c.seal(b"secret", b"key1");
         assert_eq!(c.open(&sealed, b"key1").as_deref(), Some(&b"secret"[..]));
         assert!(c.open(&sealed, b"key2").is_none(), "bound to its key");
         let mut flipped = sealed.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(c.open(&flipped, b"key1").is_none(), "tampering detected");
-        let other = EncryptionKey::from_bytes([8; 32]).cipher();
+        let other = EncryptionKey::from_bytes([8; 32]).cipher().unwrap();
         assert!(other.open(&sealed, b"key1").is_none(), "wrong key detected");
         assert_ne!(c.seal(b"secret", b"key1"), sealed, "fresh nonce per record");
     }

@@ -161,6 +161,10 @@ impl Db {
         // Before the engine creates its files: a directory this process cannot make private
         // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
         disk::tighten(&path)?;
+        let cipher = match &config.encryption {
+            Some(key) => Some(Arc::new(key.cipher()?)),
+            None => None,
+        };
         let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         disk::tighten(&path)?;
         let engine = storage.engine();
@@ -171,7 +175,7 @@ impl Db {
                 storage,
                 engine,
                 path,
-                cipher: config.encryption.as_ref().map(|k| Arc::new(k.cipher())),
+                cipher,
                 config,
                 leases: Arc::default(),
                 caches: Mutex::default(),

@@ -18,6 +18,30 @@
 //! # }
 //! ```
 //!
+//! # Testing your own controller
+//!
+//! The server is a test double for what a reflector or a controller depends on (LIST and
+//! WATCH, their errors, resumption and expiry), not a conformant API server: there is no
+//! admission, no validation of object bodies, no defaulting and no garbage collection of
+//! owned objects. Point the controller's `kube::Client` at it ([`TestServer::client`], or
+//! [`client_for_opts`] without kube's retry layer so that injected errors reach your code),
+//! seed and change objects through its [`ServerHandle`], inject faults, and count requests:
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kube::api::{Api, ListParams};
+//! use kube_persist_testkit::{TestServer, Verb, client_for_opts};
+//! let server = TestServer::start().await;
+//! server.handle().seed_pods(10, 2);
+//! let pods: Api<Pod> = Api::all(client_for_opts(&server.url(), None, false));
+//! assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 10);
+//! server.handle().faults().fail_next(Verb::List, 503, 1);
+//! assert!(pods.list(&ListParams::default()).await.is_err());
+//! assert_eq!(server.handle().counts().list, 2);
+//! # });
+//! ```
+//!
 //! # HTTP surface
 //!
 //! - `/api/v1/...` and `/apis/{group}/{version}/...`: LIST (`limit`, `continue`,

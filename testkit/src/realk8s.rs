@@ -2,10 +2,10 @@
 //! `realk8s` folder, for end-to-end tests and differential checks against the real server.
 //!
 //! [`locate`] finds what to run against: the cluster of `KUBE_PERSIST_E2E_KUBECONFIG` when
-//! that variable is set, otherwise the realk8s folder `<workspace root>/../shared/realk8s`
-//! (or `KUBE_PERSIST_REALK8S`) with its `start.sh`, `stop.sh` and `compact.sh` (see that
-//! folder's README). When neither exists it says why, so that the caller can print one line
-//! and skip (a fresh clone has no shared folder).
+//! that variable is set, otherwise the realk8s folder of `KUBE_PERSIST_REALK8S` (or the one
+//! the caller names, [`locate_or`]): a folder with `start.sh`, `stop.sh` and `compact.sh`
+//! scripts that run a kube-apiserver with its own etcd. When neither exists it says why, so
+//! that the caller can print one line and skip.
 //!
 //! [`RealK8s::start`] runs `start.sh` in a temporary directory (with the test process as the
 //! watchdog's owner, so that nothing outlives a killed test), and its `Drop` runs
@@ -20,7 +20,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), kube_persist_testkit::realk8s::Error> {
 //! use kube_persist_testkit::realk8s::{self, Target};
-//! let server = match realk8s::locate() {
+//! let server = match realk8s::locate_or("/opt/realk8s") {
 //!     Target::Folder(folder) => realk8s::RealK8s::start(&folder, "")?,
 //!     Target::Kubeconfig(path) => realk8s::RealK8s::external(&path),
 //!     Target::Missing(why) => {
@@ -40,7 +40,7 @@ use std::process::Command;
 
 /// Environment variable naming the kubeconfig of an existing cluster to test against.
 pub const KUBECONFIG_ENV: &str = "KUBE_PERSIST_E2E_KUBECONFIG";
-/// Environment variable naming a realk8s folder other than [`default_folder`].
+/// Environment variable naming a realk8s folder (it wins over [`locate_or`]'s argument).
 pub const FOLDER_ENV: &str = "KUBE_PERSIST_REALK8S";
 
 /// An error starting, stopping or talking to the real server, with what was being done.
@@ -70,22 +70,8 @@ pub enum Target {
     Missing(String),
 }
 
-/// The shared folder's expected place: `<workspace root>/../shared/realk8s`.
-///
-/// ```
-/// let p = kube_persist_testkit::realk8s::default_folder();
-/// assert!(p.ends_with("shared/realk8s"));
-/// ```
-pub fn default_folder() -> PathBuf {
-    // This crate lives in `<workspace root>/testkit`.
-    let testkit = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = testkit.parent().unwrap_or(testkit);
-    root.join("..").join("shared").join("realk8s")
-}
-
 /// Finds what to run against: `KUBE_PERSIST_E2E_KUBECONFIG` if set, else the realk8s folder
-/// (`KUBE_PERSIST_REALK8S` if set, else [`default_folder`]) if it holds `start.sh`, else
-/// [`Target::Missing`] with the reason.
+/// of `KUBE_PERSIST_REALK8S` if it holds `start.sh`, else [`Target::Missing`] with the reason.
 ///
 /// ```
 /// match kube_persist_testkit::realk8s::locate() {
@@ -94,12 +80,37 @@ pub fn default_folder() -> PathBuf {
 /// }
 /// ```
 pub fn locate() -> Target {
+    find(None)
+}
+
+/// Like [`locate`], with `folder` as the realk8s folder when `KUBE_PERSIST_REALK8S` is not set.
+///
+/// ```
+/// use kube_persist_testkit::realk8s::{Target, locate_or};
+/// let none = tempfile::tempdir().unwrap();
+/// if std::env::var_os("KUBE_PERSIST_REALK8S").is_none()
+///     && std::env::var_os("KUBE_PERSIST_E2E_KUBECONFIG").is_none()
+/// {
+///     assert!(matches!(locate_or(none.path()), Target::Missing(_)));
+/// }
+/// ```
+pub fn locate_or(folder: impl AsRef<Path>) -> Target {
+    find(Some(folder.as_ref()))
+}
+
+fn find(default: Option<&Path>) -> Target {
     if let Some(k) = std::env::var_os(KUBECONFIG_ENV).filter(|k| !k.is_empty()) {
         return Target::Kubeconfig(PathBuf::from(k));
     }
-    let folder = std::env::var_os(FOLDER_ENV)
+    let Some(folder) = std::env::var_os(FOLDER_ENV)
         .filter(|f| !f.is_empty())
-        .map_or_else(default_folder, PathBuf::from);
+        .map(PathBuf::from)
+        .or_else(|| default.map(Path::to_path_buf))
+    else {
+        return Target::Missing(format!(
+            "no real kube-apiserver: neither {FOLDER_ENV} nor {KUBECONFIG_ENV} is set"
+        ));
+    };
     if folder.join("start.sh").is_file() {
         // Canonical, so that messages and scripts see a plain path.
         Target::Folder(folder.canonicalize().unwrap_or(folder))

@@ -43,7 +43,8 @@ fn main() -> ExitCode {
         child::run(&role);
         return ExitCode::SUCCESS;
     }
-    let target = realk8s::locate();
+    // The workspace's CI environment keeps the realk8s folder beside the checkout.
+    let target = realk8s::locate_or(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/realk8s"));
     if let Target::Missing(why) = &target {
         println!("e2e: skipped: {why}");
         return ExitCode::SUCCESS;

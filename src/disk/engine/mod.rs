@@ -1,6 +1,6 @@
 //! The storage engines behind two small interfaces: [`Storage`] (one store directory:
 //! open a keyspace, list keyspaces, flush, size) and [`Backend`] (one stream's keyspace:
-//! atomic batch, point get, ordered range scan, flush, clear). Everything above this module
+//! atomic batch, point get, ordered range scan, clear). Everything above this module
 //! (writer, reader, indexes, hot cache) is engine-agnostic.
 //!
 //! redb 4 is the default engine for new stores; sled 0.34 is the other. Both are always
@@ -9,6 +9,7 @@
 
 mod held;
 mod redb;
+#[cfg(feature = "sled")]
 mod sled;
 
 pub(crate) use held::wait_released;
@@ -69,8 +70,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: WriteBatch) -> Result<()>;
     /// Ordered scan of keys in `[start, end)`, lazily, without collecting.
     fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send>;
-    /// Make everything applied so far durable.
-    fn flush(&self) -> Result<()>;
     /// Remove every key of this keyspace.
     fn clear(&self) -> Result<()>;
     /// Bytes this keyspace occupies: for redb the table's stored, metadata and fragmented
@@ -155,7 +154,7 @@ impl Engine {
 
     /// The engine whose files `path` holds, ignoring the `engine` file.
     fn by_files(path: &Path) -> Option<Engine> {
-        if sled::looks_like_store(path) {
+        if SLED_REQUIRED.iter().all(|f| path.join(f).is_file()) {
             Some(Engine::Sled)
         } else {
             path.join(REDB_FILE).is_file().then_some(Engine::Redb)
@@ -166,7 +165,7 @@ impl Engine {
     /// which of them a store must hold.
     fn files(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
-            Engine::Sled => (sled::FILES, sled::REQUIRED),
+            Engine::Sled => (SLED_FILES, SLED_REQUIRED),
             Engine::Redb => (REDB_FILES, REDB_FILES),
         }
     }
@@ -176,6 +175,20 @@ impl Engine {
 const REDB_FILE: &str = "data.redb";
 const REDB_FILES: &[&str] = &[REDB_FILE];
 
+/// The files sled keeps in a store directory, and those every sled store holds (known
+/// without the `sled` feature, so that such a build recognises a sled store and refuses it).
+const SLED_FILES: &[&str] = &["conf", "db", "blobs"];
+const SLED_REQUIRED: &[&str] = &["conf", "db"];
+
+/// The error of a build without the `sled` feature asked to open a sled store.
+#[cfg(not(feature = "sled"))]
+fn no_sled(path: &Path) -> Error {
+    Error::Config(format!(
+        "{} is a sled store (or sled was asked for), and this build leaves out kube-persist's `sled` feature",
+        path.display()
+    ))
+}
+
 /// Open the storage of the store directory at `path` (which exists, with private
 /// permissions). An existing store is opened with the engine recorded in it; a new one with
 /// the configured engine, or [`Engine::default`] if none was chosen, which is recorded.
@@ -183,6 +196,10 @@ const REDB_FILES: &[&str] = &[REDB_FILE];
 /// one is [`Error::EngineMismatch`].
 pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
     let requested = config.engine;
+    #[cfg(not(feature = "sled"))]
+    if requested == Some(Engine::Sled) {
+        return Err(no_sled(path));
+    }
     let stored = match Engine::of_store(path)? {
         Some(stored) => stored,
         None => record_engine(path, requested.unwrap_or_default())?,
@@ -198,7 +215,10 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
         _ => {}
     }
     match stored {
+        #[cfg(feature = "sled")]
         Engine::Sled => Ok(Arc::new(sled::SledStorage::open(path, config)?)),
+        #[cfg(not(feature = "sled"))]
+        Engine::Sled => Err(no_sled(path)),
         Engine::Redb => Ok(Arc::new(redb::RedbStorage::open(
             path.join(REDB_FILE),
             config,
@@ -273,12 +293,17 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
         }
     }
     let probe = match engine {
+        #[cfg(feature = "sled")]
         Engine::Sled => sled::probe_lock(path),
+        #[cfg(not(feature = "sled"))]
+        Engine::Sled => Err(no_sled(path)),
         Engine::Redb => redb::probe_lock(&path.join(REDB_FILE)),
     };
     match probe {
         Err(Error::Locked { path }) => Err(Error::Locked { path }),
         Ok(()) => Ok(()),
+        // This build cannot tell whether the store is open elsewhere.
+        Err(e @ Error::Config(_)) => Err(e),
         Err(e) => {
             tracing::info!(path = %path.display(), error = %e, "removing a store that does not open");
             Ok(())

@@ -280,10 +280,6 @@ impl Backend for RedbTable {
         Box::new(Guarded::new(chunks, &self.shared.dir))
     }
 
-    fn flush(&self) -> Result<()> {
-        catch_panic(&self.shared.dir, "flushing", || self.shared.flush())
-    }
-
     fn clear(&self) -> Result<()> {
         let s = &self.shared;
         catch_panic(&s.dir, "clearing a stream", || {

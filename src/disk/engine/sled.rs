@@ -8,15 +8,6 @@ use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, ca
 use crate::disk::{DbConfig, Durability};
 use crate::model::{Error, Result};
 
-/// The files sled keeps in a store directory, and those every sled store holds.
-pub(super) const FILES: &[&str] = &["conf", "db", "blobs"];
-pub(super) const REQUIRED: &[&str] = &["conf", "db"];
-
-/// Whether `path` holds sled's files (a store from before the `engine` file existed).
-pub(super) fn looks_like_store(path: &Path) -> bool {
-    REQUIRED.iter().all(|f| path.join(f).is_file())
-}
-
 /// One sled database.
 pub(super) struct SledStorage {
     sled: sled::Db,
@@ -109,6 +100,13 @@ impl SledTree {
     fn err(&self, e: sled::Error) -> Error {
         Error::from_sled(&self.path, e)
     }
+
+    /// Make everything applied so far durable.
+    fn flush(&self) -> Result<()> {
+        catch_panic(&self.path, "flushing", || {
+            self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
+        })
+    }
 }
 
 impl Backend for SledTree {
@@ -152,12 +150,6 @@ impl Backend for SledTree {
                 }
             });
         Box::new(Guarded::new(entries, &self.path))
-    }
-
-    fn flush(&self) -> Result<()> {
-        catch_panic(&self.path, "flushing", || {
-            self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
-        })
     }
 
     fn clear(&self) -> Result<()> {
