@@ -68,7 +68,9 @@ pub struct ControllerCounts {
     /// sweeps, the startup pass (each object at most once: the scheduler merges requests).
     pub queue_depth: u64,
     /// Requeues and retries waiting in the scheduler (those the reconciler or the error
-    /// policy asked for, and those the durable state holds due within its window).
+    /// policy asked for, and those the durable state holds due within its window). A
+    /// durable controller's requeues due later wait on disk, not here
+    /// ([`Db::controller_states`](crate::Db::controller_states) counts those).
     pub pending_requeues: u64,
     /// Whether a startup pass (or the wait for the store to catch up before it) runs.
     pub startup_pass_running: bool,
