@@ -138,6 +138,7 @@ fn manifests_fit_the_operator() {
     let binding = &of_kind(&docs, "ClusterRoleBinding")[0].1;
     let role = &of_kind(&docs, "ClusterRole")[0].1;
     let service = &of_kind(&docs, "Service")[0].1;
+    let pdb = &of_kind(&docs, "PodDisruptionBudget")[0].1;
     for (at, sts) in sets {
         check_statefulset(at, sts);
         let ns = &sts["metadata"]["namespace"];
@@ -157,7 +158,32 @@ fn manifests_fit_the_operator() {
                 "{at}: the Service selects the Pods"
             );
         }
+        // Replicas spread over nodes, and the budget covers them.
+        let spread = &pod["spec"]["topologySpreadConstraints"][0];
+        assert_eq!(spread["topologyKey"], "kubernetes.io/hostname", "{at}");
+        assert_eq!(
+            spread["labelSelector"]["matchLabels"], pod["metadata"]["labels"],
+            "{at}: the spread counts the operator's Pods"
+        );
+        for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+            assert_eq!(
+                pod["metadata"]["labels"][k], *v,
+                "{at}: the budget selects the Pods"
+            );
+        }
+        assert_eq!(pdb["metadata"]["namespace"], *ns, "{at}");
+        // The key comes from an optional Secret (the store is not encrypted without it).
+        let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+        let key = env
+            .iter()
+            .find(|e| e["name"] == "KUBE_PERSIST_KEY")
+            .unwrap_or_else(|| panic!("{at}: no KUBE_PERSIST_KEY"));
+        assert_eq!(key["valueFrom"]["secretKeyRef"]["optional"], true, "{at}");
     }
+    // One replica down at a time by a voluntary disruption.
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    // Metrics stay reachable while a replica is unready (its watch down).
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
     let subject = &binding["subjects"][0];
     assert_eq!(subject["name"], sa["metadata"]["name"]);
     assert_eq!(subject["namespace"], sa["metadata"]["namespace"]);
@@ -179,4 +205,26 @@ fn shard_index_from_ordinal_or_pod_name() {
     assert_eq!(parse_shard_index("kube-persist-operator-12"), Some(12));
     assert_eq!(parse_shard_index("kube-persist-operator"), None);
     assert_eq!(parse_shard_index(""), None);
+}
+
+/// The image (`deploy/Dockerfile`) builds the `kube-persist` tool beside the operator and
+/// installs both in its final stage, so that the tool can be run in the operator's Pod.
+#[test]
+fn the_image_ships_the_tool() {
+    let path = deploy::deploy_dir().join("Dockerfile");
+    let text = std::fs::read_to_string(&path).expect("deploy/Dockerfile");
+    let final_stage = text.rsplit("\nFROM ").next().expect("a final stage");
+    assert!(
+        text.contains("cargo build --release --locked -p kube-persist-cli --bin kube-persist"),
+        "the build stage builds the tool"
+    );
+    for line in [
+        "COPY --from=build /kube-persist /usr/local/bin/kube-persist",
+        "COPY --from=build /operator /usr/local/bin/kube-persist-operator",
+    ] {
+        assert!(
+            final_stage.lines().any(|l| l == line),
+            "final stage lacks {line:?}"
+        );
+    }
 }

@@ -29,6 +29,10 @@ use tokio::sync::watch;
 
 use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
+/// The environment variable holding the store's encryption key (64 hex characters); the
+/// store is not encrypted when it is unset or empty.
+pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
+
 /// What `--cluster` mode needs from the command line.
 #[derive(Debug, Clone)]
 pub struct ClusterOpts {
@@ -148,7 +152,18 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         eprintln!("shard index {index} is not below --shards {}", opts.shards);
         return ExitCode::from(2);
     }
-    let db = match kube_persist::Db::open(&opts.dir) {
+    // Encrypted at rest when the key is given (deploy/: from an optional Secret).
+    let mut config = kube_persist::DbConfig::default();
+    if std::env::var_os(KEY_ENV).is_some_and(|k| !k.is_empty()) {
+        match kube_persist::EncryptionKey::from_env(KEY_ENV) {
+            Ok(key) => config = config.encryption_key(key),
+            Err(e) => {
+                eprintln!("{KEY_ENV}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let db = match kube_persist::Db::open_with(&opts.dir, config) {
         Ok(db) => db,
         Err(e) => {
             eprintln!("cannot open the store: {e}");
