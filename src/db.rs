@@ -395,4 +395,37 @@ impl Db {
     pub fn reconcile_states(&self, name: &str) -> Result<ReconcileStates> {
         self.reconcile_infos(name)
     }
+
+    /// Remove stream `name` and everything stored for it (objects, indexes, checkpoint), so
+    /// that a stream no longer used does not keep its space; a later [`Db::store`] of that
+    /// name lists from scratch. Refused ([`Error::Config`](crate::Error::Config)) while the
+    /// stream is open in this process, or if there is no such stream. Blocking: one durable
+    /// commit.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.drop_stream("pods").is_err()); // no such stream
+    /// # Ok(()) }
+    /// ```
+    pub fn drop_stream(&self, name: &str) -> Result<()> {
+        self.drop_keyspace(crate::disk::STREAMS, name, "stream")
+    }
+
+    /// Remove durable controller `name`'s reconcile state (see
+    /// [`Controller::durable_state`](crate::Controller::durable_state)): its next start is a
+    /// cold one. Refused ([`Error::Config`](crate::Error::Config)) while the controller runs
+    /// in this process, or if there is no such state. Blocking: one durable commit.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// assert!(db.drop_controller_state("pod-labeler").is_err()); // no such controller
+    /// # Ok(()) }
+    /// ```
+    pub fn drop_controller_state(&self, name: &str) -> Result<()> {
+        self.drop_keyspace(crate::disk::CONTROLLERS, name, "controller state")
+    }
 }

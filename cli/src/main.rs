@@ -2,24 +2,32 @@
 //!
 //! ```text
 //! kube-persist inspect DIR                        streams, kinds, checkpoints, object counts
-//! kube-persist stats DIR [--json]                 per stream: objects, checkpoint, phase, bytes
+//! kube-persist stats DIR                          per stream: objects, checkpoint, phase, bytes
 //! kube-persist get DIR STREAM [NAMESPACE/]NAME    one object as JSON
 //! kube-persist dump DIR STREAM                    every object, one JSON document per line
 //! kube-persist verify DIR STREAM [--context NAME] compare a stream with the cluster
+//! kube-persist controller-states DIR [--drop NAME] durable controllers' states (or remove one)
+//! kube-persist drop-stream DIR STREAM [--yes]     remove one stream (it lists again next start)
 //! kube-persist destroy DIR [--yes]                remove a store (the next start lists again)
 //! ```
+//! Every command takes `-o json` (one JSON document; `dump` prints JSON lines either way).
+//! Exit status: 0 yes/done, 1 the answer is no (an object not found, differences found, a
+//! removal not confirmed), 2 an error.
+//!
 //! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
-//! variable (64 hex characters). A store must not be open in another process. Stores of
-//! either engine (redb or sled) are opened with the engine recorded in them.
+//! variable (64 hex characters). Stores of either engine (redb or sled) are opened with the
+//! engine recorded in them. The reading commands open a redb store read-only: nothing on
+//! disk changes, and they work while a controller runs on the store. A sled store (no
+//! read-only mode) and the removing commands need the store closed everywhere else.
 
+mod admin;
 mod read;
 mod verify;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use kube_persist::{Db, DbConfig, EncryptionKey, Engine};
 
 /// Look inside, check, measure and remove kube-persist store directories.
@@ -30,8 +38,20 @@ struct Cli {
     /// comes from the KUBE_PERSIST_KEY environment variable, if set.
     #[arg(long, global = true, value_name = "PATH")]
     key_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How a command prints its answer.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// Lines for people.
+    Text,
+    /// One JSON document (JSON lines for `dump`).
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -51,8 +71,8 @@ enum Command {
     Stats {
         /// The store directory.
         dir: PathBuf,
-        /// Print one JSON document instead of text.
-        #[arg(long)]
+        /// The same as `-o json`.
+        #[arg(long, hide = true)]
         json: bool,
     },
     /// Print one stored object as JSON.
@@ -94,6 +114,33 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 20)]
         max_differences: usize,
     },
+    /// List the durable controllers' reconcile states, or remove one (after confirmation).
+    ///
+    /// Per controller: its kinds, objects tracked, pending requeues, the oldest due time. A
+    /// removed state makes the controller's next start a cold one.
+    ControllerStates {
+        /// The store directory.
+        dir: PathBuf,
+        /// Remove this controller's state instead of listing.
+        #[arg(long, value_name = "NAME")]
+        drop: Option<String>,
+        /// Do not ask for confirmation (for scripts).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Remove one stream and everything stored for it, after confirmation.
+    ///
+    /// Its space is freed for the store's other streams; a controller that opens the stream
+    /// again lists it from scratch.
+    DropStream {
+        /// The store directory.
+        dir: PathBuf,
+        /// The stream's name.
+        stream: String,
+        /// Do not ask for confirmation (for scripts).
+        #[arg(long)]
+        yes: bool,
+    },
     /// Remove a store directory, after confirmation.
     ///
     /// The next start of its controller lists from scratch. Refuses a directory that is not
@@ -114,8 +161,8 @@ enum Failure {
     Closed,
     /// An error to report (exit status 2).
     Error(String),
-    /// The command ran and its answer is "no" (verify found differences, destroy was not
-    /// confirmed): exit status 1, the details are already printed.
+    /// The command ran and its answer is "no" (an object not found, verify found
+    /// differences, a removal not confirmed): exit status 1, the details are already printed.
     No,
 }
 
@@ -170,27 +217,47 @@ fn run(cli: Cli) -> Outcome {
         }
         Ok(config)
     };
+    let output = cli.output;
+    // The reading commands open redb stores read-only (beside a running controller).
+    let reading = |dir: &Path| -> Result<Db, Failure> {
+        match Engine::of_store(dir)? {
+            Some(Engine::Redb) => Ok(Db::open_with(dir, config()?.read_only())?),
+            // sled has no read-only mode.
+            _ => open(dir, config()?),
+        }
+    };
     match &cli.command {
-        Command::Inspect { dir } => read::inspect(&open(dir, config()?)?),
-        Command::Stats { dir, json } => read::stats(&open(dir, config()?)?, *json),
+        Command::Inspect { dir } => read::inspect(&reading(dir)?, output),
+        Command::Stats { dir, json } => {
+            let output = if *json { Output::Json } else { output };
+            read::stats(&reading(dir)?, output)
+        }
         Command::Get {
             dir,
             stream,
             object,
-        } => read::get(&open(dir, config()?)?, stream, object),
-        Command::Dump { dir, stream } => read::dump(&open(dir, config()?)?, stream),
+        } => read::get(&reading(dir)?, stream, object, output),
+        Command::Dump { dir, stream } => read::dump(&reading(dir)?, stream),
         Command::Verify {
             dir,
             stream,
             context,
             max_differences,
         } => verify::verify(
-            open(dir, config()?)?,
+            reading(dir)?,
             stream,
             context.clone(),
             *max_differences,
+            output,
         ),
-        Command::Destroy { dir, yes } => destroy(dir, *yes),
+        Command::ControllerStates { dir, drop, yes } => match drop {
+            Some(name) => admin::drop_controller_state(&open(dir, config()?)?, name, *yes, output),
+            None => read::controller_states(&reading(dir)?, output),
+        },
+        Command::DropStream { dir, stream, yes } => {
+            admin::drop_stream(&open(dir, config()?)?, stream, *yes, output)
+        }
+        Command::Destroy { dir, yes } => admin::destroy(dir, *yes, output),
     }
 }
 
@@ -213,31 +280,4 @@ fn key(file: Option<&Path>) -> Result<Option<EncryptionKey>, Failure> {
             .map_err(|e| Failure::Error(format!("KUBE_PERSIST_KEY: {e}"))),
         None => Ok(None),
     }
-}
-
-fn destroy(dir: &Path, yes: bool) -> Outcome {
-    let engine = Engine::of_store(dir)?
-        .ok_or_else(|| format!("no kube-persist store at {}", dir.display()))?;
-    if !yes {
-        let mut err = std::io::stderr().lock();
-        write!(
-            err,
-            "remove the {} store at {} and everything in it? its controller will list from \
-             scratch. Type 'yes' to confirm: ",
-            engine.name(),
-            dir.display()
-        )?;
-        err.flush()?;
-        let mut answer = String::new();
-        std::io::stdin()
-            .read_line(&mut answer)
-            .map_err(|e| format!("reading the confirmation: {e}"))?;
-        if answer.trim() != "yes" {
-            eprintln!("not confirmed; nothing removed");
-            return Err(Failure::No);
-        }
-    }
-    Db::destroy(dir)?;
-    writeln!(std::io::stdout(), "destroyed {}", dir.display())?;
-    Ok(())
 }

@@ -1,12 +1,51 @@
-//! The read-only commands: inspect, stats, get, dump.
+//! The reading commands: inspect, stats, get, dump, controller-states.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kube_persist::{Db, StreamInfo};
-use serde_json::json;
+use kube_persist::{ControllerStateInfo, Db, StreamInfo};
+use serde_json::{Value, json};
 
-use crate::Outcome;
+use crate::{Failure, Outcome, Output};
+
+/// A stream's identity and state as JSON (`inspect` and `stats`).
+fn stream_json(s: &StreamInfo) -> Value {
+    json!({
+        "name": s.name,
+        "objects": s.objects,
+        "checkpoint": s.checkpoint,
+        "phase": format!("{:?}", s.phase),
+        "format_version": s.format_version,
+        "identity": {
+            "api_version": s.api_version,
+            "kind": s.kind,
+            "url": s.url,
+            "label_selector": s.label_selector,
+            "field_selector": s.field_selector,
+            "shard_selector": s.shard.as_ref().map(|s| s.selector()),
+            "metadata_only": s.metadata_only,
+            "keys_only": s.keys_only,
+            "transform": s.transform,
+            "encryption_key_fingerprint": s.key_fingerprint,
+        },
+    })
+}
+
+/// A durable controller's state as JSON (`stats` and `controller-states`).
+fn controller_json(c: &ControllerStateInfo) -> Value {
+    json!({
+        "name": c.name,
+        "kinds": c.kinds,
+        "objects_tracked": c.objects,
+        "pending_requeues": c.pending_requeues,
+        "oldest_due_unix_ms": c.oldest_due.map(unix_ms),
+    })
+}
+
+fn print_json(doc: &Value) -> Outcome {
+    writeln!(std::io::stdout().lock(), "{doc:#}")?;
+    Ok(())
+}
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
@@ -28,9 +67,17 @@ fn contents(s: &StreamInfo) -> &'static str {
     }
 }
 
-pub(crate) fn inspect(db: &Db) -> Outcome {
-    let mut out = std::io::stdout().lock();
+pub(crate) fn inspect(db: &Db, output: Output) -> Outcome {
     let streams = db.streams()?;
+    if output == Output::Json {
+        return print_json(&json!({
+            "path": db.path().display().to_string(),
+            "engine": db.engine().name(),
+            "disk_bytes": db.size_on_disk()?,
+            "streams": streams.iter().map(stream_json).collect::<Vec<_>>(),
+        }));
+    }
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "store {} ({:.1} MiB on disk, {} streams)",
@@ -65,7 +112,7 @@ pub(crate) fn inspect(db: &Db) -> Outcome {
     Ok(())
 }
 
-pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
+pub(crate) fn stats(db: &Db, output: Output) -> Outcome {
     let streams = db.streams()?;
     let total = db.size_on_disk()?;
     let engine = db.engine().name();
@@ -74,56 +121,25 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
         rows.push((s, db.stream_disk_bytes(&s.name)?));
     }
     let controllers = db.controller_states()?;
-    let mut out = std::io::stdout().lock();
-    if as_json {
+    if output == Output::Json {
         let streams: Vec<_> = rows
             .iter()
             .map(|(s, bytes)| {
-                json!({
-                    "name": s.name,
-                    "objects": s.objects,
-                    "checkpoint": s.checkpoint,
-                    "phase": format!("{:?}", s.phase),
-                    "disk_bytes": bytes,
-                    "engine": engine,
-                    "format_version": s.format_version,
-                    "identity": {
-                        "api_version": s.api_version,
-                        "kind": s.kind,
-                        "url": s.url,
-                        "label_selector": s.label_selector,
-                        "field_selector": s.field_selector,
-                        "shard_selector": s.shard.as_ref().map(|s| s.selector()),
-                        "metadata_only": s.metadata_only,
-                        "keys_only": s.keys_only,
-                        "transform": s.transform,
-                        "encryption_key_fingerprint": s.key_fingerprint,
-                    },
-                })
+                let mut doc = stream_json(s);
+                doc["disk_bytes"] = json!(bytes);
+                doc["engine"] = json!(engine);
+                doc
             })
             .collect();
-        let controllers: Vec<_> = controllers
-            .iter()
-            .map(|c| {
-                json!({
-                    "name": c.name,
-                    "kinds": c.kinds,
-                    "objects_tracked": c.objects,
-                    "pending_requeues": c.pending_requeues,
-                    "oldest_due_unix_ms": c.oldest_due.map(unix_ms),
-                })
-            })
-            .collect();
-        let doc = json!({
+        return print_json(&json!({
             "path": db.path().display().to_string(),
             "engine": engine,
             "disk_bytes": total,
             "streams": streams,
-            "controllers": controllers,
-        });
-        writeln!(out, "{doc:#}")?;
-        return Ok(());
+            "controllers": controllers.iter().map(controller_json).collect::<Vec<_>>(),
+        }));
     }
+    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "store {} (engine {engine}, {:.1} MiB on disk, {} streams)",
@@ -154,7 +170,11 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
         writeln!(out, "  transform:   {transform}")?;
         writeln!(out, "  encrypted:   {}", encryption(s))?;
     }
-    for c in &controllers {
+    controllers_text(&mut out, &controllers)
+}
+
+fn controllers_text(out: &mut impl Write, controllers: &[ControllerStateInfo]) -> Outcome {
+    for c in controllers {
         writeln!(out, "controller {}", c.name)?;
         writeln!(out, "  kinds:             {}", c.kinds.join(", "))?;
         writeln!(out, "  objects tracked:   {}", c.objects)?;
@@ -166,6 +186,24 @@ pub(crate) fn stats(db: &Db, as_json: bool) -> Outcome {
         writeln!(out, "  oldest due:        {due}")?;
     }
     Ok(())
+}
+
+pub(crate) fn controller_states(db: &Db, output: Output) -> Outcome {
+    let controllers = db.controller_states()?;
+    match output {
+        Output::Json => print_json(&json!(
+            controllers.iter().map(controller_json).collect::<Vec<_>>()
+        )),
+        Output::Text if controllers.is_empty() => {
+            writeln!(
+                std::io::stdout().lock(),
+                "no controller states in {}",
+                db.path().display()
+            )?;
+            Ok(())
+        }
+        Output::Text => controllers_text(&mut std::io::stdout().lock(), &controllers),
+    }
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -182,7 +220,8 @@ fn describe_due(t: SystemTime) -> String {
     format!("{} (unix ms; {rel})", unix_ms(t))
 }
 
-pub(crate) fn get(db: &Db, stream: &str, object: &str) -> Outcome {
+/// Not found is the answer "no" (exit status 1), with a line on stderr.
+pub(crate) fn get(db: &Db, stream: &str, object: &str, output: Output) -> Outcome {
     let mut out = std::io::stdout().lock();
     let (ns, name) = match object.split_once('/') {
         Some((ns, name)) => (Some(ns), name),
@@ -192,10 +231,16 @@ pub(crate) fn get(db: &Db, stream: &str, object: &str) -> Outcome {
         Some(json) => {
             let v: serde_json::Value = serde_json::from_slice(&json)
                 .map_err(|e| format!("stored JSON of {object}: {e}"))?;
-            writeln!(out, "{v:#}")?;
+            match output {
+                Output::Text => writeln!(out, "{v:#}")?,
+                Output::Json => writeln!(out, "{v}")?,
+            }
             Ok(())
         }
-        None => Err(format!("{object} is not in stream {stream:?}").into()),
+        None => {
+            eprintln!("{object} is not in stream {stream:?}");
+            Err(Failure::No)
+        }
     }
 }
 

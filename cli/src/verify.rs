@@ -4,10 +4,17 @@ use std::io::Write;
 
 use kube::config::KubeConfigOptions;
 use kube_persist::{Db, Verdict, Verification};
+use serde_json::json;
 
-use crate::{Failure, Outcome};
+use crate::{Failure, Outcome, Output};
 
-pub(crate) fn verify(db: Db, stream: &str, context: Option<String>, max: usize) -> Outcome {
+pub(crate) fn verify(
+    db: Db,
+    stream: &str,
+    context: Option<String>,
+    max: usize,
+    output: Output,
+) -> Outcome {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -31,7 +38,46 @@ pub(crate) fn verify(db: Db, stream: &str, context: Option<String>, max: usize) 
             kube::Client::try_from(config).map_err(|e| format!("creating a client: {e}"))?;
         db.verify(stream, client, max).await.map_err(Failure::from)
     })?;
-    print(&report)
+    match output {
+        Output::Text => print(&report),
+        Output::Json => print_json(&report),
+    }
+}
+
+/// Whether the answer is yes: equal, or behind only by newer changes, with a consistent
+/// object count.
+fn passed(r: &Verification) -> bool {
+    r.count_consistent() && matches!(r.verdict, Verdict::Equal | Verdict::Behind { .. })
+}
+
+/// One JSON document; the exit status as with text.
+fn print_json(r: &Verification) -> Outcome {
+    let (verdict, server_rv) = match &r.verdict {
+        Verdict::Equal => ("equal", None),
+        Verdict::Behind {
+            server_resource_version,
+        } => ("behind", Some(server_resource_version)),
+        Verdict::Differs => ("differs", None),
+        Verdict::Undecided {
+            server_resource_version,
+        } => ("undecided", Some(server_resource_version)),
+        _ => ("unknown", None),
+    };
+    let doc = json!({
+        "stream": r.stream,
+        "ok": passed(r),
+        "verdict": verdict,
+        "checkpoint": r.checkpoint,
+        "server_resource_version": server_rv,
+        "stored_objects": r.stored_objects,
+        "counted_objects": r.counted_objects,
+        "server_objects": r.server_objects,
+        "count_consistent": r.count_consistent(),
+        "difference_count": r.difference_count,
+        "differences": r.differences.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+    });
+    writeln!(std::io::stdout().lock(), "{doc:#}")?;
+    if passed(r) { Ok(()) } else { Err(Failure::No) }
 }
 
 fn print(r: &Verification) -> Outcome {

@@ -110,6 +110,18 @@ async fn verify_equal_stale_compacted_and_damaged_stores(engine: Engine) {
         run.last_line(),
         format!("verify ok: 300 objects equal at resourceVersion {cp}")
     );
+    let run = tool(
+        &["verify", d, "pods", "--context", "testkit", "-o", "json"],
+        &env,
+        None,
+    );
+    assert_eq!(run.code, Some(0), "{}{}", run.out, run.err);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(
+        (&doc["ok"], &doc["verdict"], &doc["checkpoint"]),
+        (&true.into(), &"equal".into(), &cp.clone().into())
+    );
+    assert_eq!(doc["stored_objects"], 300);
 
     // Stale: the server moves on while the store is closed. Every change is newer than
     // the checkpoint, so the store is behind, not wrong.
@@ -452,11 +464,197 @@ async fn stats_shows_controller_state(engine: Engine) {
         due >= before_ms + 3_500_000,
         "due {due}, started {before_ms}"
     );
+
+    // controller-states: the same, then the state removed (after confirmation).
+    let run = tool(&["controller-states", d], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert!(
+        run.out.lines().any(|l| l == "  objects tracked:   30"),
+        "{}",
+        run.out
+    );
+    let run = tool(&["controller-states", d, "-o", "json"], &[], None);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(
+        (doc[0]["name"].as_str(), doc[0]["pending_requeues"].as_u64()),
+        (Some("labeler"), Some(30))
+    );
+    let run = tool(
+        &["controller-states", d, "--drop", "labeler"],
+        &[],
+        Some("no\n"),
+    );
+    assert_eq!(run.code, Some(1), "not confirmed: the answer is no");
+    assert!(run.err.contains("nothing removed"), "{}", run.err);
+    let run = tool(&["controller-states", d, "-o", "json"], &[], None);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&run.out).unwrap()[0]["name"],
+        "labeler"
+    );
+    let run = tool(
+        &[
+            "controller-states",
+            d,
+            "--drop",
+            "labeler",
+            "--yes",
+            "-o",
+            "json",
+        ],
+        &[],
+        None,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["removed"]["controller_state"], "labeler");
+    let run = tool(&["controller-states", d], &[], None);
+    assert_eq!(run.out.trim(), format!("no controller states in {d}"));
+    let run = tool(
+        &["controller-states", d, "--drop", "labeler", "--yes"],
+        &[],
+        None,
+    );
+    assert_eq!(run.code, Some(2), "no such state: an error");
+    assert!(
+        run.err.contains("no controller state \"labeler\""),
+        "{}",
+        run.err
+    );
+    // The stream is untouched.
+    let run = tool(&["stats", d, "-o", "json"], &[], None);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["streams"][0]["objects"], 30);
+}
+
+/// `-o json` on the reading commands, exit status 1 for an object that is not there, and
+/// `drop-stream` (confirmed, refused, and of a stream that is not there).
+async fn json_output_exit_codes_and_drop_stream(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(20, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let cp = synced_store(engine, &server, &dir).await;
+    let d = dir.to_str().unwrap();
+    let run = tool(&["inspect", d, "-o", "json"], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["engine"], engine.name());
+    assert_eq!(doc["streams"][0]["name"], "pods");
+    assert_eq!(doc["streams"][0]["objects"], 20);
+    assert_eq!(doc["streams"][0]["checkpoint"], cp);
+    let run = tool(&["get", d, "pods", "ns-1/pod-1", "-o", "json"], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert_eq!(run.out.lines().count(), 1, "one compact document");
+    let pod: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(pod["metadata"]["name"], "pod-1");
+    let run = tool(&["get", d, "pods", "ns-1/no-such-pod"], &[], None);
+    assert_eq!(run.code, Some(1), "not found is the answer no: {}", run.err);
+    assert!(run.out.is_empty() && run.err.contains("ns-1/no-such-pod is not in stream"));
+
+    let run = tool(&["drop-stream", d, "pods"], &[], Some("nope\n"));
+    assert_eq!(run.code, Some(1));
+    let run = tool(&["inspect", d, "-o", "json"], &[], None);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["streams"][0]["objects"], 20, "not confirmed: kept");
+    let run = tool(&["drop-stream", d, "pods"], &[], Some("yes\n"));
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert_eq!(run.last_line(), "dropped stream pods");
+    let run = tool(&["inspect", d, "-o", "json"], &[], None);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(doc["streams"], serde_json::json!([]), "{doc}");
+    let run = tool(
+        &["drop-stream", d, "pods", "--yes", "-o", "json"],
+        &[],
+        None,
+    );
+    assert_eq!(run.code, Some(2), "no such stream: an error");
+    assert!(run.err.contains("no stream \"pods\""), "{}", run.err);
+
+    // The store still opens, and the stream lists from scratch when opened again.
+    let db = Db::open(&dir).unwrap();
+    sync_pods(&server, &db).await;
+    assert_eq!(db.streams().unwrap()[0].objects, 20);
+}
+
+/// The reading commands beside a running controller: on redb they open the store read-only
+/// and see its commits while its writer runs (sled, without a read-only mode, is locked);
+/// on a closed store they change nothing on disk (no permission tightening).
+async fn reading_commands_on_a_live_store(engine: Engine) {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(25, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let d = dir.to_str().unwrap();
+    let db = Db::open_with(&dir, DbConfig::default().engine(engine)).unwrap();
+    let (reader, watcher) = db
+        .store(
+            "pods",
+            kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client()),
+            kube_persist::StreamConfig::default(),
+        )
+        .unwrap();
+    let w = drive(watcher);
+    converge(&reader, &h, &ResourceType::pods()).await;
+    let objects = |run: &Run| -> u64 {
+        let doc: serde_json::Value = serde_json::from_str(&run.out)
+            .unwrap_or_else(|e| panic!("{e}: {} {}", run.out, run.err));
+        doc["streams"][0]["objects"].as_u64().unwrap()
+    };
+    let run = tool(&["stats", d, "-o", "json"], &[], None);
+    match engine {
+        Engine::Redb => {
+            assert_eq!(run.code, Some(0), "{}", run.err);
+            assert_eq!(objects(&run), 25);
+            // The writer goes on; a new reader sees its commits.
+            h.churn(0, 5, 0, 3);
+            converge(&reader, &h, &ResourceType::pods()).await;
+            let run = tool(&["inspect", d, "-o", "json"], &[], None);
+            assert_eq!(objects(&run), 30, "{}", run.err);
+            let run = tool(&["get", d, "pods", "ns-1/pod-1"], &[], None);
+            assert_eq!(run.code, Some(0), "{}", run.err);
+            // Removing needs the store for itself.
+            let run = tool(&["drop-stream", d, "pods", "--yes"], &[], None);
+            assert_eq!(run.code, Some(2));
+            assert!(
+                run.err.contains("locked") || run.err.contains("open"),
+                "{}",
+                run.err
+            );
+        }
+        _ => {
+            assert_eq!(
+                run.code,
+                Some(2),
+                "sled: no read-only mode, and the store is held"
+            );
+        }
+    }
+    w.stop().await;
+    drop((reader, db));
+    wait_unlocked(&dir);
+    if engine == Engine::Redb {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let run = tool(&["stats", d], &[], None);
+        assert_eq!(run.code, Some(0), "{}", run.err);
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o750, "a reading command changes no permission");
+    }
 }
 
 #[test]
 fn every_command_has_help() {
-    for command in ["inspect", "stats", "get", "dump", "verify", "destroy"] {
+    for command in [
+        "inspect",
+        "stats",
+        "get",
+        "dump",
+        "verify",
+        "controller-states",
+        "drop-stream",
+        "destroy",
+    ] {
         let run = tool(&[command, "--help"], &[], None);
         assert_eq!(run.code, Some(0), "{command}: {}", run.err);
         assert!(
@@ -475,4 +673,6 @@ engine_tests! {
         stats_shows_controller_state,
         destroy_confirms_and_refuses_non_stores,
         cli_inspect_get_dump_with_and_without_key,
+        json_output_exit_codes_and_drop_stream,
+        reading_commands_on_a_live_store,
 }

@@ -71,6 +71,8 @@ pub struct DbConfig {
     pub(crate) compression: Compression,
     /// The engine the caller chose; `None`: the store's own, or the default for a new one.
     pub(crate) engine: Option<Engine>,
+    /// Open an existing store without writing to it ([`DbConfig::read_only`]).
+    pub(crate) read_only: bool,
 }
 
 impl Default for DbConfig {
@@ -82,6 +84,7 @@ impl Default for DbConfig {
             strict_permissions: false,
             compression: Compression::Lz4,
             engine: None,
+            read_only: false,
         }
     }
 }
@@ -142,6 +145,31 @@ impl DbConfig {
     /// ```
     pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
         self.encryption = Some(key);
+        self
+    }
+
+    /// Open an existing store for reading only: nothing is written, created or changed (no
+    /// directory, no permission tightening, no engine recovery), and a redb store can be
+    /// opened so while another process (its controller) writes it: redb's multi-process
+    /// mode, in which the writer of every store runs, lets readers in other processes
+    /// follow its commits. Opening a stream or a controller's state, and every other write,
+    /// is [`Error::Config`](crate::Error::Config); so is a sled store (sled has no read-only
+    /// mode) and a missing one. A redb store whose last writer crashed and that no writer
+    /// has opened since needs its recovery first (opening it read-write does it).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let writer = Db::open(dir.path())?;
+    /// // Another process would do this while the writer runs; here, the same process.
+    /// let reader = Db::open_with(dir.path(), DbConfig::default().read_only())?;
+    /// assert!(reader.streams()?.is_empty());
+    /// assert!(reader.drop_stream("pods").is_err()); // no writes
+    /// # drop(writer); Ok(()) }
+    /// ```
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
         self
     }
 

@@ -17,8 +17,8 @@ pub use config::{Compression, DbConfig, Durability};
 pub(crate) use crypto::Cipher;
 pub use crypto::EncryptionKey;
 pub(crate) use engine::{
-    Backend, CONTROLLERS, Entry, Storage, WriteBatch, check_removable, open as open_storage,
-    wait_released,
+    Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
+    open as open_storage, wait_released,
 };
 pub(crate) use lease::{LeaseCloser, Leases, StreamLease};
 pub(crate) use perms::{create_private_dir, tighten, too_open};

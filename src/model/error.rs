@@ -21,7 +21,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// Another process (or another handle in this process) holds the store's lock.
-    #[error("store at {} is locked by another process (only one process may open a store directory)", path.display())]
+    #[error("store at {} is locked by another process (one process at a time writes a store; others may only open a redb store read-only)", path.display())]
     Locked {
         /// The store directory.
         path: PathBuf,

@@ -135,6 +135,15 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     }
 }
 
+/// The cipher of the configured key, if any.
+fn cipher_of(config: &DbConfig) -> Result<Option<Arc<Cipher>>> {
+    config
+        .encryption
+        .as_ref()
+        .map(|key| key.cipher().map(Arc::new))
+        .transpose()
+}
+
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
@@ -149,6 +158,9 @@ impl Db {
     /// The work of [`Db::open_with`](crate::Db::open_with).
     pub(crate) fn open_at(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
         let path = path.as_ref().to_path_buf();
+        if config.read_only {
+            return Db::open_read_only(path, config);
+        }
         let open = disk::too_open(&path);
         if !open.is_empty() {
             if config.strict_permissions {
@@ -161,16 +173,26 @@ impl Db {
         // Before the engine creates its files: a directory this process cannot make private
         // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
         disk::tighten(&path)?;
-        let cipher = match &config.encryption {
-            Some(key) => Some(Arc::new(key.cipher()?)),
-            None => None,
-        };
+        let cipher = cipher_of(&config)?;
         let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         disk::tighten(&path)?;
         let engine = storage.engine();
         tracing::info!(path = %path.display(), %engine, "store opened");
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Db {
+        Ok(Db::from_parts(
+            storage, engine, path, cipher, config, worker,
+        ))
+    }
+
+    fn from_parts(
+        storage: Arc<dyn Storage>,
+        engine: Engine,
+        path: PathBuf,
+        cipher: Option<Arc<Cipher>>,
+        config: DbConfig,
+        worker: DiskWorker,
+    ) -> Db {
+        Db {
             inner: Arc::new(DbInner {
                 storage,
                 engine,
@@ -181,7 +203,21 @@ impl Db {
                 caches: Mutex::default(),
                 worker,
             }),
-        })
+        }
+    }
+
+    /// [`DbConfig::read_only`](crate::DbConfig::read_only): no directory created, no
+    /// permission changed, no lease ever granted (every stream and controller open is
+    /// refused, so nothing writes).
+    fn open_read_only(path: PathBuf, config: DbConfig) -> Result<Db> {
+        let cipher = cipher_of(&config)?;
+        let storage = disk::open_storage(&path, &config)?;
+        let engine = storage.engine();
+        tracing::debug!(path = %path.display(), %engine, "store opened read-only");
+        let worker = DiskWorker::spawn(&path)?;
+        Ok(Db::from_parts(
+            storage, engine, path, cipher, config, worker,
+        ))
     }
 
     /// The work of [`Db::destroy`](crate::Db::destroy).
@@ -250,11 +286,51 @@ impl Db {
     /// lease is dropped: one writer per keyspace. If its previous owner was just dropped,
     /// waits (blocking) until that owner's last queued disk job ran (see `lease.rs`).
     pub(crate) fn lease(&self, name: &str, what: &str) -> Result<StreamLease> {
+        if self.inner.config.read_only {
+            return Err(Error::Config(format!(
+                "{what} {name:?} cannot be opened: the store at {} is open read-only",
+                self.dir().display()
+            )));
+        }
         self.inner.leases.acquire(
             name,
             what,
             self.inner.clone() as Arc<dyn std::any::Any + Send + Sync>,
         )
+    }
+
+    /// Remove keyspace `name` of `group` (a stream's, with [`disk::STREAMS`], or a durable
+    /// controller's, with [`disk::CONTROLLERS`]): refused while it is open in this process
+    /// (`what` names it in errors), [`Error::Config`] if there is none. Blocking: one durable
+    /// commit (redb frees the pages, sled drops the tree).
+    pub(crate) fn drop_keyspace(&self, group: &str, name: &str, what: &str) -> Result<()> {
+        let lease_name = if group == disk::STREAMS {
+            name.to_string()
+        } else {
+            format!("{group}{name}")
+        };
+        // Held while the keyspace goes: nothing in this process opens it meanwhile.
+        let _lease = self.lease(&lease_name, what)?;
+        if !self
+            .storage()
+            .keyspaces_of(group)?
+            .iter()
+            .any(|n| n == name)
+        {
+            return Err(Error::Config(format!(
+                "no {what} {name:?} in the store at {}",
+                self.dir().display()
+            )));
+        }
+        self.storage().drop_keyspace(group, name)?;
+        if group == disk::STREAMS {
+            let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(cache) = caches.remove(name).and_then(|c| c.upgrade()) {
+                cache.reset(0);
+            }
+        }
+        tracing::warn!(path = %self.dir().display(), what, name, "removed from the store");
+        Ok(())
     }
 
     /// The hot cache of stream `name`: the one its readers already share, emptied (what

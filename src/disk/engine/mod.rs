@@ -90,6 +90,9 @@ pub(crate) trait Storage: Send + Sync + 'static {
     fn keyspace_of(&self, group: &str, name: &str) -> Result<Arc<dyn Backend>>;
     /// Names (without the prefix) of the keyspaces of `group`, in any order.
     fn keyspaces_of(&self, group: &str) -> Result<Vec<String>>;
+    /// Remove keyspace `name` of `group` and everything in it, durably; false if there was
+    /// none. The caller makes sure nothing holds it open.
+    fn drop_keyspace(&self, group: &str, name: &str) -> Result<bool>;
     /// Open (creating if needed) the keyspace of stream `stream`.
     fn keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
         self.keyspace_of(STREAMS, stream)
@@ -202,8 +205,21 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
     }
     let stored = match Engine::of_store(path)? {
         Some(stored) => stored,
+        None if config.read_only => {
+            return Err(Error::Config(format!(
+                "no kube-persist store at {} to open read-only",
+                path.display()
+            )));
+        }
         None => record_engine(path, requested.unwrap_or_default())?,
     };
+    if config.read_only && stored == Engine::Sled {
+        return Err(Error::Config(format!(
+            "{} is a sled store, and sled has no read-only mode: open it for writing, with its \
+             controller stopped",
+            path.display()
+        )));
+    }
     match requested {
         Some(requested) if requested != stored => {
             return Err(Error::EngineMismatch {

@@ -24,9 +24,29 @@ const SCAN_CHUNK: usize = 256;
 
 type Table<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 
+/// How processes share a store's database: one writer (a controller's process) and any
+/// number of read-only handles, in this process or others, following its commits (the
+/// `kube-persist` tool on a live store). Every handle must open in the same mode.
+const MODE: redb::ConcurrencyMode = redb::ConcurrencyMode::SingleWriter;
+
+/// A handle on the database: the writer, or a reader ([`DbConfig::read_only`]).
+enum Handle {
+    Write(redb::Database),
+    Read(redb::ReadOnlyDatabase),
+}
+
+impl Handle {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            Handle::Write(db) => db.begin_read(),
+            Handle::Read(db) => db.begin_read(),
+        }
+    }
+}
+
 /// The database and what every keyspace needs of it.
 struct Shared {
-    db: redb::Database,
+    db: Handle,
     /// The redb file.
     path: PathBuf,
     /// The store directory, which errors name.
@@ -53,16 +73,34 @@ impl RedbStorage {
         let cache = usize::try_from(config.cache_capacity).unwrap_or(usize::MAX);
         let dir = file.parent().unwrap_or(&file).to_path_buf();
         let db = catch_open(&dir, || {
-            redb::Database::builder()
-                .set_cache_size(cache)
-                .create(&file)
-                .map_err(|e| from_redb(&file, e.into()))
+            let mut builder = redb::Database::builder();
+            builder.set_cache_size(cache).set_concurrency_mode(MODE);
+            if config.read_only {
+                builder
+                    .open_read_only(&file)
+                    .map(Handle::Read)
+                    .map_err(|e| match e {
+                        redb::DatabaseError::RepairAborted => Error::Config(format!(
+                            "{} was not closed cleanly and cannot be read before its recovery: \
+                             open it for writing once (its controller does when it starts)",
+                            dir.display()
+                        )),
+                        e => from_redb(&file, e.into()),
+                    })
+            } else {
+                builder
+                    .create(&file)
+                    .map(Handle::Write)
+                    .map_err(|e| from_redb(&file, e.into()))
+            }
         })?;
-        let (stop, stopped) = mpsc::channel();
+        // A reader has nothing to flush.
         let periodic = match config.durability {
+            _ if config.read_only => None,
             Durability::Periodic(every) => Some(every.max(Duration::from_millis(1))),
             Durability::EveryBatch => None,
         };
+        let (stop, stopped) = mpsc::channel();
         let held = Held::new(&dir);
         let shared = Arc::new(Shared {
             db,
@@ -125,7 +163,10 @@ impl Shared {
 
     /// Run `f` in one write transaction and commit it.
     fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<()>) -> Result<()> {
-        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let Handle::Write(db) = &self.db else {
+            return Err(read_only(&self.dir));
+        };
+        let mut txn = db.begin_write().map_err(|e| self.err(e))?;
         txn.set_quick_repair(true);
         let durable = self.every_batch;
         let durability = if durable {
@@ -144,11 +185,14 @@ impl Shared {
 
     /// A durable commit, if anything was committed since the last one.
     fn flush(&self) -> Result<()> {
+        let Handle::Write(db) = &self.db else {
+            return Ok(()); // a reader never commits
+        };
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
         let res = (|| {
-            let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+            let mut txn = db.begin_write().map_err(|e| self.err(e))?;
             txn.set_quick_repair(true);
             txn.set_durability(redb::Durability::Immediate)
                 .map_err(|e| self.err(e))?;
@@ -184,6 +228,19 @@ impl Storage for RedbStorage {
         Ok(tables
             .filter_map(|t| t.name().strip_prefix(group).map(str::to_string))
             .collect())
+    }
+
+    fn drop_keyspace(&self, group: &str, name: &str) -> Result<bool> {
+        let s = &self.shared;
+        let table = format!("{group}{name}");
+        let mut dropped = false;
+        s.write(|txn| {
+            dropped = txn.delete_table(Table::new(&table)).map_err(|e| s.err(e))?;
+            Ok(())
+        })?;
+        // Made durable at once, whatever the store's durability.
+        s.flush()?;
+        Ok(dropped)
     }
 
     fn flush(&self) -> Result<()> {
@@ -363,6 +420,14 @@ impl Iterator for ChunkedRange {
         }
         self.buf.pop_front().map(Ok)
     }
+}
+
+/// The error of a write through a read-only handle.
+fn read_only(dir: &Path) -> Error {
+    Error::Config(format!(
+        "the store at {} is open read-only (DbConfig::read_only)",
+        dir.display()
+    ))
 }
 
 /// Open and close the redb file at `file`: [`Error::Locked`] if it is open elsewhere.

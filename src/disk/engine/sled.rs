@@ -74,6 +74,16 @@ impl Storage for SledStorage {
             .collect())
     }
 
+    fn drop_keyspace(&self, group: &str, name: &str) -> Result<bool> {
+        let dropped = catch_panic(&self.path, "dropping a keyspace", || {
+            self.sled
+                .drop_tree(format!("{group}{name}"))
+                .map_err(|e| self.err(e))
+        })?;
+        self.flush()?;
+        Ok(dropped)
+    }
+
     fn flush(&self) -> Result<()> {
         self.sled.flush().map(|_| ()).map_err(|e| self.err(e))
     }
