@@ -17,12 +17,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{
-    Engine, child_engine, converge, diff, env_num, init_tracing, server_versions, spawn_self,
-    store_versions, try_open_db,
+    Engine, Tmpfs, child_engine, converge, diff, env_num, init_tracing, is_root, server_versions,
+    spawn_self, store_versions, try_open_db,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -903,52 +903,6 @@ fn destroy_refuses_what_is_not_a_store(engine: Engine) {
 // ---------------------------------------------------------------------------------------
 // B3, B4. Full disk and unwritable directory (tmpfs mounts: root only)
 // ---------------------------------------------------------------------------------------
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// A tmpfs mounted for the test; unmounted when dropped (lazily if busy).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, opts: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(dir).unwrap();
-        let d = dir.to_str().unwrap();
-        run("mount", &["-t", "tmpfs", "-o", opts, "tmpfs", d])?;
-        Ok(Tmpfs(dir.to_path_buf()))
-    }
-
-    fn remount(&self, opts: &str) {
-        let o = format!("remount,{opts}");
-        run("mount", &["-o", &o, self.0.to_str().unwrap()]).expect("remount");
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let d = self.0.to_str().unwrap();
-        if run("umount", &[d]).is_err() {
-            let _ = run("umount", &["-l", d]);
-        }
-    }
-}
 
 /// Root only (tmpfs mounts); prints a skip message otherwise. A 4 MiB tmpfs fills up during
 /// the first sync: the watcher's stream yields `Error::DiskFull` naming the store. Then the

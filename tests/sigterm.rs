@@ -4,7 +4,9 @@
 //! `/livez`, `/metrics`), SIGTERMs the operator while it labels Pods, and checks that it
 //! exits 0 well within a `terminationGracePeriodSeconds` of 30 s, that every Pod it labeled
 //! has its reconcile state on disk (the last batch written on shutdown), and that the
-//! restart makes 0 LIST calls and labels exactly the Pods left.
+//! restart makes 0 LIST calls and labels exactly the Pods left. And its liveness after a
+//! full disk (root: a tmpfs): `/livez` asks for a restart once space is back, not before,
+//! and the restarted operator recovers.
 
 mod common;
 
@@ -29,7 +31,7 @@ const URL_ENV: &str = "KP_SIGTERM_URL";
 
 /// The child process: the example operator's `--cluster` mode on the testkit server.
 #[test]
-#[ignore = "child process of sigterm_stops_gracefully_and_restart_lists_nothing"]
+#[ignore = "child process of the tests below"]
 fn cluster_child() {
     let dir = std::env::var(DIR_ENV).expect(DIR_ENV);
     let url = std::env::var(URL_ENV).expect(URL_ENV);
@@ -274,4 +276,71 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
         "the restart labels only the pods left and the new one"
     );
     assert_state_covers(dir.path(), &labeled(&h));
+}
+
+/// Root only (a tmpfs). The operator's store fills a 4 MiB tmpfs during its first list:
+/// `/livez` stays 200 while the disk is full (a restart would fail again), says why, and
+/// turns 503 once the tmpfs grows (space is back: only a reopen recovers the store). The
+/// operator restarted on the same directory (what the kubelet does) becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn livez_asks_for_a_restart_once_space_is_back() {
+    common::init_tracing();
+    if !common::is_root() {
+        println!("SKIPPED livez_asks_for_a_restart_once_space_is_back: needs root (tmpfs mount)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("mnt");
+    let fs = match common::Tmpfs::mount(&mnt, "size=4m") {
+        Ok(fs) => fs,
+        Err(e) => {
+            println!("SKIPPED livez_asks_for_a_restart_once_space_is_back: cannot mount: {e}");
+            return;
+        }
+    };
+    let server = common::pod_server(PODS).await;
+    let dir = mnt.join("store");
+    let op = Operator::spawn(&dir, &server.url());
+    let addr = op.addr().await;
+    let mut livez = (0, String::new());
+    let deadline = Instant::now() + common::WAIT;
+    while !livez.1.contains("full disk") {
+        assert!(
+            Instant::now() < deadline,
+            "no full disk reported: {livez:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        livez = get(&addr, "/livez").await;
+    }
+    assert_eq!(livez.0, 200, "the disk is still full: {livez:?}");
+    fs.remount("size=256m");
+    let deadline = Instant::now() + common::WAIT;
+    while livez.0 != 503 {
+        assert!(Instant::now() < deadline, "no restart asked for: {livez:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        livez = get(&addr, "/livez").await;
+    }
+    assert!(livez.1.contains("restart"), "{livez:?}");
+    // The kubelet restarts the container: SIGKILL after the grace period at worst.
+    let mut child = op.child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let op = Operator::spawn(&dir, &server.url());
+    let addr = op.addr().await;
+    let deadline = Instant::now() + common::WAIT;
+    loop {
+        let (code, body) = get(&addr, "/readyz").await;
+        if code == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted operator is not ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(&addr, "/livez").await.0, 200);
+    let (ok, _, stopped) = op.terminate();
+    assert!(ok, "the restarted operator exits 0: {stopped}");
+    drop(fs);
 }

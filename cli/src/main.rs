@@ -17,8 +17,9 @@
 //! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
 //! variable (64 hex characters). Stores of either engine (redb or sled) are opened with the
 //! engine recorded in them. The reading commands open a redb store read-only: nothing on
-//! disk changes, and they work while a controller runs on the store. A sled store (no
-//! read-only mode) and the removing commands need the store closed everywhere else.
+//! disk changes, and they work while a controller runs on the store if it writes with
+//! `Durability::EveryBatch`. A sled store (no read-only mode), a redb store whose controller
+//! uses periodic durability, and the removing commands need the store closed elsewhere.
 
 mod admin;
 mod read;

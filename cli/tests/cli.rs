@@ -577,8 +577,9 @@ async fn json_output_exit_codes_and_drop_stream(engine: Engine) {
 }
 
 /// The reading commands beside a running controller: on redb they open the store read-only
-/// and see its commits while its writer runs (sled, without a read-only mode, is locked);
-/// on a closed store they change nothing on disk (no permission tightening).
+/// and see its commits while a writer with `Durability::EveryBatch` runs (one with periodic
+/// durability keeps it locked; sled, without a read-only mode, is locked); on a closed store
+/// they change nothing on disk (no permission tightening).
 async fn reading_commands_on_a_live_store(engine: Engine) {
     use std::os::unix::fs::PermissionsExt;
     let server = TestServer::start().await;
@@ -587,7 +588,20 @@ async fn reading_commands_on_a_live_store(engine: Engine) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     let d = dir.to_str().unwrap();
-    let db = Db::open_with(&dir, DbConfig::default().engine(engine)).unwrap();
+    // A writer with periodic durability (the default) keeps a redb store to itself.
+    {
+        let db = Db::open_with(&dir, DbConfig::default().engine(engine)).unwrap();
+        let run = tool(&["stats", d], &[], None);
+        assert_eq!(run.code, Some(2), "locked by the writer: {}", run.out);
+        assert!(run.err.contains("locked"), "{}", run.err);
+        drop(db);
+        wait_unlocked(&dir);
+    }
+    // One that makes every batch durable lets readers in.
+    let config = DbConfig::default()
+        .engine(engine)
+        .durability(kube_persist::Durability::EveryBatch);
+    let db = Db::open_with(&dir, config).unwrap();
     let (reader, watcher) = db
         .store(
             "pods",

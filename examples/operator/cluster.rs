@@ -5,17 +5,20 @@
 //!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`.
 //! - One HTTP port (`--listen`) serves `/readyz` (200 once [`Reader::is_ready`] and
 //!   [`Reader::is_live`], 503 while syncing, reconnecting or shutting down), `/livez` (200
-//!   unless the watch is connected but [`Reader::last_watch_activity`] is older than
-//!   `--stale-after`: a stuck connection, which a restart cures) and `/metrics` (the
-//!   `metrics` feature: `kube_persist_*` read from [`Reader::stats`] at scrape time).
+//!   unless a restart would cure what is wrong: the watch is connected but
+//!   [`Reader::last_watch_activity`] is older than `--stale-after`, a stuck connection; or
+//!   the store failed on a full disk and space is back, which only a reopen recovers) and
+//!   `/metrics` (the `metrics` feature: `kube_persist_*` read from [`Reader::stats`] at
+//!   scrape time).
 //! - SIGTERM (or SIGINT) stops the controller gracefully (no new reconcile, running ones
 //!   finish, the last reconcile-state batch is written), then the store is flushed and
 //!   closed and the process exits 0. The next start resumes the watch: no LIST.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -55,12 +58,41 @@ pub fn parse_shard_index(s: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// Free bytes the store's filesystem needs before `/livez` asks for a restart after the
+/// store failed on a full disk (a restart on a disk still full would fail again).
+const FREE_TO_RESTART: u64 = 16 << 20;
+
+/// Bytes an unprivileged process may still write on the filesystem of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(3) reads a NUL-terminated path and fills the struct it is given.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Whether a controller error is the store failing on a full disk: both engines keep
+/// failing until the store is reopened, so only a restart recovers it once space is back.
+fn is_disk_full<E>(e: &kube_persist::controller::ControllerError<E>) -> bool {
+    use kube_persist::controller::ControllerError;
+    matches!(
+        e,
+        ControllerError::Store(kube_persist::Error::DiskFull { .. })
+            | ControllerError::ReadFailed(kube_persist::Error::DiskFull { .. }, _)
+    )
+}
+
 /// Shared with the HTTP handlers.
 #[derive(Clone)]
 struct Probes {
     reader: Reader<Pod>,
     stopping: watch::Receiver<bool>,
     stale_after: Duration,
+    /// The store directory, whose free space `/livez` reads after a full disk.
+    dir: PathBuf,
+    /// The store reported `Error::DiskFull`.
+    disk_full: Arc<AtomicBool>,
     #[cfg(feature = "metrics")]
     registry: std::sync::Arc<prometheus_client::registry::Registry>,
 }
@@ -86,6 +118,22 @@ async fn readyz(State(p): State<Probes>) -> Response {
 }
 
 async fn livez(State(p): State<Probes>) -> Response {
+    if p.disk_full.load(Ordering::Relaxed) {
+        let free = free_bytes(&p.dir).unwrap_or(0);
+        if free >= FREE_TO_RESTART {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the store failed on a full disk and {} MiB are free now: restart to reopen it",
+                    free >> 20
+                ),
+            );
+        }
+        return text(
+            StatusCode::OK,
+            "live (the store failed on a full disk; waiting for space)".into(),
+        );
+    }
     let quiet = p
         .reader
         .last_watch_activity()
@@ -188,10 +236,13 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         let _ = stop_wait.wait_for(|s| *s).await;
     });
 
+    let disk_full = Arc::new(AtomicBool::new(false));
     let probes = Probes {
         reader: reader.clone(),
         stopping: stopping.clone(),
         stale_after: opts.stale_after,
+        dir: opts.dir.clone(),
+        disk_full: disk_full.clone(),
         #[cfg(feature = "metrics")]
         registry: {
             let mut registry = prometheus_client::registry::Registry::default();
@@ -231,10 +282,14 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
     let ctx = Ctx::new(client);
     controller
         .run(reconcile, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
+        .for_each(|r| {
+            if let Err(e) = &r {
+                if is_disk_full(e) && !disk_full.swap(true, Ordering::Relaxed) {
+                    tracing::error!(error = %e, "the store failed on a full disk: /livez asks for a restart once space is back");
+                }
                 tracing::warn!(error = %e, "reconcile");
             }
+            async {}
         })
         .await;
     // The run stream ends after a graceful shutdown: no reconcile is running and the last

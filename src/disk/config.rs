@@ -149,23 +149,29 @@ impl DbConfig {
     }
 
     /// Open an existing store for reading only: nothing is written, created or changed (no
-    /// directory, no permission tightening, no engine recovery), and a redb store can be
-    /// opened so while another process (its controller) writes it: redb's multi-process
-    /// mode, in which the writer of every store runs, lets readers in other processes
-    /// follow its commits. Opening a stream or a controller's state, and every other write,
-    /// is [`Error::Config`](crate::Error::Config); so is a sled store (sled has no read-only
-    /// mode) and a missing one. A redb store whose last writer crashed and that no writer
-    /// has opened since needs its recovery first (opening it read-write does it).
+    /// directory, no permission tightening, no engine recovery). A redb store can be read so
+    /// while another process (its controller) writes it if that writer makes every batch
+    /// durable ([`Durability::EveryBatch`]): redb then opens it in its multi-process mode, in
+    /// which readers follow the writer's commits (it refuses non-durable commits in that
+    /// mode, so a writer with the default [`Durability::Periodic`] keeps the store to itself:
+    /// [`Error::Locked`](crate::Error::Locked)). Opening a stream or a controller's state,
+    /// and every other write, is [`Error::Config`](crate::Error::Config); so is a sled store
+    /// (sled has no read-only mode) and a missing one.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
-    /// use kube_persist::{Db, DbConfig};
+    /// use kube_persist::{Db, DbConfig, Durability, Error};
     /// let dir = tempfile::tempdir().unwrap();
-    /// let writer = Db::open(dir.path())?;
+    /// let writer = Db::open_with(dir.path(), DbConfig::default().durability(Durability::EveryBatch))?;
     /// // Another process would do this while the writer runs; here, the same process.
     /// let reader = Db::open_with(dir.path(), DbConfig::default().read_only())?;
     /// assert!(reader.streams()?.is_empty());
     /// assert!(reader.drop_stream("pods").is_err()); // no writes
+    /// drop((reader, writer));
+    /// // A writer with periodic durability keeps the store to itself.
+    /// let writer = Db::open(dir.path())?;
+    /// let refused = Db::open_with(dir.path(), DbConfig::default().read_only());
+    /// assert!(matches!(refused, Err(Error::Locked { .. })));
     /// # drop(writer); Ok(()) }
     /// ```
     pub fn read_only(mut self) -> Self {

@@ -540,3 +540,51 @@ pub async fn pod_server(pods: usize) -> kube_persist_testkit::TestServer {
     server.handle().seed_pods(pods, 10);
     server
 }
+
+/// Whether this process runs as root (tmpfs mounts need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run_cmd(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A tmpfs mounted for the test; unmounted when dropped (lazily if busy).
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &std::path::Path, opts: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).unwrap();
+        let d = dir.to_str().unwrap();
+        run_cmd("mount", &["-t", "tmpfs", "-o", opts, "tmpfs", d])?;
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Mount it again with `opts` (e.g. a new size), keeping its files.
+    pub fn remount(&self, opts: &str) {
+        let o = format!("remount,{opts}");
+        run_cmd("mount", &["-o", &o, self.0.to_str().unwrap()]).expect("remount");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let d = self.0.to_str().unwrap();
+        if run_cmd("umount", &[d]).is_err() {
+            let _ = run_cmd("umount", &["-l", d]);
+        }
+    }
+}

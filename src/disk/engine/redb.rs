@@ -24,10 +24,19 @@ const SCAN_CHUNK: usize = 256;
 
 type Table<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 
-/// How processes share a store's database: one writer (a controller's process) and any
-/// number of read-only handles, in this process or others, following its commits (the
-/// `kube-persist` tool on a live store). Every handle must open in the same mode.
-const MODE: redb::ConcurrencyMode = redb::ConcurrencyMode::SingleWriter;
+/// How processes share a store's database. A writer whose every commit is durable
+/// ([`Durability::EveryBatch`]) opens in redb's single-writer mode: any number of read-only
+/// handles, in this process or others, follow its commits (the `kube-persist` tool on a live
+/// store). redb refuses non-durable commits in that mode, so a writer with
+/// [`Durability::Periodic`] (the default) excludes every other handle. Read-only handles
+/// always open in single-writer mode: beside such a writer, or with no writer at all.
+fn mode(config: &DbConfig) -> redb::ConcurrencyMode {
+    if config.read_only || config.durability == Durability::EveryBatch {
+        redb::ConcurrencyMode::SingleWriter
+    } else {
+        redb::ConcurrencyMode::ExclusiveWriter
+    }
+}
 
 /// A handle on the database: the writer, or a reader ([`DbConfig::read_only`]).
 enum Handle {
@@ -74,7 +83,9 @@ impl RedbStorage {
         let dir = file.parent().unwrap_or(&file).to_path_buf();
         let db = catch_open(&dir, || {
             let mut builder = redb::Database::builder();
-            builder.set_cache_size(cache).set_concurrency_mode(MODE);
+            builder
+                .set_cache_size(cache)
+                .set_concurrency_mode(mode(config));
             if config.read_only {
                 builder
                     .open_read_only(&file)
