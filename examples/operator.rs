@@ -8,7 +8,8 @@
 //!
 //! `--cluster` is the mode that runs in a Pod (`deploy/`, the README's *Running in
 //! Kubernetes*): in-cluster config or KUBECONFIG, `--dir`, `--listen` (probes and metrics),
-//! `--shard-index`/`--shards`, graceful shutdown on SIGTERM; see `operator/cluster.rs`.
+//! `--shard-index` with `--shards-from` (or `--shards`), graceful shutdown on SIGTERM; see
+//! `operator/cluster.rs`.
 //!
 //! Without `--cluster` it starts `testkit-server` (a local Kubernetes API server) with N Pods
 //! and runs the same reconciler, in separate processes, on kube-persist's `Controller` (with
@@ -199,6 +200,17 @@ pub struct Args {
     /// With `--cluster`: the number of replicas (shards); 1 is unsharded.
     #[arg(long, default_value_t = 1)]
     pub shards: u32,
+    /// With `--cluster`: take the number of shards from this StatefulSet's `replicas`
+    /// (`NAMESPACE/NAME`, the operator's own), instead of `--shards`, and stop (to be
+    /// restarted with the new count) when it changes.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub shards_from: Option<String>,
+    /// With `--shards-from`: how often the StatefulSet is read again.
+    #[arg(long, default_value_t = 10, hide = true)]
+    pub shards_poll_secs: u64,
+    /// With `--cluster`: reconcile only the Pods with these labels (a label selector).
+    #[arg(long, hide = true)]
+    pub labels: Option<String>,
     /// With `--cluster`: /livez fails once the connected watch has been quiet this many
     /// seconds (kube-apiserver sends a bookmark about every minute).
     #[arg(long, default_value_t = 300)]
@@ -225,6 +237,9 @@ impl Args {
             listen: self.listen,
             shard_index: self.shard_index.clone(),
             shards: self.shards,
+            shards_from: self.shards_from.clone(),
+            shards_poll: Duration::from_secs(self.shards_poll_secs.max(1)),
+            labels: self.labels.clone(),
             stale_after: Duration::from_secs(self.stale_after_secs),
         }
     }

@@ -1,10 +1,11 @@
 //! The `deploy/` manifests against the example operator they run, without a cluster: every
 //! YAML document parses; each StatefulSet's container arguments (with `$(VAR)` expanded as
 //! the kubelet does, for every ordinal) are accepted by `examples/operator.rs`'s command
-//! line, with the shard count equal to `replicas` and a valid shard index; the store is a
+//! line, with the shard count read from the StatefulSet itself and a valid shard index; the store is a
 //! subdirectory of the `store` volume; the probes and the listen port agree; the Pod runs
 //! non-root on a read-only root with `fsGroup` its group; the RBAC binds the StatefulSet's
-//! ServiceAccount in its namespace to exactly `list`, `watch`, `update` on Pods. What the
+//! ServiceAccount in its namespace to exactly `list`, `watch`, `update` on Pods and `get` of
+//! its own StatefulSet. What the
 //! API server says of them is `tests/e2e/deploy.rs`.
 
 #[path = "e2e/deploy.rs"]
@@ -42,6 +43,7 @@ fn expand(arg: &str, env: &[(&str, String)]) -> String {
 
 fn check_statefulset(at: &str, sts: &Value) {
     let replicas = sts["spec"]["replicas"].as_u64().expect("replicas") as u32;
+    assert!(replicas >= 1, "{at}: replicas");
     let pod = &sts["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
     let env = c["env"].as_array().expect("env");
@@ -51,7 +53,15 @@ fn check_statefulset(at: &str, sts: &Value) {
         "metadata.labels['apps.kubernetes.io/pod-index']",
         "{at}: the shard index is the StatefulSet ordinal"
     );
-    let shards = var("SHARDS")["value"].as_str().expect("SHARDS").to_string();
+    assert_eq!(
+        var("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace",
+        "{at}"
+    );
+    let ns = sts["metadata"]["namespace"]
+        .as_str()
+        .expect("namespace")
+        .to_string();
     let args: Vec<&str> = c["args"]
         .as_array()
         .expect("args")
@@ -61,7 +71,7 @@ fn check_statefulset(at: &str, sts: &Value) {
     for ordinal in 0..replicas {
         let env = [
             ("SHARD_INDEX", ordinal.to_string()),
-            ("SHARDS", shards.clone()),
+            ("POD_NAMESPACE", ns.clone()),
         ];
         let argv =
             std::iter::once("operator".to_string()).chain(args.iter().map(|a| expand(a, &env)));
@@ -69,7 +79,12 @@ fn check_statefulset(at: &str, sts: &Value) {
             .unwrap_or_else(|e| panic!("{at}: the operator refuses its arguments: {e}"));
         assert!(parsed.cluster, "{at}: --cluster");
         let opts = parsed.cluster_opts();
-        assert_eq!(opts.shards, replicas, "{at}: SHARDS equals replicas");
+        // The shard count is this StatefulSet's replicas, read through the API.
+        assert_eq!(
+            opts.shards_from.as_deref(),
+            Some(format!("{ns}/{}", sts["metadata"]["name"].as_str().unwrap()).as_str()),
+            "{at}: --shards-from names the StatefulSet itself"
+        );
         let index = opts
             .shard_index
             .as_deref()
@@ -196,6 +211,22 @@ fn manifests_fit_the_operator() {
         rules[0]["verbs"],
         serde_json::json!(["list", "watch", "update"])
     );
+    // And `get` of its own StatefulSet, in its namespace (--shards-from).
+    let ns_role = &of_kind(&docs, "Role")[0].1;
+    let ns_binding = &of_kind(&docs, "RoleBinding")[0].1;
+    let sts = &of_kind(&docs, "StatefulSet")[0].1;
+    assert_eq!(
+        ns_role["metadata"]["namespace"],
+        sts["metadata"]["namespace"]
+    );
+    assert_eq!(
+        ns_role["rules"],
+        serde_json::json!([{"apiGroups": ["apps"], "resources": ["statefulsets"],
+            "resourceNames": [sts["metadata"]["name"]], "verbs": ["get"]}])
+    );
+    assert_eq!(ns_binding["roleRef"]["name"], ns_role["metadata"]["name"]);
+    assert_eq!(ns_binding["roleRef"]["kind"], "Role");
+    assert_eq!(ns_binding["subjects"][0]["name"], sa["metadata"]["name"]);
 }
 
 #[test]

@@ -291,10 +291,10 @@ async fn controller_metrics_count_reconciles_queue_and_startup_pass() {
         get("reconcile_time_seconds_count", ""),
         c.reconciles() as f64
     );
-    assert_eq!(
-        get("reconcile_time_seconds_bucket", ",le=\"+Inf\""),
-        c.reconciles() as f64
-    );
+    // The encoder puts `le` before the family's labels.
+    let inf =
+        "kube_persist_controller_reconcile_time_seconds_bucket{le=\"+Inf\",controller=\"labeler\"}";
+    assert_eq!(m[inf], c.reconciles() as f64);
     assert!(get("reconcile_time_seconds_sum", "") > 0.0);
     run.abort();
     let _ = run.await;

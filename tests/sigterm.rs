@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube_persist::Db;
 use kube_persist_testkit::{ResourceType, ServerHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PODS: usize = 3000;
 /// The test's bound on SIGTERM-to-exit: well under the manifests' 30 s grace period.
@@ -42,6 +41,9 @@ fn cluster_child() {
             listen: "127.0.0.1:0".parse().unwrap(),
             shard_index: None,
             shards: 1,
+            shards_from: None,
+            shards_poll: Duration::from_secs(10),
+            labels: None,
             stale_after: Duration::from_secs(300),
         };
         operator::cluster::run(kube_persist_testkit::client_for(&url, None), opts).await
@@ -115,20 +117,8 @@ impl Operator {
 
 /// One HTTP/1.1 GET: (status code, body).
 async fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    conn.write_all(req.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    conn.read_to_string(&mut resp).await.unwrap();
-    let code = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
+    let (code, body) = common::http_get(addr, path).await;
+    assert_ne!(code, 0, "GET {path} from {addr} failed");
     (code, body)
 }
 

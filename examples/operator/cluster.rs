@@ -46,10 +46,57 @@ pub struct ClusterOpts {
     /// This replica's shard: a number, or a name ending in `-<number>` (a StatefulSet
     /// Pod's name); `None` for replica 0.
     pub shard_index: Option<String>,
-    /// Replicas (shards) in total; 1 for an unsharded store.
+    /// Replicas (shards) in total; 1 for an unsharded store. Ignored with `shards_from`.
     pub shards: u32,
+    /// `NAMESPACE/NAME` of the StatefulSet whose `replicas` is the number of shards: read at
+    /// start, then every `shards_poll`; a change stops the operator gracefully (exit 0) so
+    /// that it restarts with the new count.
+    pub shards_from: Option<String>,
+    /// How often `shards_from` is read again.
+    pub shards_poll: Duration,
+    /// Only the Pods with these labels (a label selector).
+    pub labels: Option<String>,
     /// `/livez` fails once the connected watch has been quiet this long.
     pub stale_after: Duration,
+}
+
+/// `replicas` of the StatefulSet `NAMESPACE/NAME`.
+async fn replicas_of(client: &Client, sts: &str) -> Result<u32, String> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let (ns, name) = sts
+        .split_once('/')
+        .ok_or_else(|| format!("--shards-from {sts:?}: NAMESPACE/NAME"))?;
+    let set = kube::Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| format!("reading StatefulSet {sts}: {e}"))?;
+    let replicas = set.spec.replicas.unwrap_or(1);
+    u32::try_from(replicas).map_err(|_| format!("StatefulSet {sts}: replicas {replicas}"))
+}
+
+/// Reads `sts`'s replicas every `every` until it differs from `shards`, then asks for a
+/// graceful stop (the process exits 0 and is restarted with the new count).
+async fn follow_replicas(
+    client: Client,
+    sts: String,
+    shards: u32,
+    every: Duration,
+    stop: Arc<watch::Sender<bool>>,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        match replicas_of(&client, &sts).await {
+            Ok(n) if n != shards => {
+                println!(
+                    "StatefulSet {sts} now has {n} replicas (was {shards}): stopping to re-shard"
+                );
+                let _ = stop.send(true);
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the replica count"),
+        }
+    }
 }
 
 /// The shard index from `0`, `3` or `my-operator-3` (a StatefulSet Pod's name).
@@ -174,7 +221,7 @@ async fn metrics(State(_): State<Probes>) -> Response {
 }
 
 /// Sets `stopping` on SIGTERM or SIGINT.
-async fn on_signal(stopping: watch::Sender<bool>) {
+async fn on_signal(stopping: Arc<watch::Sender<bool>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
     tokio::select! {
@@ -196,8 +243,23 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if opts.shards == 0 || index >= opts.shards {
-        eprintln!("shard index {index} is not below --shards {}", opts.shards);
+    let shards = match &opts.shards_from {
+        Some(sts) => match replicas_of(&client, sts).await {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => opts.shards,
+    };
+    if opts.shards_from.is_some() && index >= shards {
+        // Scaled down past this ordinal: the StatefulSet controller deletes this Pod.
+        println!("operator stopped: ordinal {index} is past the {shards} replicas: nothing to own");
+        return ExitCode::SUCCESS;
+    }
+    if shards == 0 || index >= shards {
+        eprintln!("shard index {index} is not below --shards {shards}");
         return ExitCode::from(2);
     }
     // Encrypted at rest when the key is given (deploy/: from an optional Secret).
@@ -219,8 +281,11 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         }
     };
     let mut store = kube_persist::StreamConfig::default();
-    if opts.shards > 1 {
-        store = store.shards(index, opts.shards);
+    if shards > 1 {
+        store = store.shards(index, shards);
+    }
+    if let Some(labels) = &opts.labels {
+        store = store.labels(labels);
     }
     let controller = match persistent_controller_with(&db, client.clone(), store) {
         Ok(c) => c,
@@ -272,10 +337,21 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
             tracing::warn!(error = %e, "probe server failed");
         }
     });
+    let stop_tx = Arc::new(stop_tx);
+    if let Some(sts) = &opts.shards_from {
+        let follow = follow_replicas(
+            client.clone(),
+            sts.clone(),
+            shards,
+            opts.shards_poll,
+            stop_tx.clone(),
+        );
+        tokio::spawn(follow);
+    }
     tokio::spawn(on_signal(stop_tx));
     println!(
         "operator listening on {addr} (shard {index}/{}, store {})",
-        opts.shards,
+        shards,
         opts.dir.display()
     );
 

@@ -588,3 +588,27 @@ impl Drop for Tmpfs {
         }
     }
 }
+
+/// One HTTP/1.1 GET to `addr` (`host:port`): (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new());
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    if conn.write_all(req.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut resp = String::new();
+    let _ = conn.read_to_string(&mut resp).await;
+    let code = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}

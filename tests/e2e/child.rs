@@ -48,6 +48,9 @@ fn rv<K: Resource>(k: &K) -> String {
 pub fn run(role: &str) {
     let dir = std::env::var(DIR_ENV).expect("KP_E2E_DIR");
     let kubeconfig = std::env::var(KUBECONFIG_ENV).expect("KP_E2E_KUBECONFIG");
+    if role == "operator" {
+        return operator(dir.into(), kubeconfig.into());
+    }
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let client = RealK8s::external(kubeconfig.as_ref())
@@ -60,6 +63,41 @@ pub fn run(role: &str) {
             "controller" => controller(db, client).await,
             other => panic!("unknown child role {other}"),
         }
+    });
+}
+
+const ORDINAL_ENV: &str = "KP_E2E_ORDINAL";
+const STATEFULSET_ENV: &str = "KP_E2E_STATEFULSET";
+const LABELS_ENV: &str = "KP_E2E_LABELS";
+
+/// The example operator's `--cluster` mode as one StatefulSet ordinal (`scale.rs`): the
+/// shard count from the StatefulSet, read again every second. Exits with its exit status.
+fn operator(dir: std::path::PathBuf, kubeconfig: std::path::PathBuf) {
+    let ordinal = std::env::var(ORDINAL_ENV).expect(ORDINAL_ENV);
+    let sts = std::env::var(STATEFULSET_ENV).expect(STATEFULSET_ENV);
+    let labels = std::env::var(LABELS_ENV).expect(LABELS_ENV);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let code = rt.block_on(async move {
+        let client = RealK8s::external(&kubeconfig)
+            .client()
+            .await
+            .expect("child client");
+        let opts = crate::deploy::operator::cluster::ClusterOpts {
+            dir,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            shard_index: Some(ordinal),
+            shards: 1,
+            shards_from: Some(sts),
+            shards_poll: Duration::from_secs(1),
+            labels: Some(labels),
+            stale_after: Duration::from_secs(300),
+        };
+        crate::deploy::operator::cluster::run(client, opts).await
+    });
+    std::process::exit(if code == std::process::ExitCode::SUCCESS {
+        0
+    } else {
+        1
     });
 }
 
@@ -265,5 +303,107 @@ impl Child {
     pub fn kill(mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap");
+    }
+}
+
+/// One ordinal of the example operator (`operator` role) and the lines it printed.
+pub struct Operator {
+    child: std::sync::Mutex<std::process::Child>,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Operator {
+    pub fn spawn(
+        ordinal: usize,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        statefulset: &str,
+        labels: &str,
+    ) -> Operator {
+        let ordinal = ordinal.to_string();
+        let mut child = common::spawn_self(
+            "operator",
+            &[
+                (CHILD_ENV, "operator".as_ref()),
+                (DIR_ENV, dir.as_os_str()),
+                (KUBECONFIG_ENV, kubeconfig.as_os_str()),
+                (ORDINAL_ENV, ordinal.as_ref()),
+                (STATEFULSET_ENV, statefulset.as_ref()),
+                (LABELS_ENV, labels.as_ref()),
+            ],
+        );
+        let lines = common::collect_stdout(&mut child, |_| true);
+        Operator {
+            child: std::sync::Mutex::new(child),
+            lines,
+        }
+    }
+
+    /// The probe port, once printed.
+    pub async fn addr(&self, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let addr = self.lines.lock().unwrap().iter().find_map(|l| {
+                let (_, rest) = l.split_once("operator listening on ")?;
+                Some(rest.split_whitespace().next()?.to_string())
+            });
+            if addr.is_some() || Instant::now() > deadline {
+                return addr;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Wait (up to `timeout`) until a printed line satisfies `pred`.
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.lines.lock().unwrap().iter().any(|l| pred(l)) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGTERM: a graceful stop.
+    pub fn terminate(&self) {
+        let pid = self.child.lock().unwrap().id();
+        // SAFETY: kill(2) on the pid of a child this process spawned and has not reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    }
+
+    /// Whether it exits 0 within `timeout` (SIGKILLed otherwise).
+    pub async fn exited_ok(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.lock().unwrap().try_wait().unwrap() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let mut child = self.child.lock().unwrap();
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The last line, for messages.
+    pub fn last_line(&self) -> String {
+        common::last_line(&self.lines)
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let mut child = self.child.lock().unwrap();
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

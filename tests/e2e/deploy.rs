@@ -215,8 +215,8 @@ pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let db = kube_persist::Db::open(dir.path().join("store")).map_err(|e| e.to_string())?;
     let ctx = operator::Ctx::new(as_sa.clone());
-    let controller =
-        operator::persistent_controller(&db, as_sa).map_err(|e| format!("controller: {e}"))?;
+    let controller = operator::persistent_controller(&db, as_sa.clone())
+        .map_err(|e| format!("controller: {e}"))?;
     let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = errors.clone();
     let run = controller.run(operator::reconcile, operator::error_policy, ctx.clone());
@@ -258,9 +258,28 @@ pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
         let _ = pods.delete(name, &Default::default()).await;
     }
     outcome?;
+    // `get` of its own StatefulSet only (--shards-from): not found here (not applied for
+    // real) rather than refused; another StatefulSet's is refused.
+    {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let sets = Api::<StatefulSet>::namespaced(as_sa.clone(), &ns);
+        match sets.get("kube-persist-operator").await {
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Ok(_) => {}
+            other => return Err(format!("as {user}, get of its StatefulSet: {other:?}")),
+        }
+        match sets.get("another-statefulset").await {
+            Err(kube::Error::Api(s)) if s.code == 403 => {}
+            other => {
+                return Err(format!(
+                    "as {user}, get of another StatefulSet was not refused: {other:?}"
+                ));
+            }
+        }
+    }
     match get {
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(format!(
-            "as {user}: both pods labeled with list/watch/update ({} writes); get refused (403)",
+            "as {user}: both pods labeled with list/watch/update ({} writes); get refused (403); its StatefulSet readable, another refused",
             ctx.writes.load(std::sync::atomic::Ordering::Relaxed)
         )),
         other => Err(format!(

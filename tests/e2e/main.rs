@@ -21,6 +21,7 @@ mod crd;
 mod deploy;
 mod fresh;
 mod kill;
+mod scale;
 mod shard;
 mod support;
 mod sync;
@@ -293,6 +294,7 @@ async fn default_server(suite: &mut Suite, a: Arc<Server>) {
         .run("deploy-manifests", deploy_manifests(a.clone()))
         .await;
     suite.run("deploy-rbac", deploy_rbac(a.clone())).await;
+    suite.run("scale-2-3-2", scale::scale(a.clone())).await;
 }
 
 /// `deploy/`'s manifests, applied with server-side dry run: every object accepted.
