@@ -394,17 +394,7 @@ impl Db {
     }
 
     fn controller_keyspace(&self, name: &str) -> Result<Arc<dyn Backend>> {
-        if !self
-            .storage()
-            .keyspaces_of(CONTROLLERS)?
-            .iter()
-            .any(|n| n == name)
-        {
-            return Err(Error::Config(format!(
-                "no controller state {name:?} in the store at {}",
-                self.path().display()
-            )));
-        }
+        self.require_keyspace(CONTROLLERS, name, "controller state")?;
         self.storage().keyspace_of(CONTROLLERS, name)
     }
 

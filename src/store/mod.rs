@@ -299,6 +299,22 @@ impl Db {
         )
     }
 
+    /// [`Error::Config`] naming `what` unless keyspace `name` of `group` exists.
+    pub(crate) fn require_keyspace(&self, group: &str, name: &str, what: &str) -> Result<()> {
+        if self
+            .storage()
+            .keyspaces_of(group)?
+            .iter()
+            .any(|n| n == name)
+        {
+            return Ok(());
+        }
+        Err(Error::Config(format!(
+            "no {what} {name:?} in the store at {}",
+            self.dir().display()
+        )))
+    }
+
     /// Remove keyspace `name` of `group` (a stream's, with [`disk::STREAMS`], or a durable
     /// controller's, with [`disk::CONTROLLERS`]): refused while it is open in this process
     /// (`what` names it in errors), [`Error::Config`] if there is none. Blocking: one durable
@@ -311,17 +327,7 @@ impl Db {
         };
         // Held while the keyspace goes: nothing in this process opens it meanwhile.
         let _lease = self.lease(&lease_name, what)?;
-        if !self
-            .storage()
-            .keyspaces_of(group)?
-            .iter()
-            .any(|n| n == name)
-        {
-            return Err(Error::Config(format!(
-                "no {what} {name:?} in the store at {}",
-                self.dir().display()
-            )));
-        }
+        self.require_keyspace(group, name, what)?;
         self.storage().drop_keyspace(group, name)?;
         if group == disk::STREAMS {
             let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
