@@ -6,8 +6,7 @@
 //! cargo run --release --example operator -- --cluster [--dir DIR]  # a real cluster (KUBECONFIG)
 //! ```
 //!
-//! `--cluster` is the mode that runs in a Pod (`deploy/`, the README's *Running in
-//! Kubernetes*): in-cluster config or KUBECONFIG, `--dir`, `--listen` (probes and metrics),
+//! `--cluster` is the mode that runs in a Pod (`deploy/`, docs/kubernetes.md): in-cluster config or KUBECONFIG, `--dir`, `--listen` (probes and metrics),
 //! `--shard-index` with `--shards-from` (or `--shards`), graceful shutdown on SIGTERM; see
 //! `operator/cluster.rs`.
 //!

@@ -1,5 +1,5 @@
 //! `--cluster` mode of the example operator: the persistent operator against a real cluster,
-//! as it runs in a Pod (see `deploy/` and the README's *Running in Kubernetes*).
+//! as it runs in a Pod (see `deploy/` and docs/kubernetes.md).
 //!
 //! - The store lives in `--dir` (a volume), the shard comes from `--shard-index` (the
 //!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`.

@@ -25,7 +25,7 @@ impl SledStorage {
         };
         // Whether sled's log holds anything: if it does, sled must recover something from it.
         let had_data = std::fs::metadata(path.join("db")).is_ok_and(|m| m.len() > 0);
-        // Measured (BENCHMARKS.md, "sled tuning"): sled 0.34 splits its page cache into 256
+        // Measured (BENCHMARKS.md, "sled's memory under reads"): sled 0.34 splits its page cache into 256
         // shards that evict only after 64 queued reads each and never drop their last page,
         // so under random reads it holds thousands of ~33 KB leaves whatever
         // `cache_capacity` says; `Mode` is stored but read by nothing, and a smaller
