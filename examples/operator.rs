@@ -201,7 +201,9 @@ pub struct Args {
     pub shards: u32,
     /// With `--cluster`: take the number of shards from this StatefulSet's `replicas`
     /// (`NAMESPACE/NAME`, the operator's own), instead of `--shards`, and stop (to be
-    /// restarted with the new count) when it changes.
+    /// restarted with the new count) when it changes. While the replicas re-shard, a
+    /// slice may have two owners or none for a while (docs/kubernetes.md, *While the
+    /// count changes*).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pub shards_from: Option<String>,
     /// With `--shards-from`: how often the StatefulSet is read again.

@@ -2,7 +2,16 @@
 //! as it runs in a Pod (see `deploy/` and docs/kubernetes.md).
 //!
 //! - The store lives in `--dir` (a volume), the shard comes from `--shard-index` (the
-//!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`.
+//!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`,
+//!   or `--shards-from` (the StatefulSet's `replicas`, read again every `shards_poll`; a
+//!   change stops this replica to restart with the new count). Replicas running with one
+//!   count own disjoint slices; while the count changes they do not, and nothing makes
+//!   them wait for each other: a replica with the new count may own objects that one with
+//!   the old count still reconciles (two owners, until the old one's next poll and
+//!   graceful stop: about `shards_poll` + the longest reconcile), and a slice whose old
+//!   owner stopped is unowned until its new owner is restarted and has listed it (the
+//!   kubelet's restart back-off plus a cold LIST; late, not lost). docs/kubernetes.md,
+//!   *While the count changes*, has the bounds and examples.
 //! - One HTTP port (`--listen`) serves `/readyz` (200 once [`Reader::is_ready`] and
 //!   [`Reader::is_live`], 503 while syncing, reconnecting or shutting down), `/livez` (200
 //!   unless a restart would cure what is wrong: the watch is connected but
@@ -50,7 +59,9 @@ pub struct ClusterOpts {
     pub shards: u32,
     /// `NAMESPACE/NAME` of the StatefulSet whose `replicas` is the number of shards: read at
     /// start, then every `shards_poll`; a change stops the operator gracefully (exit 0) so
-    /// that it restarts with the new count.
+    /// that it restarts with the new count. Not atomic across replicas: until every
+    /// replica runs with the new count, slices may have two owners or none (see the
+    /// module doc).
     pub shards_from: Option<String>,
     /// How often `shards_from` is read again.
     pub shards_poll: Duration,
