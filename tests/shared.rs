@@ -153,3 +153,122 @@ async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
         t.abort();
     }
 }
+
+/// Issue 39 item 2. A subscriber that is slow but always takes its next event within
+/// `max_stall` (one every 500 ms, `max_stall` 1 s, a queue of one) no longer holds the one
+/// watch at its pace: its queue stays full across events for `max_stall`, so it is lagged,
+/// and a second consumer gets 20 changes while the slow one has taken only a few events.
+/// Before, each event waited for it, and the 20 changes reached the other consumer only
+/// after the slow one had taken about 20 events (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
+    const CHANGES: usize = 20;
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(CHANGES, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (_reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Default::default())
+        .unwrap();
+    let shared = watcher.shared(1).max_stall(Duration::from_secs(1));
+    let mut slow = shared.subscribe();
+    let mut fast = shared.subscribe();
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lagged = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (t, l) = (taken.clone(), lagged.clone());
+    let slow_task = tokio::spawn(async move {
+        while let Some(item) = slow.next().await {
+            if matches!(item.unwrap(), SharedEvent::Lagged) {
+                l.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let run = tokio::spawn(shared.run());
+    // The fast consumer follows the first list to its end.
+    while let Some(item) = fast.next().await {
+        if matches!(item.unwrap(), SharedEvent::Event(ev) if matches!(*ev, kube_persist::Event::InitDone))
+        {
+            break;
+        }
+    }
+    let before = taken.load(std::sync::atomic::Ordering::SeqCst);
+    for p in 0..CHANGES {
+        relabel_pod(&h, "ns-0", &format!("pod-{p}"), "changed");
+    }
+    let mut changed = std::collections::HashSet::new();
+    while changed.len() < CHANGES {
+        let item = tokio::time::timeout(PROMPT, fast.next())
+            .await
+            .expect("the fast consumer gets every change")
+            .expect("the stream goes on")
+            .unwrap();
+        if let SharedEvent::Event(ev) = item
+            && let kube_persist::Event::Apply(pod) = &*ev
+        {
+            changed.insert(pod.metadata.name.clone().unwrap());
+        }
+    }
+    let slow_took = taken.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(
+        slow_took < CHANGES / 2,
+        "the fast consumer got {CHANGES} changes only after the slow one took {slow_took} events"
+    );
+    common::eventually("the slow consumer is told it lagged", || {
+        lagged.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    slow_task.abort();
+    run.abort();
+}
+
+/// Issue 39 item 5. A subscriber lagged before the start signal (here: not read during the
+/// first list, with a queue of one) still gets it, after `Lagged`: a controller on it runs
+/// its startup pass. Before, the start signal was dropped with the other events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_lagged_before_the_start_signal_still_gets_it() {
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(10, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (_reader, watcher) = db
+        .store("pods", Api::<Pod>::all(server.client()), Default::default())
+        .unwrap();
+    let shared = watcher.shared(1).max_stall(Duration::from_millis(50));
+    let mut late = shared.subscribe();
+    let mut prompt = shared.subscribe();
+    let run = tokio::spawn(shared.run());
+    // The prompt consumer sees the first list end: the late one's queue was full long
+    // before, with only `Init` in it.
+    loop {
+        let item = prompt.next().await.unwrap().unwrap();
+        if matches!(item, SharedEvent::Event(ev) if matches!(*ev, kube_persist::Event::InitDone)) {
+            break;
+        }
+    }
+    let mut seen = Vec::new();
+    while let Ok(Some(item)) = tokio::time::timeout(PROMPT, late.next()).await {
+        let item = item.unwrap();
+        let done = matches!(&item, SharedEvent::Event(ev) if matches!(**ev, kube_persist::Event::InitDone));
+        seen.push(match item {
+            SharedEvent::Lagged => "Lagged".to_string(),
+            SharedEvent::Event(ev) => match &*ev {
+                kube_persist::Event::Init => "Init".to_string(),
+                kube_persist::Event::InitDone => "InitDone".to_string(),
+                other => format!("{other:?}").chars().take(20).collect(),
+            },
+        });
+        if done {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        ["Init", "Lagged", "InitDone"],
+        "the late consumer gets what was queued, then Lagged, then the start signal"
+    );
+    run.abort();
+}

@@ -542,3 +542,165 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
     .await;
     task.abort();
 }
+
+/// Issue 39 item 1. Ticks of `reconcile_all_on` that come faster than one sweep takes
+/// (40 Pods, one reconcile at a time of 50 ms each: a sweep takes about 2 s; a tick every
+/// 500 ms) still reach every object: the sweep under way finishes and the ticks that came
+/// meanwhile are coalesced into one more. Before, each tick restarted the sweep at the
+/// first key, and the Pods late in key order were never reconciled after the first tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_faster_than_a_sweep_reach_every_object() {
+    common::init_tracing();
+    const PODS: usize = 40;
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(PODS, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path()).unwrap();
+    let (tick_tx, ticks) = unbounded::<()>();
+    let book = Book::new();
+    let run = Controller::for_store(
+        &db,
+        "pods",
+        Api::<Pod>::all(server.client()),
+        store_cfg(),
+        Config::default().concurrency(1).sweep_chunk(4),
+    )
+    .unwrap()
+    .reconcile_all_on(ticks)
+    .run(
+        |pod: Arc<Pod>, book: Arc<Book>| async move {
+            book.start(&name_of(&pod));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, Never>(Action::await_change())
+        },
+        |_, _, _| Action::await_change(),
+        book.clone(),
+    );
+    let task = spawn_run(run);
+    let names: Vec<String> = (0..PODS).map(|i| format!("pod-{i}")).collect();
+    common::eventually("the first sweep reconciles every pod", || {
+        names.iter().all(|p| book.started(p) >= 1)
+    })
+    .await;
+    // Ticks every 500 ms from now on; every pod must see a reconcile that starts after the
+    // first of them, within two sweeps (the one it joins, and the one it is coalesced into).
+    let first_tick = Instant::now();
+    let ticker = tokio::spawn(async move {
+        loop {
+            if tick_tx.unbounded_send(()).is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let reconciled_since = |book: &Book, since: Instant| {
+        let started = book.started.lock().unwrap();
+        names
+            .iter()
+            .filter(|p| {
+                started
+                    .get(p.as_str())
+                    .is_some_and(|times| times.iter().any(|t| *t > since))
+            })
+            .count()
+    };
+    let deadline = first_tick + PROMPT;
+    while reconciled_since(&book, first_tick) < PODS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reached = reconciled_since(&book, first_tick);
+    let missing: Vec<(String, usize)> = {
+        let started = book.started.lock().unwrap();
+        names
+            .iter()
+            .filter(|p| {
+                !started
+                    .get(p.as_str())
+                    .is_some_and(|times| times.iter().any(|t| *t > first_tick))
+            })
+            .map(|p| (p.clone(), started.get(p.as_str()).map_or(0, Vec::len)))
+            .collect()
+    };
+    assert_eq!(
+        reached,
+        PODS,
+        "{} of {PODS} pods not reconciled within {PROMPT:?} of the first tick: {missing:?}",
+        PODS - reached
+    );
+    ticker.abort();
+    task.abort();
+}
+
+/// Issue 39 item 6. A request whose object cannot be read from the store (here: its record
+/// corrupted on disk, so decryption fails) is not consumed: the read is retried with
+/// backoff, each failure reported, and the reconcile runs once the object can be read again
+/// (its next version rewrites the record). Before, the first failed read ended the request,
+/// and its "must run" mark with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_object_read_is_retried_not_consumed() {
+    common::init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
+    h.seed_pods(5, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let config = || {
+        kube_persist::DbConfig::default()
+            .engine(kube_persist::Engine::Redb)
+            .encryption_key(kube_persist::EncryptionKey::from_bytes([7; 32]))
+    };
+    {
+        let db = Db::open_with(&dir, config()).unwrap();
+        common::sync_pods(&server, &db).await;
+        db.flush().unwrap();
+    }
+    common::raw_edit(
+        kube_persist::Engine::Redb,
+        &dir,
+        "stream/pods",
+        b"ons-0\0pod-3",
+        |v| {
+            let mut v = v.expect("record present");
+            let last = v.len() - 1;
+            v[last] ^= 0x01;
+            Some(v)
+        },
+    );
+    let db = Db::open_with(&dir, config()).unwrap();
+    let (tx, refs) = unbounded::<ObjectRef<Pod>>();
+    let book = Book::new();
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let run = Controller::for_store(
+        &db,
+        "pods",
+        Api::<Pod>::all(server.client()),
+        kube_persist::StreamConfig::default(),
+        Config::default().startup(kube_persist::controller::StartupMode::Nothing),
+    )
+    .unwrap()
+    .reconcile_on(refs)
+    .run(
+        |pod: Arc<Pod>, book: Arc<Book>| async move {
+            book.start(&name_of(&pod));
+            Ok::<_, Never>(Action::await_change())
+        },
+        |_, _, _| Action::await_change(),
+        book.clone(),
+    );
+    let f = failed.clone();
+    let task = tokio::spawn(run.for_each(move |r| {
+        if let Err(kube_persist::controller::ControllerError::ReadFailed(e, obj)) = &r {
+            eprintln!("controller: read of {obj} failed: {e}");
+            f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        async {}
+    }));
+    tx.unbounded_send(pod_ref("ns-0", "pod-3")).unwrap();
+    common::eventually("the failed read is retried", || {
+        failed.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert_eq!(book.started("pod-3"), 0, "not reconciled while unreadable");
+    task.abort();
+}

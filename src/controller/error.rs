@@ -37,7 +37,8 @@ pub enum ControllerError<E: 'static> {
     ReconcilerFailed(#[source] E, Box<ObjectRef<DynamicObject>>),
 
     /// The object to reconcile could not be read from the store (disk or decode failure).
-    /// Not retried: the next change of the object (or a sweep) schedules it again.
+    /// The read is retried with backoff (200 ms, doubling, at most 5 minutes) until it
+    /// succeeds or the object is gone; the trigger is not lost.
     #[error("cannot read object {1} from the store: {0}")]
     ReadFailed(#[source] crate::Error, Box<ObjectRef<DynamicObject>>),
 

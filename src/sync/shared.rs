@@ -6,25 +6,35 @@
 //! queue of its own. [`SharedWatcher::run`] drives the one watch and hands every event, once
 //! it is on disk, to every subscriber.
 //!
-//! Back-pressure, bounded: a subscriber whose queue is full holds the watch for at most
-//! [`SharedWatcher::max_stall`] (1 s by default). Then it is *lagged*: the events it cannot
-//! take are dropped for it alone (the others go on), and once its queue has room it
-//! receives [`SharedEvent::Lagged`], after every event it did get and before any later
-//! one. Nothing is lost: every dropped event was on disk before it was dropped, so a
-//! subscriber that reads the store again when it sees `Lagged` (a controller reconciles
-//! every object) has all of it. A subscriber stalls the others at most `max_stall` per
-//! lag, never longer; a dropped subscriber is forgotten.
+//! Back-pressure, bounded. Each event is offered to every subscriber at once, and waits for
+//! the ones whose queue is full together, until one deadline: a subscriber's queue may stay
+//! full for at most [`SharedWatcher::max_stall`] (1 s by default) in a row, across events,
+//! before that subscriber is *lagged*. The events it cannot take are then dropped for it
+//! alone (the others go on), and once it has taken everything queued for it, it receives
+//! [`SharedEvent::Lagged`], after every event it did get and before any later one, then the
+//! start signal (`InitDone` or `Resumed`) if that was among the dropped events: the start
+//! signal always arrives. Nothing is lost: every dropped event was on disk before it was
+//! dropped, so a subscriber that reads the store again when it sees `Lagged` (a controller
+//! reconciles every object) has all of it.
+//!
+//! The bound that holds: the watch waits at most `max_stall` per event, whatever the number
+//! of subscribers; a subscriber holds it at most `max_stall` in a row, and after a lag is
+//! not waited for again until its queue is empty. So a subscriber slower than the watch
+//! costs it at most `max_stall` per `buffer` events that subscriber takes. A dropped
+//! subscriber is forgotten.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::{SendTimeoutError, TrySendError};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::time::Instant;
 
 use super::{Event, Watcher};
 use crate::model::{Error, Result};
@@ -50,25 +60,73 @@ impl<K> Clone for SharedEvent<K> {
 
 type Item<K> = Result<SharedEvent<K>>;
 
+/// Whether the hub hands a subscriber its events.
+enum Delivery<K> {
+    /// Every event goes into its queue.
+    Live,
+    /// Its queue stayed full too long: events are dropped for it until it has taken
+    /// everything queued, then it is told ([`SharedEvent::Lagged`]) and is live again.
+    Lagged {
+        /// The start signal, if it came while lagged: delivered right after `Lagged`.
+        start: Option<Arc<Event<K>>>,
+    },
+}
+
+/// What the hub and one subscriber share: the delivery state (changed by the hub from live
+/// to lagged, by the subscriber back to live), and the subscriber's waker, woken when it is
+/// lagged (its queue may be empty already).
+struct Link<K> {
+    delivery: Mutex<Delivery<K>>,
+    waker: AtomicWaker,
+}
+
 /// One subscriber, as the hub sees it.
 struct Sub<K> {
     tx: mpsc::Sender<Item<K>>,
-    /// Events were dropped for it; cleared when [`SharedEvent::Lagged`] is in its queue.
-    lagged: bool,
-    /// Set by the task that queued the `Lagged` marker.
-    marked: Arc<AtomicBool>,
+    link: Arc<Link<K>>,
+    /// Since when its queue has been full, without a break, when events came for it.
+    full_since: Option<Instant>,
+}
+
+impl<K> Sub<K> {
+    /// Lags this subscriber: later events are dropped for it (the start signal kept).
+    fn lag(&mut self, item: &Item<K>, max_stall: Duration) {
+        tracing::warn!(
+            stall_ms = max_stall.as_millis() as u64,
+            "a subscriber of a shared stream is lagged: it will read the store again"
+        );
+        self.full_since = None;
+        *lock(&self.link.delivery) = Delivery::Lagged {
+            start: start_signal(item),
+        };
+        self.link.waker.wake();
+    }
+}
+
+/// The event, if it is the start signal (`InitDone`, or `Resumed`).
+fn start_signal<K>(item: &Item<K>) -> Option<Arc<Event<K>>> {
+    match item {
+        Ok(SharedEvent::Event(ev)) if matches!(**ev, Event::Resumed { .. } | Event::InitDone) => {
+            Some(ev.clone())
+        }
+        _ => None,
+    }
 }
 
 struct Hub<K> {
     subs: Mutex<Vec<Sub<K>>>,
-    /// The start signal (`Resumed` or `InitDone`), replayed to late subscribers.
-    start: Mutex<Option<Arc<Event<K>>>>,
     buffer: usize,
 }
 
-/// One watch, several consumers (from [`Watcher::shared`]). A subscriber whose queue is
-/// full holds the watch at most [`SharedWatcher::max_stall`], then is lagged: it misses
-/// events (all on disk) and gets [`SharedEvent::Lagged`] once its queue has room.
+/// One watch, several consumers (from [`Watcher::shared`]). A subscriber whose queue stays
+/// full for [`SharedWatcher::max_stall`] (across events) is lagged: it misses events (all on
+/// disk) and gets [`SharedEvent::Lagged`] once it has taken what was queued for it, then the
+/// start signal if it missed it.
+///
+/// The bound: the watch waits at most `max_stall` per event, for all subscribers together;
+/// a subscriber holds it at most `max_stall` in a row, and after a lag is not waited for
+/// again until its queue is empty, so a subscriber slower than the watch costs it at most
+/// `max_stall` per `buffer` events that subscriber takes.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -125,7 +183,6 @@ where
             watcher: self,
             hub: Arc::new(Hub {
                 subs: Mutex::new(Vec::new()),
-                start: Mutex::new(None),
                 buffer: buffer.max(1),
             }),
             max_stall: Duration::from_secs(1),
@@ -137,8 +194,9 @@ impl<K> SharedWatcher<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
-    /// How long a subscriber with a full queue may hold the watch (and so the other
-    /// subscribers) before it is lagged (default 1 s).
+    /// How long a subscriber's queue may stay full, across events, holding the watch (and
+    /// so the other subscribers), before it is lagged (default 1 s). It is also the longest
+    /// the watch waits for one event, whatever the number of subscribers.
     ///
     /// ```
     /// # fn demo(watcher: kube_persist::Watcher<k8s_openapi::api::core::v1::Pod>) {
@@ -151,9 +209,7 @@ where
         self
     }
 
-    /// A new consumer of the shared watch. A subscriber made after the watch started gets
-    /// the start signal first (`Resumed` or `InitDone`), then [`SharedEvent::Lagged`]: the
-    /// events before it subscribed are in the store.
+    /// A new consumer of the shared watch; it receives every event from the start.
     ///
     /// ```
     /// # fn demo(watcher: kube_persist::Watcher<k8s_openapi::api::core::v1::Pod>) {
@@ -163,19 +219,20 @@ where
     /// ```
     pub fn subscribe(&self) -> Subscriber<K> {
         let (tx, rx) = mpsc::channel(self.hub.buffer);
-        let start = lock(&self.hub.start).clone();
-        let late = start.is_some();
+        let link = Arc::new(Link {
+            delivery: Mutex::new(Delivery::Live),
+            waker: AtomicWaker::new(),
+        });
         lock(&self.hub.subs).push(Sub {
             tx,
-            lagged: late,
-            marked: Arc::new(AtomicBool::new(late)),
+            link: link.clone(),
+            full_since: None,
         });
-        let mut replay = Vec::new();
-        if let Some(start) = start {
-            replay.push(Ok(SharedEvent::Event(start)));
-            replay.push(Ok(SharedEvent::Lagged));
+        Subscriber {
+            told: VecDeque::new(),
+            rx,
+            link,
         }
-        Subscriber { replay, rx }
     }
 
     /// Drive the shared watch: every event goes to every subscriber, once it is on disk.
@@ -197,59 +254,50 @@ where
         let mut events = std::pin::pin!(watcher.stream());
         while let Some(item) = events.next().await {
             let item: Item<K> = match item {
-                Ok(ev) => {
-                    let ev = Arc::new(ev);
-                    if matches!(*ev, Event::Resumed { .. } | Event::InitDone) {
-                        *lock(&hub.start) = Some(ev.clone());
-                    }
-                    Ok(SharedEvent::Event(ev))
-                }
+                Ok(ev) => Ok(SharedEvent::Event(Arc::new(ev))),
                 Err(e) => Err(Error::Shared(Arc::new(e))),
             };
-            // Taken out of the lock while sending (a send may wait up to `max_stall`).
             let mut subs = std::mem::take(&mut *lock(&hub.subs));
-            for sub in &mut subs {
-                deliver(sub, &item, max_stall).await;
-            }
+            deliver(&mut subs, &item, max_stall).await;
             subs.retain(|s| !s.tx.is_closed());
-            // Subscribers added meanwhile are kept after these.
-            let mut now = lock(&hub.subs);
-            subs.append(&mut now);
-            *now = subs;
+            *lock(&hub.subs) = subs;
         }
     }
 }
 
-/// Hands `item` to one subscriber, waiting at most `max_stall` for room in its queue.
-async fn deliver<K: Send + Sync + 'static>(sub: &mut Sub<K>, item: &Item<K>, max_stall: Duration) {
-    if sub.lagged {
-        if !sub.marked.load(Ordering::Acquire) {
-            return; // dropped for it: the `Lagged` marker is not in its queue yet
+/// Hands `item` to every subscriber: at once where there is room, else waiting for the
+/// full queues together until each one's deadline (its full streak's start + `max_stall`,
+/// so never past `max_stall` from now), lagging those still full then.
+async fn deliver<K: Send + Sync + 'static>(
+    subs: &mut [Sub<K>],
+    item: &Item<K>,
+    max_stall: Duration,
+) {
+    let now = Instant::now();
+    let mut full = Vec::new();
+    for sub in subs.iter_mut() {
+        if let Delivery::Lagged { start } = &mut *lock(&sub.link.delivery) {
+            // Dropped for it; the start signal is kept for after its `Lagged`.
+            if let Some(ev) = start_signal(item) {
+                *start = Some(ev);
+            }
+            continue;
         }
-        sub.lagged = false;
-    }
-    match sub.tx.try_send(clone_item(item)) {
-        Ok(()) | Err(TrySendError::Closed(_)) => return,
-        Err(TrySendError::Full(_)) => {}
-    }
-    match sub.tx.send_timeout(clone_item(item), max_stall).await {
-        Ok(()) | Err(SendTimeoutError::Closed(_)) => {}
-        Err(SendTimeoutError::Timeout(_)) => {
-            tracing::warn!(
-                stall_ms = max_stall.as_millis() as u64,
-                "a subscriber of a shared stream is lagged: it will read the store again"
-            );
-            sub.lagged = true;
-            sub.marked.store(false, Ordering::Release);
-            let (tx, marked) = (sub.tx.clone(), sub.marked.clone());
-            // Queues the marker when there is room, without holding the watch.
-            tokio::spawn(async move {
-                if tx.send(Ok(SharedEvent::Lagged)).await.is_ok() {
-                    marked.store(true, Ordering::Release);
-                }
-            });
+        match sub.tx.try_send(clone_item(item)) {
+            Ok(()) => sub.full_since = None,
+            Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(_)) => full.push(sub),
         }
     }
+    let waits = full.into_iter().map(|sub| async move {
+        let deadline = *sub.full_since.get_or_insert(now) + max_stall;
+        match tokio::time::timeout_at(deadline, sub.tx.send(clone_item(item))).await {
+            // Taken, or gone: a queue full again at the next event continues the streak.
+            Ok(_) => {}
+            Err(_) => sub.lag(item, max_stall),
+        }
+    });
+    futures::future::join_all(waits).await;
 }
 
 fn clone_item<K>(item: &Item<K>) -> Item<K> {
@@ -281,8 +329,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// # }
 /// ```
 pub struct Subscriber<K> {
-    replay: Vec<Item<K>>,
+    /// `Lagged` and the start signal, once told.
+    told: VecDeque<Item<K>>,
     rx: mpsc::Receiver<Item<K>>,
+    link: Arc<Link<K>>,
 }
 
 impl<K> std::fmt::Debug for Subscriber<K> {
@@ -300,9 +350,30 @@ impl<K> Stream for Subscriber<K> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Self::Item>> {
-        if !self.replay.is_empty() {
-            return Poll::Ready(Some(self.replay.remove(0)));
+        let this = &mut *self;
+        if let Some(item) = this.told.pop_front() {
+            return Poll::Ready(Some(item));
         }
-        self.rx.poll_recv(cx)
+        if let Poll::Ready(item) = this.rx.poll_recv(cx) {
+            return Poll::Ready(item);
+        }
+        this.link.waker.register(cx.waker());
+        let mut delivery = lock(&this.link.delivery);
+        if matches!(*delivery, Delivery::Live) {
+            return Poll::Pending;
+        }
+        // The hub sends nothing while this is lagged: what is queued came before the lag.
+        if let Ok(item) = this.rx.try_recv() {
+            return Poll::Ready(Some(item));
+        }
+        let Delivery::Lagged { start } = &mut *delivery else {
+            return Poll::Pending;
+        };
+        if let Some(start) = start.take() {
+            this.told.push_back(Ok(SharedEvent::Event(start)));
+        }
+        *delivery = Delivery::Live;
+        drop(delivery);
+        Poll::Ready(Some(Ok(SharedEvent::Lagged)))
     }
 }

@@ -77,6 +77,8 @@ struct Done<K: Resource, E> {
 /// reconcile record when the runner may skip it.
 struct Fetched<K: Resource> {
     request: ReconcileRequest<K>,
+    /// The request had to run (see `Runner::forced`): kept if the read fails.
+    forced: bool,
     read: crate::Result<Option<Arc<K>>>,
     record: Option<ReconcileRecord>,
 }
@@ -114,13 +116,20 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// next dispatch of these objects always reconciles.
     forced: HashSet<ObjectRef<K>>,
     /// The sweep over every stored object (`reconcile_all_on`, a cold start, a warm start
-    /// without durable state); a new one replaces it.
+    /// without durable state). A sweep under way is never replaced: it finishes, so that
+    /// the objects late in key order are reached too.
     sweep: Option<Sweep<K>>,
+    /// Sweeps were asked for while one was under way: every one of them is owed a reconcile
+    /// of every object that starts after it, which the objects the running sweep already
+    /// passed did not get; one more sweep follows it (however many asks came meanwhile).
+    sweep_again: bool,
     /// The startup pass of a durable controller, beside `sweep`: neither replaces the
     /// other, so a `reconcile_all_on` tick during the pass is not lost, nor the pass's
     /// forgotten records and due requeues when a tick comes.
     pass: Option<Sweep<K>>,
     sweep_outstanding: HashSet<ObjectRef<K>>,
+    /// Objects whose last reads failed, with how many failed in a row (the retry backoff).
+    read_failures: HashMap<ObjectRef<K>, u32>,
     /// What waits in the scheduler (which keeps one request per object): when it runs and
     /// which gauge it counts in, mirroring the scheduler's merge rule (an earlier request
     /// replaces a later one) for the controller's queue metrics.
@@ -179,8 +188,10 @@ where
             running_refs: HashSet::new(),
             forced: HashSet::new(),
             sweep: None,
+            sweep_again: false,
             pass: None,
             sweep_outstanding: HashSet::new(),
+            read_failures: HashMap::new(),
             waiting: HashMap::new(),
             ready: false,
             sweep_when_ready: false,
@@ -207,7 +218,10 @@ where
                 stats.dequeued(old);
                 stats.enqueued(kind);
             }
-            Entry::Occupied(_) => {}
+            // The scheduler keeps the earlier request and would drop this one: not sent,
+            // so that its channel holds at most one request per waiting object while the
+            // runner does not poll it (see `poll_next`).
+            Entry::Occupied(_) => return,
         }
         // The receiver lives in `self.scheduler`: sending cannot fail while we exist.
         let _ = self.schedule_tx.unbounded_send(ScheduleRequest {
@@ -227,6 +241,7 @@ where
             // reconciles finish, nothing new starts.
             self.triggers = None;
             self.sweep = None;
+            self.sweep_again = false;
             self.pass = None;
             self.catching_up = None;
             self.p.stats.pass_ended();
@@ -324,6 +339,7 @@ where
         {
             let fetched = Fetched {
                 request,
+                forced,
                 read: Ok(Some(obj)),
                 record: None,
             };
@@ -353,6 +369,7 @@ where
                 });
                 Fetched {
                     request,
+                    forced,
                     read,
                     record,
                 }
@@ -401,13 +418,34 @@ where
         skip
     }
 
+    /// Schedules again, with backoff, a request whose object could not be read, keeping
+    /// its "must run" mark: a failed read consumes no trigger.
+    fn retry_read(&mut self, request: ReconcileRequest<K>, forced: bool) {
+        let failures = self
+            .read_failures
+            .entry(request.obj_ref.clone())
+            .or_insert(0);
+        *failures = failures.saturating_add(1);
+        let delay = read_retry_delay(*failures);
+        tracing::warn!(object = %request.obj_ref, failures = *failures, retry_ms = delay.as_millis() as u64,
+            "cannot read the object to reconcile: retried");
+        if forced {
+            self.forced.insert(request.obj_ref.clone());
+        }
+        self.schedule(request.obj_ref, request.reason, Instant::now() + delay);
+    }
+
     /// Starts the reconcile of one object read from disk.
     fn start(&mut self, fetched: Fetched<K>) {
         let Fetched {
             request,
+            forced,
             read,
             record,
         } = fetched;
+        if read.is_ok() {
+            self.read_failures.remove(&request.obj_ref);
+        }
         let obj = match read {
             Ok(Some(obj)) => obj,
             Ok(None) => {
@@ -427,10 +465,10 @@ where
             }
             Err(e) => {
                 self.running_refs.remove(&request.obj_ref);
-                self.out.push_back(Err(ControllerError::ReadFailed(
-                    e,
-                    Box::new(request.obj_ref.erase()),
-                )));
+                let erased = Box::new(request.obj_ref.clone().erase());
+                self.retry_read(request, forced);
+                self.out
+                    .push_back(Err(ControllerError::ReadFailed(e, erased)));
                 return;
             }
         };
@@ -603,10 +641,13 @@ where
                     this.dispatch(request);
                     progressed = true;
                 }
-            } else {
-                // Keep taking requests (and arming the timers) without starting anything.
-                let _ = this.scheduler.as_mut().hold().poll_next_unpin(cx);
             }
+            // At the limit the scheduler is not polled at all: a poll would move every due
+            // request into its set of held messages, which it serves in hash order, not by
+            // due time, so that under a sustained load (ticks, sweeps) a due request could
+            // wait forever behind newer ones. Left in its queue, due requests come out in
+            // the order they fell due once a reconcile finishes (which wakes this task).
+            // Requests meanwhile wait in the channel, one per object (see `schedule`).
             if !progressed && this.out.is_empty() {
                 return Poll::Pending;
             }
@@ -614,6 +655,16 @@ where
         cx.waker().wake_by_ref();
         Poll::Pending
     }
+}
+
+/// How long after its `failures`-th failed read in a row an object is read again: 200 ms,
+/// doubling, at most 5 minutes.
+fn read_retry_delay(failures: u32) -> Duration {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(300);
+    FIRST
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(MAX)
 }
 
 /// The state key suffix of an object.

@@ -23,9 +23,22 @@ where
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {
+    /// Asks for a sweep over every stored object: starts one, or, while one is under way,
+    /// one more after it (asks that come meanwhile are coalesced into that one).
     pub(super) fn sweep_all(&mut self) {
+        if self.sweep.is_some() {
+            if !self.sweep_again {
+                tracing::debug!("a sweep is under way: one more follows it");
+            }
+            self.sweep_again = true;
+            return;
+        }
+        self.start_sweep();
+    }
+
+    fn start_sweep(&mut self) {
         tracing::debug!("reconciling every stored object (sweep from disk)");
-        self.sweep_outstanding.clear();
+        self.sweep_again = false;
         self.sweep = Some(Sweep::all(
             self.p.reader.clone(),
             self.p.dyntype.clone(),
@@ -133,6 +146,8 @@ where
                     *slot = None;
                     if pass {
                         self.p.stats.pass_ended();
+                    } else if self.sweep_again {
+                        self.start_sweep();
                     }
                     progressed = true;
                     continue;
