@@ -185,3 +185,65 @@ async fn the_async_reads_give_what_the_blocking_ones_give() {
     assert!(unknown.next().await.unwrap().is_err());
     assert!(unknown.next().await.is_none());
 }
+
+/// Issue 39 item 7: an async scan kept but not polled holds no blocking-pool thread. With a
+/// pool of 2 threads, 4 scans are each taken to their first object and kept; every one of
+/// them starts, a point read still completes at once, and a kept scan still yields every
+/// object when it is polled again. (When a scan was one blocking task for its whole life,
+/// waiting for its consumer with its thread, the first two scans pinned both threads: the
+/// third scan never started and the point read never ran.)
+#[test]
+fn kept_but_unpolled_scans_leave_the_blocking_pool_free() {
+    const POOL: usize = 2;
+    const SCANS: usize = 4;
+    // Several chunks of 256 per scan, so that a scan has more to read than it hands over.
+    const PODS: usize = 3_000;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(POOL)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let server = TestServer::start().await;
+        server.handle().seed_pods(PODS, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path()).unwrap();
+        let (reader, watcher) = db
+            .store("pods", Api::<Pod>::all(server.client()), Default::default())
+            .unwrap();
+        let task = tokio::spawn(watcher.run());
+        reader.wait_until_ready().await.unwrap();
+        let mut kept = Vec::new();
+        for i in 0..SCANS {
+            let mut scan = reader.iter_stream();
+            let first = tokio::time::timeout(PROMPT, scan.next())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("scan {i} never started: the blocking pool is held by the kept scans")
+                })
+                .expect("an object")
+                .expect("decodes");
+            assert!(first.metadata.name.is_some());
+            kept.push(scan);
+        }
+        let got = tokio::time::timeout(
+            PROMPT,
+            reader.get_async(&ObjectRef::new("pod-7").within("ns-1")),
+        )
+        .await
+        .expect("a point read completes while the scans are kept")
+        .unwrap()
+        .expect("stored");
+        assert_eq!(got.metadata.name.as_deref(), Some("pod-7"));
+        // The kept scans go on where they stopped.
+        for scan in kept.iter_mut() {
+            let rest: Vec<_> = tokio::time::timeout(PROMPT, scan.by_ref().try_collect::<Vec<_>>())
+                .await
+                .expect("a kept scan completes")
+                .unwrap();
+            assert_eq!(rest.len(), PODS - 1);
+        }
+        task.abort();
+    });
+}

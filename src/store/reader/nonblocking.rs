@@ -2,11 +2,14 @@
 //! reconciler or an event loop never reads the disk or decodes on an async worker.
 //!
 //! A point read ([`Reader::get_async`]) is one blocking task. A scan
-//! ([`Reader::iter_stream`], [`Reader::select_stream`], [`Reader::by_index_stream`]) is one
-//! blocking task that reads the range in order and hands chunks of [`CHUNK`] objects
-//! through a channel of two chunks: the scan runs at most two chunks ahead of the
-//! consumer, and stops when the stream is dropped. The streams are boxed (`Unpin`): `next()`
-//! needs no pinning.
+//! ([`Reader::iter_stream`], [`Reader::select_stream`], [`Reader::by_index_stream`]) reads
+//! the range in order, one blocking task per chunk of [`CHUNK`] objects: each task takes
+//! the scan's iterator, reads one chunk and hands both back, so the scan runs at most one
+//! chunk ahead of the consumer and holds no blocking-pool thread between chunks. A stream
+//! that is kept but not polled (or dropped) costs its thread at most the one chunk read
+//! under way, not the life of the stream, so many idle scans cannot exhaust the pool and
+//! starve other blocking reads (`tests/nonblocking.rs`). The streams are boxed (`Unpin`):
+//! `next()` needs no pinning.
 
 use std::sync::Arc;
 
@@ -192,40 +195,47 @@ async fn blocking<T: Send + 'static>(
 
 /// A scan on tokio's blocking pool, started at the stream's first poll (so that the stream
 /// may be made outside a runtime), handed over in chunks of [`CHUNK`].
+///
+/// Each chunk is one blocking task that takes the iterator, reads up to [`CHUNK`] items and
+/// hands the iterator back with them: the thread is returned between chunks. The next
+/// chunk is read while the consumer takes this one (one chunk ahead), so a stream that is
+/// kept but not polled holds a blocking-pool thread only until that one read ends, never
+/// while it waits for its consumer.
 fn scan<T, I>(open: impl FnOnce() -> Result<I> + Send + 'static) -> BoxStream<'static, Result<T>>
 where
     T: Send + 'static,
-    I: Iterator<Item = Result<T>>,
+    I: Iterator<Item = Result<T>> + Send + 'static,
 {
+    type Read<T, I> = tokio::task::JoinHandle<(Option<I>, Vec<Result<T>>)>;
+    /// Up to [`CHUNK`] items, and the iterator if it may have more.
+    fn read_chunk<T, I: Iterator<Item = Result<T>>>(mut items: I) -> (Option<I>, Vec<Result<T>>) {
+        let chunk: Vec<Result<T>> = items.by_ref().take(CHUNK).collect();
+        let more = chunk.len() == CHUNK;
+        (more.then_some(items), chunk)
+    }
+    fn next_read<T, I>(items: Option<I>) -> Option<Read<T, I>>
+    where
+        T: Send + 'static,
+        I: Iterator<Item = Result<T>> + Send + 'static,
+    {
+        items.map(|items| tokio::task::spawn_blocking(move || read_chunk(items)))
+    }
     futures::stream::once(async move {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<Result<T>>>(2);
-        tokio::task::spawn_blocking(move || {
-            let items = match open() {
-                Ok(items) => items,
-                Err(e) => {
-                    let _ = tx.blocking_send(vec![Err(e)]);
-                    return;
-                }
-            };
-            let mut chunk = Vec::with_capacity(CHUNK);
-            for item in items {
-                chunk.push(item);
-                if chunk.len() == CHUNK
-                    && tx
-                        .blocking_send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)))
-                        .is_err()
-                {
-                    return; // the stream was dropped
-                }
-            }
-            if !chunk.is_empty() {
-                let _ = tx.blocking_send(chunk);
-            }
+        let first: Read<T, I> = tokio::task::spawn_blocking(move || match open() {
+            Ok(items) => read_chunk(items),
+            Err(e) => (None, vec![Err(e)]),
         });
-        futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv()
-                .await
-                .map(|chunk| (futures::stream::iter(chunk), rx))
+        futures::stream::unfold(Some(first), |read| async move {
+            let (rest, chunk) = match read?.await {
+                Ok(read) => read,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => (
+                    None,
+                    vec![Err(Error::Config(format!("a read was cancelled: {e}")))],
+                ),
+            };
+            // Read the next chunk while this one is consumed.
+            Some((futures::stream::iter(chunk), next_read(rest)))
         })
         .flatten()
     })
