@@ -12,8 +12,10 @@
 //! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
 //! then loses the last commits and the store reopens in an older phase). Triggers at random
 //! moments, also right after a restart (during the startup pass and the catch-up wait):
-//! `reconcile_on` requests, changes of related objects (a `watches_store` stream) and
-//! `reconcile_all_on` ticks, to a controller that reaches its concurrency limit, skips
+//! `reconcile_on` requests, changes of related objects (a `watches_store` stream),
+//! `reconcile_all_on` ticks, and storms of ticks that come faster than one sweep takes (sweeps
+//! go in chunks of eight), to a controller on a shared stream (beside a consumer slower than
+//! the watch and one first polled late) that reaches its concurrency limit, skips
 //! versions of an unchanged generation, and whose reconcilers write their own object (a
 //! change that keeps the generation), run long, requeue after a second or an hour, and fail.
 //!
@@ -28,8 +30,11 @@
 //! outside its shard (a narrowed store is pruned first); a stream and its controller reopen in
 //! the same `Db` at once after an abort; a child process runs until it is killed; every
 //! trigger is followed by a reconcile of its object (of every object, for a tick) that starts
-//! after it, within the longest reconciles ahead of it and a margin, never at a later
-//! requeue's due time; no reconcile record is forgotten for a stored object, none is kept
+//! after it, within the longest reconciles ahead of it and a margin (for a storm's tick: two
+//! sweeps and a margin, so no tick is starved by the ones after it), never at a later
+//! requeue's due time; no consumer of the shared stream holds the watch beyond its stall
+//! bound (the store reaches the server's version soon after a churn); every consumer gets
+//! its start signal, also one lagged before it came; no reconcile record is forgotten for a stored object, none is kept
 //! for an object the store does not hold, and `controller_states()` counts the stored objects.
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!

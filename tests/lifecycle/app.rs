@@ -4,8 +4,13 @@
 //! watches related ConfigMaps (namespace [`REL_NS`]) and takes `reconcile_on` requests and
 //! `reconcile_all_on` ticks; its reconciler writes its own object (mode `write`), runs long
 //! (`slow`), requeues (`short`, and a minute for `slow` and `write`) and fails (`fail`).
+//! Its sweeps go in chunks of [`SWEEP_CHUNK`], so a sweep outlasts a storm's tick period.
+//! The stream is shared ([`kube_persist::SharedWatcher`]) with two more consumers: one that
+//! takes an event every [`SLOW_TAKE`] (never longer than the stall bound for one event,
+//! always behind the watch) and one first polled [`LATE_POLL`] after the run starts.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,7 +21,10 @@ use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::Controller;
-use kube_persist::{Db, DbConfig, Durability, Engine, Reader, Shard, ShardKey};
+use kube_persist::{
+    Db, DbConfig, Durability, Engine, Event, Reader, Shard, ShardKey, SharedEvent, SharedWatcher,
+    Subscriber,
+};
 
 /// Namespace of the ConfigMaps the controller reconciles.
 pub const NS: &str = "lc";
@@ -38,6 +46,18 @@ pub const LONG: Duration = Duration::from_secs(60);
 pub const SLOW: Duration = Duration::from_millis(400);
 /// The controller's concurrency limit: reached by bursts, ticks and slow reconciles.
 pub const CONCURRENCY: u16 = 4;
+/// References per sweep chunk: a sweep of the model's hundred-odd objects takes several
+/// chunks, and seconds (the `slow` and `write` reconciles at [`CONCURRENCY`]).
+pub const SWEEP_CHUNK: usize = 8;
+/// The shared stream's queue per consumer, and its stall bound.
+pub const SHARED_BUFFER: usize = 4;
+pub const MAX_STALL: Duration = Duration::from_millis(500);
+/// How often the slow consumer takes an event: within [`MAX_STALL`] each time, so only a
+/// bound across events lags it.
+pub const SLOW_TAKE: Duration = Duration::from_millis(300);
+/// When the late consumer is first polled: its queue is full and it is lagged by then.
+pub const LATE_POLL: Duration = Duration::from_millis(1500);
+
 /// The annotation a `write` reconcile sets to its object's `data.value` (a write that keeps
 /// the generation).
 pub const MIRRORED: &str = "mirrored";
@@ -247,21 +267,32 @@ pub fn controller(
     client: kube::Client,
     cfg: &RunCfg,
     inputs: Inputs,
-) -> kube_persist::Result<Controller<ConfigMap>> {
+) -> kube_persist::Result<(Controller<ConfigMap>, Consumers)> {
     let related = db.store(
         REL_STREAM,
         Api::<ConfigMap>::namespaced(client.clone(), REL_NS),
         rel_config(),
     )?;
-    Controller::for_store(
-        db,
+    let (reader, watcher) = db.store(
         STREAM,
         Api::<ConfigMap>::namespaced(client, NS),
         cfg.store_config(),
+    )?;
+    let hub = watcher.shared(SHARED_BUFFER).max_stall(MAX_STALL);
+    let main = hub.subscribe();
+    let consumers = Consumers {
+        slow: hub.subscribe(),
+        late: hub.subscribe(),
+        hub,
+    };
+    let c = Controller::for_shared(
+        reader,
+        main,
         kube_persist::controller::Config::default()
             .concurrency(CONCURRENCY)
-            .skip_unchanged_generation(true),
-    )?
+            .skip_unchanged_generation(true)
+            .sweep_chunk(SWEEP_CHUNK),
+    )
     .watches_store(related, |rel: ConfigMap| {
         let name = rel.metadata.name.unwrap_or_default();
         name.strip_prefix("rel-")
@@ -269,24 +300,81 @@ pub fn controller(
     })
     .reconcile_on(inputs.requests)
     .reconcile_all_on(inputs.ticks)
-    .durable_state(db, CONTROLLER)
+    .durable_state(db, CONTROLLER)?;
+    Ok((c, consumers))
+}
+
+/// The shared stream's hub and its two other consumers.
+pub struct Consumers {
+    hub: SharedWatcher<ConfigMap>,
+    slow: Subscriber<ConfigMap>,
+    late: Subscriber<ConfigMap>,
+}
+
+/// What the other consumers of the shared stream saw.
+#[derive(Debug, Default)]
+pub struct Consumed {
+    /// Start signals (`InitDone`, `Resumed`) the slow and the late consumer received.
+    pub started: [AtomicUsize; 2],
+    /// `Lagged` each received.
+    pub lagged: [AtomicUsize; 2],
+}
+
+impl Consumers {
+    /// Drives the shared watch and the two consumers (until dropped).
+    async fn run(self, seen: Arc<Consumed>) {
+        let Consumers { hub, slow, late } = self;
+        let take = |sub: Subscriber<ConfigMap>, i: usize, pace: Duration, first: Duration| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::sleep(first).await;
+                let mut sub = std::pin::pin!(sub);
+                while let Some(item) = sub.next().await {
+                    match item {
+                        Ok(SharedEvent::Lagged) => {
+                            seen.lagged[i].fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(SharedEvent::Event(ev))
+                            if matches!(*ev, Event::InitDone | Event::Resumed { .. }) =>
+                        {
+                            seen.started[i].fetch_add(1, Ordering::SeqCst);
+                        }
+                        _ => {}
+                    }
+                    tokio::time::sleep(pace).await;
+                }
+            }
+        };
+        futures::join!(
+            hub.run(),
+            take(slow, 0, SLOW_TAKE, Duration::ZERO),
+            take(late, 1, Duration::ZERO, LATE_POLL),
+        );
+    }
 }
 
 /// Runs `c` until `stop` resolves (a graceful stop) or the future is dropped (an abort).
+/// Runs `c` and the shared stream's consumers until `stop` resolves (a graceful stop; the
+/// shared watch ends with the controller) or the future is dropped (an abort).
 pub async fn run(
-    c: Controller<ConfigMap>,
+    (c, consumers): (Controller<ConfigMap>, Consumers),
     client: kube::Client,
     sink: Sink,
+    seen: Arc<Consumed>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let ctx = Ctx {
         sink,
         api: Api::namespaced(client, NS),
     };
-    c.graceful_shutdown_on(stop)
+    let controller = c
+        .graceful_shutdown_on(stop)
         .run(reconcile, |_, _, _| Action::requeue(SHORT), Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    tokio::select! {
+        () = controller => {}
+        () = consumers.run(seen) => {}
+    }
 }
 
 /// Waits until `reader` reports ready, then counts the stored objects outside `cfg`'s
@@ -324,7 +412,7 @@ pub fn child_main(dir: String) {
             .expect("the child opens the store");
         let c =
             controller(&db, client.clone(), &cfg, Inputs::none()).expect("the child's controller");
-        let reader = c.reader();
+        let reader = c.0.reader();
         println!("child-started");
         let watched = reader.clone();
         std::thread::spawn(move || watch_phases(watched, &kill));
@@ -336,7 +424,7 @@ pub fn child_main(dir: String) {
         });
         let sink: Sink =
             Arc::new(|seen, name, rv, uid| println!("{} {name} {rv} {uid}", seen.word()));
-        run(c, client, sink, futures::future::pending()).await;
+        run(c, client, sink, Arc::default(), futures::future::pending()).await;
     });
 }
 

@@ -359,18 +359,32 @@ pub fn owned_only(log: &Log, run: usize, cfg: &RunCfg, rc: &mut RunChecks) -> Ve
 const TRIGGER_WAIT: Duration = Duration::from_secs(15);
 
 /// A trigger sent to the live run: a reconcile of `name` (every object if `None`) must start
-/// after `at`.
+/// after `at`, and at most `within` after it.
 #[derive(Debug, Clone)]
 pub struct Trig {
     pub at: Instant,
     pub name: Option<String>,
     pub what: &'static str,
+    pub within: Duration,
+}
+
+impl Trig {
+    /// A trigger owed a reconcile within [`TRIGGER_WAIT`].
+    pub fn new(at: Instant, name: Option<String>, what: &'static str) -> Trig {
+        Trig {
+            at,
+            name,
+            what,
+            within: TRIGGER_WAIT,
+        }
+    }
 }
 
 /// Every trigger of this run is followed by a reconcile of its object (of every owned object,
-/// for a tick) that started after it, within [`TRIGGER_WAIT`]: never held until a later
-/// requeue's due time, never skipped as already reconciled. Objects deleted since (or outside
-/// the shard) owe nothing. Checked triggers are removed from `pending`.
+/// for a tick) that started after it, within its bound ([`TRIGGER_WAIT`], or a storm
+/// tick's): never held until a later requeue's due time, never skipped as already
+/// reconciled, never starved by the ticks after it. Objects deleted since (or outside the
+/// shard) owe nothing. Checked triggers are removed from `pending`.
 pub async fn triggered(
     log: &Log,
     cfg: &RunCfg,
@@ -388,27 +402,27 @@ pub async fn triggered(
                 .collect(),
         }
     };
-    let deadline = pending
-        .iter()
-        .map(|t| t.at + TRIGGER_WAIT)
-        .max()
-        .map_or(Instant::now(), |d| {
-            d.max(Instant::now() + Duration::from_secs(1))
-        });
     loop {
-        let late: Vec<(&'static str, Duration, String)> = {
+        let now = Instant::now();
+        // Per owed object: (trigger, how long ago, name, past its bound).
+        let late: Vec<(&'static str, Duration, String, bool)> = {
             let log = log.lock().unwrap();
-            let mut last: BTreeMap<&str, Instant> = BTreeMap::new();
+            let mut starts: BTreeMap<&str, Vec<Instant>> = BTreeMap::new();
             for r in log.iter().filter(|r| r.seen == Seen::Reconciled) {
-                last.insert(r.name.as_str(), r.at);
+                starts.entry(r.name.as_str()).or_default().push(r.at);
             }
             pending
                 .iter()
                 .flat_map(|t| {
+                    let by = t.at + t.within;
                     owed(t)
                         .into_iter()
-                        .filter(|n| last.get(n.as_str()).is_none_or(|at| *at <= t.at))
-                        .map(|n| (t.what, t.at.elapsed(), n))
+                        .filter(|n| {
+                            !starts
+                                .get(n.as_str())
+                                .is_some_and(|at| at.iter().any(|at| *at > t.at && *at <= by))
+                        })
+                        .map(|n| (t.what, t.at.elapsed(), n, now > by))
                         .collect::<Vec<_>>()
                 })
                 .collect()
@@ -417,11 +431,16 @@ pub async fn triggered(
             pending.clear();
             return Vec::new();
         }
-        if Instant::now() > deadline {
+        let overdue: Vec<_> = late
+            .iter()
+            .filter(|l| l.3)
+            .map(|(what, ago, n, _)| (*what, *ago, n.clone()))
+            .collect();
+        if !overdue.is_empty() {
             pending.clear();
             return vec![found(
-                "every trigger is followed by a reconcile of its object",
-                format!("not within {TRIGGER_WAIT:?}: {}", few(late)),
+                "every trigger is followed by a reconcile of its object within its bound",
+                format!("(trigger, since, object) past the bound: {}", few(overdue)),
             )];
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -501,5 +520,65 @@ pub async fn records(db: &kube_persist::Db, reader: &Reader<ConfigMap>) -> Vec<F
             return out;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long the store may take to reach the server's version after a churn of a live
+/// store: the shared stream's stall bound, twice (a slow consumer stalls the watch for at
+/// most `MAX_STALL` in a row, then is lagged until its queue is empty, and may fill it once
+/// more), and a margin for the writes themselves.
+const HOLD_WAIT: Duration = Duration::from_secs(4);
+
+/// No consumer of the shared stream holds the watch beyond the stall bound: the store (which
+/// the hub feeds as it delivers) reaches the version the server had after a churn within
+/// [`HOLD_WAIT`] of it, whatever the slow consumer's pace.
+pub async fn watch_not_held(reader: &Reader<ConfigMap>, at: Instant, rv: &str) -> Option<Found> {
+    let by = at + HOLD_WAIT;
+    loop {
+        let reached = reader
+            .checkpoint()
+            .and_then(|c| kube_persist::resource_version::at_least(&c, rv))
+            .unwrap_or(false);
+        if reached {
+            return None;
+        }
+        if Instant::now() > by {
+            return Some(found(
+                "no consumer of a shared stream holds the watch beyond the stall bound",
+                format!(
+                    "the store's checkpoint {:?} is not at {rv} {HOLD_WAIT:?} after the churn",
+                    reader.checkpoint()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// How long after a run starts the shared stream's other consumers must have their start
+/// signal: the late one is first polled after `LATE_POLL`, the slow one drains its queue at
+/// its pace, and the first list may take seconds.
+const STARTED_WAIT: Duration = Duration::from_secs(20);
+
+/// Every consumer of the shared stream gets its start signal (`InitDone` or `Resumed`),
+/// even one lagged before it came.
+pub async fn consumers_started(consumed: &crate::app::Consumed, since: Instant) -> Option<Found> {
+    let by = since + STARTED_WAIT;
+    loop {
+        let started = [0, 1].map(|i| consumed.started[i].load(std::sync::atomic::Ordering::SeqCst));
+        if started.iter().all(|n| *n > 0) {
+            return None;
+        }
+        if Instant::now() > by {
+            let lagged =
+                [0, 1].map(|i| consumed.lagged[i].load(std::sync::atomic::Ordering::SeqCst));
+            return Some(found(
+                "every consumer of a shared stream gets its start signal",
+                format!(
+                    "start signals (slow, late) {started:?}, lagged {lagged:?}, {STARTED_WAIT:?} after the run started"
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

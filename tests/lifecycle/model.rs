@@ -95,6 +95,9 @@ struct Live {
     stop: tokio::sync::oneshot::Sender<()>,
     /// Objects outside the shard when the store first reported ready.
     outside_at_ready: Option<JoinHandle<Option<usize>>>,
+    /// What the shared stream's other consumers saw.
+    consumed: Arc<app::Consumed>,
+    started: Instant,
 }
 
 /// What one engine's run found.
@@ -131,6 +134,8 @@ pub struct Model {
     kills: BTreeMap<String, (usize, usize)>,
     /// Triggers sent to the live run and not checked yet.
     triggers: Vec<Trig>,
+    /// When the last churn of a live store ended, and the server's version then.
+    churned: Option<(Instant, String)>,
 }
 
 fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
@@ -182,6 +187,7 @@ impl Model {
             reported: HashSet::new(),
             kills: BTreeMap::new(),
             triggers: Vec::new(),
+            churned: None,
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -287,7 +293,16 @@ impl Model {
                 creates,
                 updates,
                 deletes,
-            } => self.churn(creates, updates, deletes),
+            } => {
+                // Timed from a store that is live at the watch's head: no relist to wait for.
+                let live = self.live.as_ref().is_some_and(|l| {
+                    l.reader.phase() == kube_persist::SyncPhase::Synced && l.reader.is_live()
+                });
+                self.churn(creates, updates, deletes);
+                if live {
+                    self.churned = Some((Instant::now(), self.h.resource_version()));
+                }
+            }
             Op::Compact => {
                 self.h.compact();
                 faults.close_watches();
@@ -302,7 +317,7 @@ impl Model {
                 faults.close_watches();
             }
             Op::WriteRead => self.write_read(step).await,
-            Op::Poke(poke) => self.poke(poke),
+            Op::Poke(poke) => self.poke(poke).await,
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
                 self.server
@@ -486,6 +501,7 @@ impl Model {
         };
         // Requests queued in a run that stopped are lost with it, as in kube-runtime.
         self.triggers.clear();
+        self.churned = None;
         let client = self.server.client();
         let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
         self.open_db().await;
@@ -518,7 +534,7 @@ impl Model {
                 },
             );
         }
-        let reader = c.reader();
+        let reader = c.0.reader();
         self.history.push(format!(
             "(run {} opens {:?}, ready {})",
             self.run,
@@ -527,7 +543,8 @@ impl Model {
         ));
         let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app::run(c, client, sink, async move {
+        let consumed = Arc::new(app::Consumed::default());
+        let task = tokio::spawn(app::run(c, client, sink, consumed.clone(), async move {
             let _ = rx.await;
         }));
         self.live = Some(Live {
@@ -537,6 +554,8 @@ impl Model {
             task,
             stop,
             outside_at_ready: Some(outside),
+            consumed,
+            started: Instant::now(),
         });
     }
 
@@ -548,7 +567,7 @@ impl Model {
         if self.rng.random_bool(0.5) {
             let poke = Poke::draw(&mut self.rng);
             self.history.push(format!("(at start: {poke:?})"));
-            self.poke(poke);
+            self.poke(poke).await;
         }
     }
 
@@ -576,12 +595,19 @@ impl Model {
     async fn check(&mut self, step: usize) {
         let Some(live) = &mut self.live else { return };
         let reader = live.reader.clone();
+        let consumed = live.consumed.clone();
+        let run_started = live.started;
         let at_ready = match live.outside_at_ready.take_if(|t| t.is_finished()) {
             Some(t) => t.await.ok().flatten(),
             None => None,
         };
         if let Some(n) = at_ready.filter(|n| *n > 0) {
             self.report(step, ready_outside(n));
+        }
+        if let Some((at, rv)) = self.churned.take()
+            && let Some(f) = checks::watch_not_held(&reader, at, &rv).await
+        {
+            self.report(step, f);
         }
         let cfg = self.cfg.clone();
         match self.quiesce(&reader, &cfg).await {
@@ -610,6 +636,9 @@ impl Model {
                     for f in checks::records(db, &reader).await {
                         self.report(step, f);
                     }
+                }
+                if let Some(f) = checks::consumers_started(&consumed, run_started).await {
+                    self.report(step, f);
                 }
             }
         }
