@@ -18,6 +18,10 @@ impl Db {
     /// Open (or create) the store directory at `path` with default options: an existing
     /// store with the engine recorded in it, a new one with [`Engine::Redb`].
     ///
+    /// Blocking, like [`Db::open_with`]: a redb store that read-only handles hold (the
+    /// `kube-persist` tool's reading commands) is waited for, up to 30 s
+    /// ([`DbConfig::wait_for_readers`]), before it is [`Error::Locked`](crate::Error::Locked).
+    ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
     /// use kube_persist::{Db, Engine};
@@ -39,7 +43,12 @@ impl Db {
     ///
     /// Blocking: it opens the engine (redb checks its file; sled replays its log, seconds
     /// for a large store), so from async code call it in `spawn_blocking`. A store open
-    /// elsewhere is [`Error::Locked`](crate::Error::Locked), at once. A store whose last `Db`
+    /// elsewhere for writing is [`Error::Locked`](crate::Error::Locked), at once. A redb store
+    /// held only by read-only handles ([`DbConfig::read_only`]: the `kube-persist` tool's
+    /// reading commands, in this or another process) is waited for when this open needs it
+    /// to itself ([`Durability::Periodic`](crate::Durability::Periodic), the default): the
+    /// open blocks until they close, up to [`DbConfig::wait_for_readers`] (default 30 s),
+    /// and is `Locked` past that. A store whose last `Db`
     /// this process dropped a moment ago may still be held by its last handles (a queued
     /// write, a running scan, redb's final flush): the open waits for them to close (up to
     /// 30 s; a `Reader` kept past its `Db` holds the files too) and then opens it.
@@ -221,7 +230,33 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
-        self.raw_objects_in(stream)
+        self.raw_objects_in(stream, None)
+    }
+
+    /// The objects of [`Db::raw_objects`] whose keys come after `after` (a key it gave), in
+    /// the same order: a long read in bounded pieces, each on a store opened for it, so that
+    /// nothing holds the store in between (the `kube-persist dump` tool, beside a
+    /// controller that needs the store to itself; see [`DbConfig::wait_for_readers`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let first = db.raw_objects("pods")?.next().unwrap()?.0;
+    /// assert_eq!(first, "default/web-0");
+    /// let rest: Vec<String> = db.raw_objects_after("pods", &first)?.map(|o| o.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+    /// assert_eq!(rest, ["default/web-1"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn raw_objects_after(&self, stream: &str, after: &str) -> Result<RawObjects> {
+        self.raw_objects_in(stream, Some(after))
     }
 
     /// Open the persistent stream `name` for the collection of `api`, returning its
@@ -361,6 +396,35 @@ impl Db {
         max_differences: usize,
     ) -> Result<Verification> {
         self.verify_stream(stream, client, max_differences).await
+    }
+
+    /// [`Db::verify`] of stream `stream` of the store at `path`, opened with `config` only
+    /// while it reads (the stream's state, each listed page's lookups, the final scan) and
+    /// closed during every LIST, so that a writer that needs the store to itself
+    /// ([`DbConfig::wait_for_readers`]) is not kept from starting by a verification that
+    /// waits on the API server. A writer that opens it meanwhile makes the next read
+    /// [`Error::Locked`](crate::Error::Locked) (with [`DbConfig::read_only`] and a writer
+    /// that makes every batch durable, the reads go on beside it). Each read opens the
+    /// store on tokio's blocking pool: for redb, a read-only open costs about a millisecond;
+    /// for sled, which replays its log on every open, hold a [`Db`] and use [`Db::verify`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube_persist::{Db, DbConfig};
+    /// let config = DbConfig::default().read_only();
+    /// let client = kube::Client::try_default().await?;
+    /// let report = Db::verify_at("/var/lib/my-controller/cache", config, "pods", client, 10).await?;
+    /// assert!(report.is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub async fn verify_at(
+        path: impl AsRef<Path>,
+        config: DbConfig,
+        stream: &str,
+        client: Client,
+        max_differences: usize,
+    ) -> Result<Verification> {
+        Db::verify_reopening(path.as_ref(), config, stream, client, max_differences).await
     }
 
     /// The durable controllers' reconcile states kept in this store: objects tracked,

@@ -680,6 +680,97 @@ async fn hot_cache_never_goes_back_in_time(engine: Engine) {
     }
 }
 
+const READER_CHILD_ENV: &str = "KP_STORE_READER_DIR";
+
+/// The child process of the reader tests below: creates a redb store if there is none, then
+/// holds it open read-only (as the `kube-persist` tool's reading commands do) until killed.
+#[test]
+#[ignore = "child process of a_periodic_writer_waits_for_a_reader_in_another_process"]
+fn read_only_holder_child() {
+    let dir = std::env::var(READER_CHILD_ENV).expect("child mode needs KP_STORE_READER_DIR");
+    if !std::path::Path::new(&dir).exists() {
+        drop(kube_persist::Db::open(&dir).expect("child creates the store"));
+        wait_unlocked(std::path::Path::new(&dir));
+    }
+    let db = kube_persist::Db::open_with(&dir, kube_persist::DbConfig::default().read_only())
+        .expect("child opens the store read-only");
+    println!("reading {dir}");
+    loop {
+        std::hint::black_box(&db);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A child process holding `path` read-only, started once it has opened the store; killed
+/// and reaped when dropped.
+struct ReaderChild(std::process::Child);
+
+impl ReaderChild {
+    fn start(path: &std::path::Path) -> ReaderChild {
+        use std::io::BufRead;
+        let mut child = spawn_self(
+            "read_only_holder_child",
+            &[(READER_CHILD_ENV, path.as_os_str())],
+        );
+        let out = child.stdout.take().unwrap();
+        let child = ReaderChild(child);
+        let opened = std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("reading "));
+        assert!(opened, "the child opened the store read-only");
+        child
+    }
+}
+
+impl Drop for ReaderChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 39 item 3: a reader (the `kube-persist` tool, in another process) never keeps a
+/// controller with periodic durability (the default) from starting: its `Db::open` waits for
+/// the reader to close (here the reader leaves after 1 s) instead of failing `Locked` at once.
+/// A reader that stays past `DbConfig::wait_for_readers` makes the open `Locked`, and a
+/// store held by a writer is `Locked` without that wait.
+#[test]
+fn a_periodic_writer_waits_for_a_reader_in_another_process() {
+    use kube_persist::{Db, DbConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("cache");
+    // The child creates the store: this process never had it open, so its own reopen
+    // waits (for handles of a store it closed) play no part.
+
+    // The reader leaves after 1 s: the writer opens then.
+    let reader = ReaderChild::start(&path);
+    let t0 = std::time::Instant::now();
+    let leaving = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        drop(reader);
+    });
+    let db = Db::open(&path).expect("the writer opens once the reader has closed");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    leaving.join().unwrap();
+    // A second writer is refused at once, not after the readers' wait.
+    let t0 = std::time::Instant::now();
+    assert!(matches!(Db::open(&path), Err(Error::Locked { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    drop(db);
+    wait_unlocked(&path);
+
+    // A reader that stays: Locked once the (short) wait has passed.
+    let _reader = ReaderChild::start(&path);
+    let wait = Duration::from_millis(500);
+    let t0 = std::time::Instant::now();
+    match Db::open_with(&path, DbConfig::default().wait_for_readers(wait)) {
+        Err(Error::Locked { path: p }) => assert_eq!(p, path),
+        other => panic!("expected Locked past the wait, got {other:?}"),
+    }
+    assert!(t0.elapsed() >= wait, "{:?}", t0.elapsed());
+}
+
 engine_tests! {
     async: cold_sync_then_warm_restart_paginated,
         cold_sync_then_warm_restart_streaming,

@@ -20,6 +20,12 @@
 //! disk changes, and they work while a controller runs on the store if it writes with
 //! `Durability::EveryBatch`. A sled store (no read-only mode), a redb store whose controller
 //! uses periodic durability, and the removing commands need the store closed elsewhere.
+//! A reading command never keeps a controller from starting: it holds a redb store only
+//! while it reads (`dump` a piece of at most 1000 objects or 4 MiB at a time, closed
+//! before it is written to stdout; `verify` one page's lookups at a time, closed during its
+//! LISTs), and a controller that needs the store to itself waits for readers to close (up
+//! to 30 s, `DbConfig::wait_for_readers`). A controller that opens the store meanwhile
+//! makes the command's next read fail (exit status 2, "locked").
 
 mod admin;
 mod read;
@@ -86,6 +92,11 @@ enum Command {
         object: String,
     },
     /// Print every stored object of a stream, one JSON document per line.
+    ///
+    /// Reads a redb store in pieces (at most 1000 objects or 4 MiB), each on a store opened
+    /// for it and closed before it is printed: a pager that does not read never keeps a
+    /// controller from starting. A controller that opens the store meanwhile (periodic
+    /// durability) ends the dump after the objects printed so far, with exit status 2.
     Dump {
         /// The store directory.
         dir: PathBuf,
@@ -103,6 +114,10 @@ enum Command {
     /// Exit status: 0 when the store equals the server at its checkpoint, or is behind only
     /// by changes newer than it (the output says which); 1 when it differs, or when the
     /// server no longer has the checkpoint (compacted) to tell; 2 on errors.
+    ///
+    /// A redb store is opened read-only for each page's lookups and closed during the
+    /// LISTs, so a controller can start meanwhile; one that needs the store to itself
+    /// (periodic durability) then ends the verification with exit status 2 ("locked").
     Verify {
         /// The store directory.
         dir: PathBuf,
@@ -238,14 +253,18 @@ fn run(cli: Cli) -> Outcome {
             stream,
             object,
         } => read::get(&reading(dir)?, stream, object, output),
-        Command::Dump { dir, stream } => read::dump(&reading(dir)?, stream),
+        Command::Dump { dir, stream } => read::dump(|| reading(dir), stream),
         Command::Verify {
             dir,
             stream,
             context,
             max_differences,
         } => verify::verify(
-            reading(dir)?,
+            match Engine::of_store(dir)? {
+                // Opened for each read, closed during the LISTs.
+                Some(Engine::Redb) => verify::Store::At(dir.clone(), config()?.read_only()),
+                _ => verify::Store::Held(reading(dir)?),
+            },
             stream,
             context.clone(),
             *max_differences,

@@ -244,13 +244,45 @@ pub(crate) fn get(db: &Db, stream: &str, object: &str, output: Output) -> Outcom
     }
 }
 
-pub(crate) fn dump(db: &Db, stream: &str) -> Outcome {
+/// Objects a `dump` reads per opening of the store, and the bytes after which it stops
+/// sooner: the store is held only while a piece is read, never while stdout is blocked.
+const DUMP_PIECE: usize = 1000;
+const DUMP_PIECE_BYTES: usize = 4 << 20;
+
+/// Every object of `stream`, read in pieces: `open` opens the store for each piece, which
+/// is closed before it is written out, so that a reader of stdout that does not read (a
+/// pager left open) never keeps a controller from opening the store.
+pub(crate) fn dump(open: impl Fn() -> Result<Db, Failure>, stream: &str) -> Outcome {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for entry in db.raw_objects(stream)? {
-        let (_, json) = entry?;
-        out.write_all(&json)?;
-        out.write_all(b"\n")?;
+    let mut after: Option<String> = None;
+    loop {
+        let mut piece = Vec::new();
+        let mut bytes = 0;
+        {
+            let db = open()?;
+            let objects = match &after {
+                None => db.raw_objects(stream)?,
+                Some(key) => db.raw_objects_after(stream, key)?,
+            };
+            for entry in objects {
+                let (key, json) = entry?;
+                bytes += json.len();
+                piece.push((key, json));
+                if piece.len() == DUMP_PIECE || bytes >= DUMP_PIECE_BYTES {
+                    break;
+                }
+            }
+        }
+        let last = piece.len() < DUMP_PIECE && bytes < DUMP_PIECE_BYTES;
+        for (_, json) in &piece {
+            out.write_all(json)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+        match piece.pop() {
+            Some((key, _)) if !last => after = Some(key),
+            _ => return Ok(()),
+        }
     }
-    Ok(out.flush()?)
 }

@@ -3,13 +3,21 @@
 use std::io::Write;
 
 use kube::config::KubeConfigOptions;
-use kube_persist::{Db, Verdict, Verification};
+use kube_persist::{Db, DbConfig, Verdict, Verification};
 use serde_json::json;
 
 use crate::{Failure, Outcome, Output};
 
+/// The store a verification reads.
+pub(crate) enum Store {
+    /// A redb store, opened read-only for each read and closed during the LISTs.
+    At(std::path::PathBuf, DbConfig),
+    /// A sled store (no read-only mode, slow to open), held throughout.
+    Held(Db),
+}
+
 pub(crate) fn verify(
-    db: Db,
+    store: Store,
     stream: &str,
     context: Option<String>,
     max: usize,
@@ -36,7 +44,11 @@ pub(crate) fn verify(
         .map_err(|e| format!("loading the kubeconfig: {e}"))?;
         let client =
             kube::Client::try_from(config).map_err(|e| format!("creating a client: {e}"))?;
-        db.verify(stream, client, max).await.map_err(Failure::from)
+        match store {
+            Store::At(dir, config) => Db::verify_at(dir, config, stream, client, max).await,
+            Store::Held(db) => db.verify(stream, client, max).await,
+        }
+        .map_err(Failure::from)
     })?;
     match output {
         Output::Text => print(&report),

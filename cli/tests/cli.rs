@@ -657,6 +657,65 @@ async fn reading_commands_on_a_live_store(engine: Engine) {
     }
 }
 
+/// Issue 39 item 3: `dump` into a reader that does not read (a pager left open) must not
+/// keep a controller from starting. The tool reads a redb store in pieces and closes it
+/// before it writes a piece, so while its stdout is blocked a writer with periodic
+/// durability (the default) opens the store; the dump then ends at its next piece with
+/// "locked" (exit status 2), after the objects it printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_into_a_blocked_pipe_does_not_keep_a_writer_out() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let server = TestServer::start().await;
+    // Far more than a pipe holds (64 KiB), and more than one piece (1000 objects).
+    server.handle().seed_pods(1500, 5);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    synced_store(Engine::Redb, &server, &dir).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kube-persist"))
+        .args(["dump", dir.to_str().unwrap(), "pods"])
+        .env_remove("KUBE_PERSIST_KEY")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    // The tool has opened the store and printed: output waits in the pipe, never read.
+    let mut poll = libc::pollfd {
+        fd: out.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for a descriptor `out` owns.
+    let ready = unsafe { libc::poll(&mut poll, 1, 60_000) };
+    assert_eq!(ready, 1, "the dump printed nothing within 60 s");
+    let path = dir.clone();
+    let opened = tokio::task::spawn_blocking(move || Db::open(&path))
+        .await
+        .unwrap();
+    let db = opened.expect("a writer opens the store while the dump's stdout is blocked");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the dump is still blocked on its stdout"
+    );
+    // Read now: the dump ends at its next piece, which the writer's store refuses.
+    let mut printed = String::new();
+    out.read_to_string(&mut printed).unwrap();
+    let end = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&end.stderr);
+    assert_eq!(end.status.code(), Some(2), "{err}");
+    assert!(err.contains("locked"), "{err}");
+    let lines = printed.lines().count();
+    assert!(lines > 0 && lines < 1500, "{lines} objects printed");
+    assert!(
+        printed
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    drop(db);
+}
+
 #[test]
 fn every_command_has_help() {
     for command in [

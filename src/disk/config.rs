@@ -73,7 +73,13 @@ pub struct DbConfig {
     pub(crate) engine: Option<Engine>,
     /// Open an existing store without writing to it ([`DbConfig::read_only`]).
     pub(crate) read_only: bool,
+    /// How long a writer's open waits for read-only handles to close
+    /// ([`DbConfig::wait_for_readers`]).
+    pub(crate) reader_wait: Duration,
 }
+
+/// The default of [`DbConfig::wait_for_readers`].
+const READER_WAIT: Duration = Duration::from_secs(30);
 
 impl Default for DbConfig {
     fn default() -> Self {
@@ -85,6 +91,7 @@ impl Default for DbConfig {
             compression: Compression::Lz4,
             engine: None,
             read_only: false,
+            reader_wait: READER_WAIT,
         }
     }
 }
@@ -154,7 +161,9 @@ impl DbConfig {
     /// durable ([`Durability::EveryBatch`]): redb then opens it in its multi-process mode, in
     /// which readers follow the writer's commits (it refuses non-durable commits in that
     /// mode, so a writer with the default [`Durability::Periodic`] keeps the store to itself:
-    /// [`Error::Locked`](crate::Error::Locked)). Opening a stream or a controller's state,
+    /// [`Error::Locked`](crate::Error::Locked)). Such a writer that opens while readers
+    /// hold the store waits for them to close, up to [`DbConfig::wait_for_readers`]: hold a
+    /// read-only handle only while reading. Opening a stream or a controller's state,
     /// and every other write, is [`Error::Config`](crate::Error::Config); so is a sled store
     /// (sled has no read-only mode) and a missing one.
     ///
@@ -259,6 +268,31 @@ impl DbConfig {
     /// ```
     pub fn engine(mut self, engine: Engine) -> Self {
         self.engine = Some(engine);
+        self
+    }
+
+    /// How long opening a redb store for writing with [`Durability::Periodic`] waits for
+    /// read-only handles ([`DbConfig::read_only`], e.g. the `kube-persist` tool's reading
+    /// commands, in this or another process) to close (default 30 s). Such a writer needs
+    /// the store to itself, so a reader must never keep it from starting: the open retries
+    /// while only readers hold the store, and is [`Error::Locked`](crate::Error::Locked)
+    /// once this time has passed. A store held by another writer is `Locked` at once. A
+    /// writer with [`Durability::EveryBatch`] opens beside readers and never waits; sled has
+    /// no readers. [`Db::open_with`](crate::Db::open_with) blocks its thread while it waits.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), kube_persist::Error> {
+    /// use std::time::Duration;
+    /// use kube_persist::{Db, DbConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// // Give a `kube-persist dump` in progress up to 2 minutes to finish a chunk.
+    /// let config = DbConfig::default().wait_for_readers(Duration::from_secs(120));
+    /// let db = Db::open_with(dir.path(), config)?;
+    /// # drop(db);
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_readers(mut self, wait: Duration) -> Self {
+        self.reader_wait = wait;
         self
     }
 

@@ -146,9 +146,20 @@ impl Db {
     }
 
     /// The work of [`Db::raw_objects`](crate::Db::raw_objects).
-    pub(crate) fn raw_objects_in(&self, stream: &str) -> Result<RawObjects> {
+    /// With `after` (a key as this iterator gives it), the work of
+    /// [`Db::raw_objects_after`](crate::Db::raw_objects_after).
+    pub(crate) fn raw_objects_in(&self, stream: &str, after: Option<&str>) -> Result<RawObjects> {
         let (backend, cipher) = self.readable(stream)?;
-        let (start, end) = keys::range(OBJECT, None);
+        let (mut start, end) = keys::range(OBJECT, None);
+        if let Some(after) = after {
+            let (ns, name) = match after.split_once('/') {
+                Some((ns, name)) => (Some(ns), name),
+                None => (None, after),
+            };
+            // The first key after `after`'s own.
+            start = keys::tagged(OBJECT, &keys::object_suffix(ns, name));
+            start.push(0);
+        }
         let db = self.clone();
         Ok(Box::new(backend.range(&start, &end).map(move |entry| {
             let (k, v) = entry?;

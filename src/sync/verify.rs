@@ -9,6 +9,10 @@
 //!
 //! Memory: one page of the list at a time, plus a 16-byte digest per listed key (to find
 //! stored objects the server no longer has), never the objects.
+//!
+//! [`Db::verify_at`](crate::Db::verify_at) opens the store only for each read (one page's
+//! lookups, the final scan) and closes it during the LISTs, so that a writer that needs the
+//! store to itself is not kept from opening it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -19,12 +23,12 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
 use super::list;
-use crate::disk::Backend;
 use crate::disk::keys::{self, OBJECT};
 use crate::disk::record;
+use crate::disk::{Backend, DbConfig};
 use crate::model::Shard;
 use crate::model::{Error, Result};
-use crate::store::{Db, SyncPhase};
+use crate::store::{Db, StreamInfo, SyncPhase};
 
 /// Objects requested per LIST page.
 const PAGE: u32 = 500;
@@ -281,10 +285,40 @@ struct VerifyTarget {
     labels: Option<String>,
     fields: Option<String>,
     shard: Option<Shard>,
-    backend: Arc<dyn Backend>,
+    source: Arc<Source>,
     /// The store directory, for errors.
     path: PathBuf,
     max: usize,
+}
+
+/// Where a verification reads the stored stream.
+enum Source {
+    /// A store held for the whole verification.
+    Held(Arc<dyn Backend>),
+    /// The store at `path`, opened with `config` for each read and closed after it.
+    Reopened {
+        path: PathBuf,
+        config: DbConfig,
+        stream: String,
+    },
+}
+
+impl Source {
+    /// Run `f` on the stream's keyspace. Blocking: opens the store for a reopened source.
+    fn read<T>(&self, f: impl FnOnce(&dyn Backend) -> Result<T>) -> Result<T> {
+        match self {
+            Source::Held(backend) => f(&**backend),
+            Source::Reopened {
+                path,
+                config,
+                stream,
+            } => {
+                let db = Db::open_at(path, config.clone())?;
+                let backend = db.stream_keyspace(stream)?;
+                f(&*backend)
+            }
+        }
+    }
 }
 
 impl Db {
@@ -295,85 +329,122 @@ impl Db {
         client: Client,
         max_differences: usize,
     ) -> Result<Verification> {
-        let not = |detail: String| Error::NotVerifiable {
-            stream: stream.to_string(),
-            detail,
-        };
         let db = self.clone();
         let name = stream.to_string();
-        let (info, backend) = tokio::task::spawn_blocking(move || {
+        let read = move || {
             let info = db.streams()?.into_iter().find(|s| s.name == name);
-            Ok::<_, Error>((info, db.stream_keyspace(&name)?))
-        })
+            Ok::<_, Error>((info, Source::Held(db.stream_keyspace(&name)?)))
+        };
+        verify_with(read, self.path(), stream, client, max_differences).await
+    }
+
+    /// The work of [`Db::verify_at`](crate::Db::verify_at).
+    pub(crate) async fn verify_reopening(
+        path: &Path,
+        config: DbConfig,
+        stream: &str,
+        client: Client,
+        max_differences: usize,
+    ) -> Result<Verification> {
+        let (dir, name) = (path.to_path_buf(), stream.to_string());
+        let read = move || {
+            let db = Db::open_at(&dir, config.clone())?;
+            let info = db.streams()?.into_iter().find(|s| s.name == name);
+            // As for a held store: a stream that is not there is named in the error.
+            drop(db.stream_keyspace(&name)?);
+            drop(db);
+            let source = Source::Reopened {
+                path: dir,
+                config,
+                stream: name,
+            };
+            Ok::<_, Error>((info, source))
+        };
+        verify_with(read, path, stream, client, max_differences).await
+    }
+}
+
+/// Verify `stream`, whose info and source `read` gives (on the blocking pool).
+async fn verify_with(
+    read: impl FnOnce() -> Result<(Option<StreamInfo>, Source)> + Send + 'static,
+    path: &Path,
+    stream: &str,
+    client: Client,
+    max_differences: usize,
+) -> Result<Verification> {
+    let not = |detail: String| Error::NotVerifiable {
+        stream: stream.to_string(),
+        detail,
+    };
+    let (info, source) = tokio::task::spawn_blocking(read)
         .await
         .map_err(|e| not(format!("reading the store failed: {e}")))??;
-        let info = info.ok_or_else(|| not("the store holds no such stream".into()))?;
-        let checkpoint = match (info.phase, info.checkpoint) {
-            (SyncPhase::Synced, Some(cp)) => cp,
-            (phase, _) => {
-                return Err(not(format!(
-                    "it is {phase:?}, not synced: only a synced stream equals the server at \
-                     a resourceVersion (run its watcher until it is ready)"
-                )));
-            }
-        };
-        let resource = api_resource(&info.url, &info.api_version, &info.kind)
-            .ok_or_else(|| not(format!("its collection URL {:?} does not parse", info.url)))?;
-        let api = match &resource.1 {
-            Some(ns) => Api::namespaced_with(client, ns, &resource.0),
-            None => Api::all_with(client, &resource.0),
-        };
-        let target = VerifyTarget {
-            api,
-            url: info.url.clone(),
-            labels: info.label_selector,
-            fields: info.field_selector,
-            shard: info.shard,
-            backend,
-            path: self.path().to_path_buf(),
-            max: max_differences,
-        };
-        tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, "verifying");
-        let now = target.compare_now().await?;
-        tracing::info!(
-            stream,
-            differences = now.count,
-            server_rv = %now.list_rv,
-            "compared with the server's current state"
-        );
-        let (verdict, decided_by) = if now.count == 0 {
-            (Verdict::Equal, now)
-        } else {
-            match target.compare(At::Exactly(&checkpoint)).await? {
-                Some(at_cp) if at_cp.count == 0 => (
-                    Verdict::Behind {
-                        server_resource_version: now.list_rv.clone(),
-                    },
-                    Comparison {
-                        server_objects: at_cp.server_objects,
-                        ..now
-                    },
-                ),
-                Some(at_cp) => (Verdict::Differs, at_cp),
-                None => (
-                    Verdict::Undecided {
-                        server_resource_version: now.list_rv.clone(),
-                    },
-                    now,
-                ),
-            }
-        };
-        Ok(Verification {
-            stream: stream.to_string(),
-            checkpoint,
-            stored_objects: decided_by.stored_objects,
-            counted_objects: info.objects,
-            server_objects: decided_by.server_objects,
-            verdict,
-            difference_count: decided_by.count,
-            differences: decided_by.differences,
-        })
-    }
+    let info = info.ok_or_else(|| not("the store holds no such stream".into()))?;
+    let checkpoint = match (info.phase, info.checkpoint) {
+        (SyncPhase::Synced, Some(cp)) => cp,
+        (phase, _) => {
+            return Err(not(format!(
+                "it is {phase:?}, not synced: only a synced stream equals the server at \
+                 a resourceVersion (run its watcher until it is ready)"
+            )));
+        }
+    };
+    let resource = api_resource(&info.url, &info.api_version, &info.kind)
+        .ok_or_else(|| not(format!("its collection URL {:?} does not parse", info.url)))?;
+    let api = match &resource.1 {
+        Some(ns) => Api::namespaced_with(client, ns, &resource.0),
+        None => Api::all_with(client, &resource.0),
+    };
+    let target = VerifyTarget {
+        api,
+        url: info.url.clone(),
+        labels: info.label_selector,
+        fields: info.field_selector,
+        shard: info.shard,
+        source: Arc::new(source),
+        path: path.to_path_buf(),
+        max: max_differences,
+    };
+    tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, "verifying");
+    let now = target.compare_now().await?;
+    tracing::info!(
+        stream,
+        differences = now.count,
+        server_rv = %now.list_rv,
+        "compared with the server's current state"
+    );
+    let (verdict, decided_by) = if now.count == 0 {
+        (Verdict::Equal, now)
+    } else {
+        match target.compare(At::Exactly(&checkpoint)).await? {
+            Some(at_cp) if at_cp.count == 0 => (
+                Verdict::Behind {
+                    server_resource_version: now.list_rv.clone(),
+                },
+                Comparison {
+                    server_objects: at_cp.server_objects,
+                    ..now
+                },
+            ),
+            Some(at_cp) => (Verdict::Differs, at_cp),
+            None => (
+                Verdict::Undecided {
+                    server_resource_version: now.list_rv.clone(),
+                },
+                now,
+            ),
+        }
+    };
+    Ok(Verification {
+        stream: stream.to_string(),
+        checkpoint,
+        stored_objects: decided_by.stored_objects,
+        counted_objects: info.objects,
+        server_objects: decided_by.server_objects,
+        verdict,
+        difference_count: decided_by.count,
+        differences: decided_by.differences,
+    })
 }
 
 impl VerifyTarget {
@@ -453,15 +524,15 @@ impl VerifyTarget {
                 seen.insert(digest(suffix));
             }
             c.server_objects += listed.len() as u64;
-            let (backend, path, max) = (self.backend.clone(), self.path.clone(), self.max);
-            c = blocking(move || compare_page(&*backend, &path, &listed, c, max)).await?;
+            let (source, path, max) = (self.source.clone(), self.path.clone(), self.max);
+            c = blocking(move || source.read(|b| compare_page(b, &path, &listed, c, max))).await?;
             token = page.metadata.continue_.filter(|t| !t.is_empty());
             if token.is_none() {
                 break;
             }
         }
-        let (backend, path, max) = (self.backend.clone(), self.path.clone(), self.max);
-        blocking(move || find_extra(&*backend, &path, &seen, c, max))
+        let (source, path, max) = (self.source.clone(), self.path.clone(), self.max);
+        blocking(move || source.read(|b| find_extra(b, &path, &seen, c, max)))
             .await
             .map(Some)
     }

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
@@ -28,8 +28,9 @@ type Table<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
 /// ([`Durability::EveryBatch`]) opens in redb's single-writer mode: any number of read-only
 /// handles, in this process or others, follow its commits (the `kube-persist` tool on a live
 /// store). redb refuses non-durable commits in that mode, so a writer with
-/// [`Durability::Periodic`] (the default) excludes every other handle. Read-only handles
-/// always open in single-writer mode: beside such a writer, or with no writer at all.
+/// [`Durability::Periodic`] (the default) excludes every other handle: it waits for readers
+/// to close ([`DbConfig::wait_for_readers`]). Read-only handles always open in single-writer
+/// mode: beside such a writer, or with no writer at all.
 fn mode(config: &DbConfig) -> redb::ConcurrencyMode {
     if config.read_only || config.durability == Durability::EveryBatch {
         redb::ConcurrencyMode::SingleWriter
@@ -79,32 +80,8 @@ pub(super) struct RedbStorage {
 
 impl RedbStorage {
     pub(super) fn open(file: PathBuf, config: &DbConfig) -> Result<RedbStorage> {
-        let cache = usize::try_from(config.cache_capacity).unwrap_or(usize::MAX);
         let dir = file.parent().unwrap_or(&file).to_path_buf();
-        let db = catch_open(&dir, || {
-            let mut builder = redb::Database::builder();
-            builder
-                .set_cache_size(cache)
-                .set_concurrency_mode(mode(config));
-            if config.read_only {
-                builder
-                    .open_read_only(&file)
-                    .map(Handle::Read)
-                    .map_err(|e| match e {
-                        redb::DatabaseError::RepairAborted => Error::Config(format!(
-                            "{} was not closed cleanly and cannot be read before its recovery: \
-                             open it for writing once (its controller does when it starts)",
-                            dir.display()
-                        )),
-                        e => from_redb(&file, e.into()),
-                    })
-            } else {
-                builder
-                    .create(&file)
-                    .map(Handle::Write)
-                    .map_err(|e| from_redb(&file, e.into()))
-            }
-        })?;
+        let db = wait_for_readers(&file, config, || open_handle(&file, &dir, config))?;
         // A reader has nothing to flush.
         let periodic = match config.durability {
             _ if config.read_only => None,
@@ -439,6 +416,82 @@ fn read_only(dir: &Path) -> Error {
         "the store at {} is open read-only (DbConfig::read_only)",
         dir.display()
     ))
+}
+
+/// Open the database once: [`Error::Locked`] if another handle excludes this one.
+fn open_handle(file: &Path, dir: &Path, config: &DbConfig) -> Result<Handle> {
+    let cache = usize::try_from(config.cache_capacity).unwrap_or(usize::MAX);
+    catch_open(dir, || {
+        let mut builder = redb::Database::builder();
+        builder
+            .set_cache_size(cache)
+            .set_concurrency_mode(mode(config));
+        if config.read_only {
+            builder
+                .open_read_only(file)
+                .map(Handle::Read)
+                .map_err(|e| match e {
+                    redb::DatabaseError::RepairAborted => Error::Config(format!(
+                        "{} was not closed cleanly and cannot be read before its recovery: \
+                         open it for writing once (its controller does when it starts)",
+                        dir.display()
+                    )),
+                    e => from_redb(file, e.into()),
+                })
+        } else {
+            builder
+                .create(file)
+                .map(Handle::Write)
+                .map_err(|e| from_redb(file, e.into()))
+        }
+    })
+}
+
+/// Run `open` (a writer's open in redb's exclusive mode, [`Durability::Periodic`]) again
+/// while only read-only handles hold the database, for up to
+/// [`DbConfig::wait_for_readers`]: a reader (the `kube-persist` tool) never keeps a writer
+/// from starting, it only delays it. A database held by another writer is [`Error::Locked`]
+/// at once. Blocks the calling thread while it waits.
+fn wait_for_readers<T>(file: &Path, config: &DbConfig, open: impl Fn() -> Result<T>) -> Result<T> {
+    let exclusive = mode(config) == redb::ConcurrencyMode::ExclusiveWriter;
+    let deadline = Instant::now() + config.reader_wait;
+    let mut pause = Duration::from_millis(10);
+    let mut waited = false;
+    loop {
+        let res = open();
+        if !exclusive || !matches!(res, Err(Error::Locked { .. })) {
+            if waited && res.is_ok() {
+                tracing::info!(path = %file.display(), "the store's readers closed; opened it");
+            }
+            return res;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !only_readers(file) {
+            return res;
+        }
+        if !waited {
+            tracing::info!(path = %file.display(), within = ?config.reader_wait,
+                "the store is open read-only elsewhere (the kube-persist tool?); waiting for its readers to close");
+            waited = true;
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Whether the database at `file` is held by read-only handles only: a writer in redb's
+/// single-writer mode, which shares the database with readers but not with another writer,
+/// opens (and is closed at once).
+fn only_readers(file: &Path) -> bool {
+    catch_open(file.parent().unwrap_or(file), || {
+        redb::Database::builder()
+            .set_cache_size(1 << 20)
+            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+            .open(file)
+            .map(drop)
+            .map_err(|e| from_redb(file, e.into()))
+    })
+    .is_ok()
 }
 
 /// Open and close the redb file at `file`: [`Error::Locked`] if it is open elsewhere.
