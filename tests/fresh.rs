@@ -46,6 +46,9 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         Box::pin(read_your_writes_under_churn(e))
     }),
     ("opaque-versions", |e| Box::pin(opaque_versions(e))),
+    ("opaque-delete-then-recreate", |e| {
+        Box::pin(opaque_delete_then_recreate(e))
+    }),
     ("controller-startup-waits", |e| {
         Box::pin(controller_startup_waits(e))
     }),
@@ -388,6 +391,77 @@ async fn opaque_versions(engine: Engine) -> u64 {
     }
     task.abort();
     stale
+}
+
+/// Issue 39 item 4: with opaque resourceVersions, read-your-writes after a delete and a
+/// create of the same name. The store applies the deletion of the earlier object in a burst
+/// of its own (the watch delivers one event, fails, and backs off 1.5 s before the next
+/// connection brings the create): `wait_for_write(&created)` must not resolve on that
+/// deletion (the read would find no object), only on the created version. A read after the
+/// wait that does not show the created object counts as stale.
+async fn opaque_delete_then_recreate(engine: Engine) -> u64 {
+    let what = format!("{engine} opaque-delete-then-recreate");
+    let server = TestServer::start_with(ServerOptions {
+        opaque_resource_versions: true,
+        ..Default::default()
+    })
+    .await;
+    let h = server.handle();
+    let rt = ResourceType::pods();
+    h.seed_pods(1, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open_with(dir.path(), kube_persist::DbConfig::default().engine(engine)).unwrap();
+    // No retry layer: a refused watch is the store's own backoff.
+    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
+    let cfg = kube_persist::StreamConfig::default()
+        .backoff(Duration::from_millis(1500), Duration::from_secs(3))
+        .relist_jitter(Duration::from_millis(10));
+    let (reader, watcher) = db.store("pods", Api::<Pod>::all(client), cfg).unwrap();
+    let task = tokio::spawn(watcher.run());
+    reader.wait_until_caught_up().await.unwrap();
+    common::eventually("the watch is live", || reader.is_live()).await;
+    let earlier = reader
+        .get_named(Some("ns-0"), "pod-0")
+        .unwrap()
+        .and_then(|p| p.metadata.uid.clone())
+        .expect("the earlier pod-0 is stored");
+    // The open watch ends; its reconnect is refused (a backoff of 1.5 s or more), the next
+    // one delivers one event (the deletion) and fails, the one after the rest.
+    let watches = h.counts().watch;
+    h.faults()
+        .fail_next(kube_persist_testkit::Verb::Watch, 503, 1);
+    h.faults().error_watch_after(1);
+    h.faults().close_watches();
+    common::eventually("the reconnect refused", || h.counts().watch > watches).await;
+    h.delete(&rt, Some("ns-0"), "pod-0").expect("pod-0 deleted");
+    let created = h
+        .create(&rt, kube_persist_testkit::make_pod("ns-0", "pod-0", 7))
+        .expect("pod-0 created again");
+    let created: Pod = serde_json::from_value(created).unwrap();
+    assert_ne!(
+        created.metadata.uid.as_deref(),
+        Some(earlier.as_str()),
+        "{what}"
+    );
+    let began = Instant::now();
+    reader
+        .wait_for_write(&created, common::WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let stored = reader
+        .get_named(Some("ns-0"), "pod-0")
+        .unwrap()
+        .and_then(|p| p.metadata.resource_version.clone());
+    task.abort();
+    if stored != created.metadata.resource_version {
+        eprintln!(
+            "{what}: the wait for the created {:?} resolved after {:?} with the store at {stored:?}",
+            created.metadata.resource_version,
+            began.elapsed()
+        );
+        return 1;
+    }
+    0
 }
 
 /// What the reconciler saw: (namespace/name, resourceVersion) per reconcile.

@@ -192,7 +192,10 @@ where
     /// deleted after the wait saw it, or a list begun after the call completes: another
     /// version could be older than the awaited one, so if the object changes again before
     /// the store applies the awaited version in a burst of its own, the wait ends with the
-    /// next relist or the timeout.
+    /// next relist or the timeout. Knowing only the name, this wait cannot tell the
+    /// deletion of an earlier object of that name (deleted, then created again) from one
+    /// of the written object: [`Reader::wait_for_write`], which knows the written object's
+    /// uid, resolves on a deletion only of that object.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -223,6 +226,20 @@ where
         resource_version: &str,
         timeout: Duration,
     ) -> Result<()> {
+        self.wait_for_version_of(namespace, name, resource_version, None, timeout)
+            .await
+    }
+
+    /// [`Reader::wait_for_resource_version`]; with `uid` (the written object's), a deletion
+    /// resolves the wait only if it is of that object.
+    async fn wait_for_version_of(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        resource_version: &str,
+        uid: Option<&str>,
+        timeout: Duration,
+    ) -> Result<()> {
         let what = match namespace {
             Some(ns) => format!("{ns}/{name} at resourceVersion {resource_version:?}"),
             None => format!("{name} at resourceVersion {resource_version:?}"),
@@ -231,11 +248,16 @@ where
         let mut rx = self.status().clone();
         // A list begun after this moment holds the written version or a later state.
         let list_epoch = rx.borrow().list_epoch;
-        // What is stored now, for servers whose versions only compare for equality.
+        // Whether the awaited object is stored now (any object of its name, without a uid),
+        // for servers whose versions only compare for equality.
+        let of_awaited = |stored_uid: &str| {
+            uid.is_none_or(|uid| stored_uid.is_empty() || uid.is_empty() || stored_uid == uid)
+        };
         let mut present = if comparable {
             None
         } else {
-            Some(self.stored_version(namespace, name).await?.is_some())
+            let now = self.stored_version(namespace, name).await?;
+            Some(now.is_some_and(|(_, u)| of_awaited(&u)))
         };
         let wait = async {
             loop {
@@ -249,13 +271,23 @@ where
                         .and_then(|c| resource_version::at_least(c, resource_version))
                         .unwrap_or(false),
                     // Another version says nothing: it may be older or newer than the
-                    // awaited one. The awaited version itself, a deletion after the object
-                    // was seen, or a list begun after the call does.
+                    // awaited one. The awaited version itself, a list begun after the call,
+                    // or the end of the awaited object after the wait saw it does: its
+                    // deletion (or its replacement by an object of another uid) comes after
+                    // every write of it. With a uid, the deletion of an earlier object of
+                    // the same name (delete, then create the awaited one) does not.
                     Some(was_present) => {
                         let now = self.stored_version(namespace, name).await?;
-                        let deleted = *was_present && now.is_none();
-                        *was_present |= now.is_some();
-                        relisted || deleted || now.as_deref() == Some(resource_version)
+                        let is_awaited = now.as_ref().is_some_and(|(_, u)| of_awaited(u));
+                        let gone = *was_present && !is_awaited && (uid.is_some() || now.is_none());
+                        if uid.is_some() {
+                            *was_present = is_awaited;
+                        } else {
+                            *was_present |= now.is_some();
+                        }
+                        relisted
+                            || gone
+                            || now.as_ref().map(|(rv, _)| rv.as_str()) == Some(resource_version)
                     }
                 };
                 if done {
@@ -278,7 +310,10 @@ where
     }
 
     /// [`Reader::wait_for_resource_version`] for an object as a write returned it (its
-    /// namespace, name and resourceVersion).
+    /// namespace, name and resourceVersion). With opaque resourceVersions its uid tells
+    /// the written object from an earlier one of the same name: after a delete and a
+    /// create, the earlier object's deletion does not end the wait, the created version
+    /// (or a later end of the created object) does.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -307,8 +342,14 @@ where
                 "wait_for_write needs an object with metadata.name and metadata.resourceVersion (as a write returns it)".into(),
             ));
         };
-        self.wait_for_resource_version(meta.namespace.as_deref(), name, rv, timeout)
-            .await
+        self.wait_for_version_of(
+            meta.namespace.as_deref(),
+            name,
+            rv,
+            meta.uid.as_deref(),
+            timeout,
+        )
+        .await
     }
 
     /// Waits until the status satisfies `f`; an error if the watcher was dropped first.
@@ -327,15 +368,19 @@ where
         ))
     }
 
-    /// The resourceVersion of the stored object (`None` when absent), read on the blocking
-    /// pool.
-    async fn stored_version(&self, namespace: Option<&str>, name: &str) -> Result<Option<String>> {
+    /// The resourceVersion and uid of the stored object (`None` when absent), read on the
+    /// blocking pool.
+    async fn stored_version(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<(String, String)>> {
         let (reader, ns, name) = (
             self.clone(),
             namespace.map(str::to_string),
             name.to_string(),
         );
-        tokio::task::spawn_blocking(move || reader.stored_resource_version(ns.as_deref(), &name))
+        tokio::task::spawn_blocking(move || reader.stored_version_and_uid(ns.as_deref(), &name))
             .await
             .map_err(|e| Error::Config(format!("reading a stored version failed: {e}")))?
     }

@@ -154,6 +154,24 @@ where
         Ok(Some(head.resource_version.to_string()))
     }
 
+    /// The resourceVersion and uid in the stored record of an object (no body decoded).
+    /// Blocking.
+    pub(crate) fn stored_version_and_uid(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<(String, String)>> {
+        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+        let Some(value) = self.backend.get(&key)? else {
+            return Ok(None);
+        };
+        let head = record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+        Ok(Some((
+            head.resource_version.to_string(),
+            head.uid.to_string(),
+        )))
+    }
+
     /// The stored object for `obj_ref`, if any.
     ///
     /// Blocking: a point read of the disk and a JSON decode on the calling thread, about 30 µs
