@@ -68,6 +68,7 @@
 //! Last line: `RESULT soak_minutes=.. objects=.. triggers=.. lost_triggers=..
 //! max_trigger_latency_s=.. ticks=.. ticks_fully_swept=.. peak_rss_mib=.. violations=..`
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
