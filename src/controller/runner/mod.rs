@@ -25,13 +25,16 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+mod fetch;
 mod sweeps;
+
+use fetch::{Fetch, Fetched};
 
 use super::Config;
 use super::action::requeue_after;
 use super::error::ControllerError;
 use super::scan::{self, Sweep, suffix_ref};
-use super::state::{Durable, effective, instant_at, now_ms};
+use super::state::{Durable, instant_at, now_ms};
 use super::stats::{ControllerStats, Waiting};
 use super::triggers::{Trigger, TriggerStream};
 use crate::Reader;
@@ -72,17 +75,6 @@ struct Done<K: Resource, E> {
     /// How long the reconcile ran.
     took: Duration,
 }
-
-/// A scheduled object read from disk (on the blocking pool, not in `poll_next`), with its
-/// reconcile record when the runner may skip it.
-struct Fetched<K: Resource> {
-    request: ReconcileRequest<K>,
-    /// The request had to run (see `Runner::forced`): kept if the read fails.
-    forced: bool,
-    read: crate::Result<Option<Arc<K>>>,
-    record: Option<ReconcileRecord>,
-}
-type Fetch<K> = BoxFuture<'static, Fetched<K>>;
 
 /// The parts a [`Runner`] starts from.
 pub(crate) struct Parts<K: Resource, Ctx, E> {
@@ -311,73 +303,6 @@ where
         progressed
     }
 
-    /// Starts reading one scheduled object from disk, off the async worker (a read may
-    /// block on disk); [`Runner::start`] follows when it is read.
-    fn dispatch(&mut self, request: ReconcileRequest<K>) {
-        self.sweep_outstanding.remove(&request.obj_ref);
-        if let Some((_, kind)) = self.waiting.remove(&request.obj_ref) {
-            self.p.stats.dequeued(kind);
-        }
-        self.running_refs.insert(request.obj_ref.clone());
-        // A request that must run may have been merged into this one (see `forced`).
-        let forced = self.forced.remove(&request.obj_ref);
-        let reader = self.p.reader.clone();
-        // The record is read only for requests that may be skipped.
-        let state = self
-            .durable
-            .as_ref()
-            .filter(|_| !forced && skippable(&request.reason))
-            .map(|d| {
-                let suffix = suffix_of(&request.obj_ref);
-                let ops = d.uncommitted(&suffix);
-                (d.keyspace(), suffix, ops)
-            });
-        // An object a watch event just wrote is in the hot cache, decoded once by the
-        // write path: handed over as it is, without a trip to the blocking pool.
-        if state.is_none()
-            && let Some(obj) = reader.cached(&request.obj_ref)
-        {
-            let fetched = Fetched {
-                request,
-                forced,
-                read: Ok(Some(obj)),
-                record: None,
-            };
-            self.fetching.push(futures::future::ready(fetched).boxed());
-            return;
-        }
-        self.fetching.push(
-            async move {
-                let obj_ref = request.obj_ref.clone();
-                let read = tokio::task::spawn_blocking(move || {
-                    let obj = reader.get(&obj_ref);
-                    let record = match (&obj, state) {
-                        (Ok(Some(_)), Some((ks, suffix, ops))) => {
-                            effective(&ks, &suffix, &ops).ok().flatten()
-                        }
-                        _ => None,
-                    };
-                    (obj, record)
-                })
-                .await;
-                let (read, record) = read.unwrap_or_else(|e| {
-                    let e = crate::Error::Storage {
-                        path: Default::default(),
-                        detail: format!("object read task failed: {e}"),
-                    };
-                    (Err(e), None)
-                });
-                Fetched {
-                    request,
-                    forced,
-                    read,
-                    record,
-                }
-            }
-            .boxed(),
-        );
-    }
-
     /// Whether a request need not run: a change (or a requeue read back from disk) the
     /// reconcile state shows was already handled. Its pending requeue, which a merge in the
     /// scheduler may have replaced with this request, is scheduled again.
@@ -416,23 +341,6 @@ where
             self.schedule(request.obj_ref.clone(), reason, instant_at(due));
         }
         skip
-    }
-
-    /// Schedules again, with backoff, a request whose object could not be read, keeping
-    /// its "must run" mark: a failed read consumes no trigger.
-    fn retry_read(&mut self, request: ReconcileRequest<K>, forced: bool) {
-        let failures = self
-            .read_failures
-            .entry(request.obj_ref.clone())
-            .or_insert(0);
-        *failures = failures.saturating_add(1);
-        let delay = read_retry_delay(*failures);
-        tracing::warn!(object = %request.obj_ref, failures = *failures, retry_ms = delay.as_millis() as u64,
-            "cannot read the object to reconcile: retried");
-        if forced {
-            self.forced.insert(request.obj_ref.clone());
-        }
-        self.schedule(request.obj_ref, request.reason, Instant::now() + delay);
     }
 
     /// Starts the reconcile of one object read from disk.
@@ -655,16 +563,6 @@ where
         cx.waker().wake_by_ref();
         Poll::Pending
     }
-}
-
-/// How long after its `failures`-th failed read in a row an object is read again: 200 ms,
-/// doubling, at most 5 minutes.
-fn read_retry_delay(failures: u32) -> Duration {
-    const FIRST: Duration = Duration::from_millis(200);
-    const MAX: Duration = Duration::from_secs(300);
-    FIRST
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-        .min(MAX)
 }
 
 /// The state key suffix of an object.

@@ -66,6 +66,10 @@ struct Shared {
     every_batch: bool,
     /// Commits since the last durable one.
     dirty: AtomicBool,
+    /// Held across a durable commit: a flush that finds nothing dirty because another one
+    /// (the background flusher's) took the flag waits until that commit is durable, instead
+    /// of returning before it is.
+    flushing: std::sync::Mutex<()>,
     /// A write failed for lack of space. redb then answers `PreviousIo` until reopened,
     /// which is reported as the disk-full error it stands for.
     disk_full: AtomicBool,
@@ -97,6 +101,7 @@ impl RedbStorage {
             _stop: periodic.is_some().then_some(stop),
             every_batch: config.durability == Durability::EveryBatch,
             dirty: AtomicBool::new(false),
+            flushing: std::sync::Mutex::new(()),
             disk_full: AtomicBool::new(false),
             _held: held,
         });
@@ -176,6 +181,7 @@ impl Shared {
         let Handle::Write(db) = &self.db else {
             return Ok(()); // a reader never commits
         };
+        let _durable = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
