@@ -55,17 +55,7 @@ impl ControllerProc {
 
     /// (VmHWM, VmRSS) in KiB.
     fn rss_kib(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmHWM:"), field("VmRSS:"))
+        support::rss_kib_at(&format!("/proc/{}/status", self.child.id()))
     }
 
     /// SIGTERM and wait for the exit: `Err` with what went wrong (then it is SIGKILLed).

@@ -507,7 +507,12 @@ pub async fn force_gone(url: &str) {
 
 /// (VmHWM, VmRSS) of this process in KiB, from /proc/self/status.
 pub fn rss_kib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    rss_kib_at("/proc/self/status")
+}
+
+/// (VmHWM, VmRSS) in KiB from a `/proc/<pid>/status` file (zeros if it cannot be read).
+pub fn rss_kib_at(status: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(status).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
