@@ -9,10 +9,12 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::{
-    ControllerStateInfo, Db, DbConfig, Engine, Pair, RawObjects, Reader, ReconcileStates, Result,
-    StreamConfig, StreamInfo, Verification, Watcher,
-};
+use crate::controller::keyspace::{self, ControllerStateInfo, ReconcileStates};
+use crate::disk::{self, DbConfig};
+use crate::model::{Engine, Result};
+use crate::store::{Db, Dir, RawObjects, Reader, StreamInfo};
+use crate::sync::{self, Pair, Verification, Watcher};
+use crate::sync::StreamConfig;
 
 impl Db {
     /// Open (or create) the store directory at `path` with default options: an existing
@@ -63,7 +65,9 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn open_with(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
-        Db::open_at(path, config)
+        Ok(Db {
+            dir: Dir::open(path, config)?,
+        })
     }
 
     /// Remove the store directory at `path` and everything in it, so that the next start
@@ -91,7 +95,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn destroy(path: impl AsRef<Path>) -> Result<()> {
-        Db::destroy_at(path)
+        Dir::destroy(path)
     }
 
     /// The store directory.
@@ -104,7 +108,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn path(&self) -> &Path {
-        self.dir()
+        self.dir.path()
     }
 
     /// The storage engine this store is kept in: the one recorded in its directory (for a
@@ -120,7 +124,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn engine(&self) -> Engine {
-        self.engine_kind()
+        self.dir.engine()
     }
 
     /// Flush everything written so far to disk.
@@ -134,7 +138,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn flush(&self) -> Result<()> {
-        self.flush_all()
+        self.dir.flush()
     }
 
     /// Bytes the database occupies on disk.
@@ -147,7 +151,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn size_on_disk(&self) -> Result<u64> {
-        self.bytes_on_disk()
+        self.dir.size_on_disk()
     }
 
     /// The streams stored in this directory.
@@ -160,7 +164,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn streams(&self) -> Result<Vec<StreamInfo>> {
-        self.stream_infos()
+        self.dir.streams()
     }
 
     /// The bytes `stream` occupies in the store: for redb, its table's stored, metadata and
@@ -177,7 +181,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
-        self.stream_bytes(stream)
+        self.dir.stream_disk_bytes(stream)
     }
 
     /// The stored JSON of one object of `stream`, decrypted if the store is encrypted.
@@ -206,7 +210,7 @@ impl Db {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<Vec<u8>>> {
-        self.raw_get_in(stream, namespace, name)
+        self.dir.raw_get(stream, namespace, name)
     }
 
     /// Every stored object of `stream` as (`namespace/name`, JSON), read lazily from disk.
@@ -230,7 +234,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn raw_objects(&self, stream: &str) -> Result<RawObjects> {
-        self.raw_objects_in(stream, None)
+        self.dir.raw_objects(stream, None)
     }
 
     /// The objects of [`Db::raw_objects`] whose keys come after `after` (a key it gave), in
@@ -256,7 +260,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn raw_objects_after(&self, stream: &str, after: &str) -> Result<RawObjects> {
-        self.raw_objects_in(stream, Some(after))
+        self.dir.raw_objects(stream, Some(after))
     }
 
     /// Open the persistent stream `name` for the collection of `api`, returning its
@@ -300,7 +304,7 @@ impl Db {
         K: Resource + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        self.open_store_with(name, api, config, &K::DynamicType::default())
+        sync::open_store(&self.dir, name, api, config, &K::DynamicType::default())
     }
 
     /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
@@ -333,7 +337,7 @@ impl Db {
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
-        self.open_store_with(name, api, config, dyntype)
+        sync::open_store(&self.dir, name, api, config, dyntype)
     }
 
     /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
@@ -366,7 +370,7 @@ impl Db {
         K: Resource + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        self.open_metadata_store(name, api, config)
+        sync::open_metadata_store(&self.dir, name, api, config)
     }
 
     /// Compare stream `stream` with the collection it caches on the server `client` talks
@@ -395,7 +399,7 @@ impl Db {
         client: Client,
         max_differences: usize,
     ) -> Result<Verification> {
-        self.verify_stream(stream, client, max_differences).await
+        sync::verify(&self.dir, stream, client, max_differences).await
     }
 
     /// [`Db::verify`] of stream `stream` of the store at `path`, opened with `config` only
@@ -424,7 +428,7 @@ impl Db {
         client: Client,
         max_differences: usize,
     ) -> Result<Verification> {
-        Db::verify_reopening(path.as_ref(), config, stream, client, max_differences).await
+        sync::verify_at(path.as_ref(), config, stream, client, max_differences).await
     }
 
     /// The durable controllers' reconcile states kept in this store: objects tracked,
@@ -443,7 +447,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn controller_states(&self) -> Result<Vec<ControllerStateInfo>> {
-        self.controller_infos()
+        keyspace::controller_states(&self.dir)
     }
 
     /// Every object record of controller `name`'s reconcile state, in key order, read
@@ -457,7 +461,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn reconcile_states(&self, name: &str) -> Result<ReconcileStates> {
-        self.reconcile_infos(name)
+        keyspace::reconcile_states(&self.dir, name)
     }
 
     /// Remove stream `name` and everything stored for it (objects, indexes, checkpoint), so
@@ -474,7 +478,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn drop_stream(&self, name: &str) -> Result<()> {
-        self.drop_keyspace(crate::disk::STREAMS, name, "stream")
+        self.dir.drop_keyspace(disk::STREAMS, name, "stream")
     }
 
     /// Remove durable controller `name`'s reconcile state (see
@@ -490,6 +494,6 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn drop_controller_state(&self, name: &str) -> Result<()> {
-        self.drop_keyspace(crate::disk::CONTROLLERS, name, "controller state")
+        self.dir.drop_keyspace(disk::CONTROLLERS, name, "controller state")
     }
 }

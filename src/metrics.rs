@@ -90,7 +90,7 @@ use crate::Reader;
 use crate::controller::{ControllerCounts, ControllerStats};
 use crate::model::Stats;
 use crate::store::MetricsSource;
-use crate::store::{Status, SyncPhase};
+use crate::store::SyncPhase;
 
 /// A metric: name (after `kube_persist_`), help, and how to read it from a value.
 type Metric<T, V> = (&'static str, &'static str, fn(&T) -> V);
@@ -289,24 +289,6 @@ impl Metrics {
         let mut controllers = self.controllers.lock().unwrap_or_else(|p| p.into_inner());
         controllers.retain(|(n, _)| n != name);
         controllers.push((name.to_string(), stats.clone()));
-    }
-}
-
-impl MetricsSource {
-    fn stats(&self) -> Stats {
-        self.stats.snapshot_with_cache(&self.cache)
-    }
-
-    fn status(&self) -> Status {
-        self.status.borrow().clone()
-    }
-}
-
-impl std::fmt::Debug for MetricsSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricsSource")
-            .field("path", &self.path)
-            .finish()
     }
 }
 

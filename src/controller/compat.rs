@@ -9,9 +9,8 @@ use kube::core::Status;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
-use super::error::TriggerError;
-use super::triggers::touched;
-use crate::{Error, Watcher};
+use crate::model::Error;
+use crate::sync::{Event, Watcher};
 
 impl<K> Watcher<K>
 where
@@ -35,7 +34,7 @@ where
     ///   was down;
     /// - a relist after `410 Gone` yields only the objects that changed or disappeared.
     ///
-    /// Errors are mapped by [`to_watcher_error`](super::to_watcher_error) (see there). They
+    /// Errors are mapped by [`to_watcher_error`](crate::controller::to_watcher_error) (see there). They
     /// are informational: the persistent watcher retries with its own jittered backoff and
     /// the stream goes on (kube-runtime reports them as `controller::Error::QueueError`).
     ///
@@ -77,14 +76,14 @@ where
     /// # Ok(()) }
     /// ```
     pub fn touched_objects(self) -> impl Stream<Item = Result<K, watcher::Error>> + Send {
-        // A persistent watcher's own stream never misses an event (`None` is a lag of a
-        // shared subscriber), so every item is an object or an error.
-        touched(self).filter_map(|res| {
-            futures::future::ready(match res {
-                Ok(Some(o)) => Some(Ok(o)),
-                Ok(None) => None,
-                Err(TriggerError::Store(e)) => Some(Err(to_watcher_error(e))),
-                Err(TriggerError::Watcher(e)) => Some(Err(e)),
+        self.stream().filter_map(|ev| {
+            futures::future::ready(match ev {
+                Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => Some(Ok(o)),
+                // No object to yield: a key without its body, and the markers.
+                Ok(Event::Resumed { .. } | Event::Init | Event::InitDone | Event::DeleteKey(_)) => {
+                    None
+                }
+                Err(e) => Some(Err(to_watcher_error(e))),
             })
         })
     }

@@ -40,12 +40,12 @@ pub enum ControllerError<E: 'static> {
     /// The read is retried with backoff (200 ms, doubling, at most 5 minutes) until it
     /// succeeds or the object is gone; the trigger is not lost.
     #[error("cannot read object {1} from the store: {0}")]
-    ReadFailed(#[source] crate::Error, Box<ObjectRef<DynamicObject>>),
+    ReadFailed(#[source] crate::model::Error, Box<ObjectRef<DynamicObject>>),
 
     /// A persistent watcher feeding the controller (the main kind's or a related kind's)
     /// reported an error. It retries with backoff by itself; this is for diagnostics.
     #[error("persistent watcher error: {0}")]
-    Store(#[source] crate::Error),
+    Store(#[source] crate::model::Error),
 
     /// A trigger stream given to [`Controller::watches_stream`](super::Controller::watches_stream)
     /// or [`Controller::owns_stream`](super::Controller::owns_stream) reported an error.
@@ -56,7 +56,7 @@ pub enum ControllerError<E: 'static> {
 /// An error of a trigger stream, before it becomes a [`ControllerError`].
 #[derive(Debug)]
 pub(crate) enum TriggerError {
-    Store(crate::Error),
+    Store(crate::model::Error),
     Watcher(kube::runtime::watcher::Error),
 }
 

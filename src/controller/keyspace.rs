@@ -13,7 +13,7 @@ use crate::disk::keys::{self, CONTROLLER_KEY, COUNTS_KEY, DUE, RECONCILED};
 use crate::disk::{Backend, CONTROLLERS, WriteBatch};
 use crate::disk::{LeaseCloser, StreamLease, record};
 use crate::model::{Error, Result};
-use crate::store::Db;
+use crate::store::Dir;
 
 /// Version of the controller state's format; part of its identity.
 const STATE_FORMAT: u32 = 1;
@@ -378,34 +378,34 @@ pub struct ReconcileStateInfo {
 /// ```
 pub type ReconcileStates = Box<dyn Iterator<Item = Result<ReconcileStateInfo>> + Send>;
 
-impl Db {
-    /// Open the reconcile state keyspace of controller `name` (one per process).
-    pub(crate) fn open_controller(&self, name: &str) -> Result<ControllerKeyspace> {
+/// Open the reconcile state keyspace of controller `name` in `dir` (one per process).
+pub(crate) fn open(dir: &Dir, name: &str) -> Result<ControllerKeyspace> {
         if name.is_empty() {
             return Err(Error::Config("controller name must not be empty".into()));
         }
-        let lease = self.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
+        let lease = dir.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
         Ok(ControllerKeyspace {
-            backend: self.storage().keyspace_of(CONTROLLERS, name)?,
-            path: self.path().to_path_buf(),
+            backend: dir.storage().keyspace_of(CONTROLLERS, name)?,
+            path: dir.path().to_path_buf(),
             name: name.to_string(),
             lease,
         })
     }
 
-    fn controller_keyspace(&self, name: &str) -> Result<Arc<dyn Backend>> {
-        self.require_keyspace(CONTROLLERS, name, "controller state")?;
-        self.storage().keyspace_of(CONTROLLERS, name)
+/// The stored reconcile state keyspace of controller `name`, [`Error::Config`] if none.
+fn stored(dir: &Dir, name: &str) -> Result<Arc<dyn Backend>> {
+        dir.require_keyspace(CONTROLLERS, name, "controller state")?;
+        dir.storage().keyspace_of(CONTROLLERS, name)
     }
 
-    /// The work of [`Db::controller_states`](crate::Db::controller_states).
-    pub(crate) fn controller_infos(&self) -> Result<Vec<ControllerStateInfo>> {
-        let mut names = self.storage().keyspaces_of(CONTROLLERS)?;
+/// The work of [`Db::controller_states`](crate::Db::controller_states).
+pub(crate) fn controller_states(dir: &Dir) -> Result<Vec<ControllerStateInfo>> {
+        let mut names = dir.storage().keyspaces_of(CONTROLLERS)?;
         names.sort();
         let mut out = Vec::new();
         for name in names {
-            let backend = self.storage().keyspace_of(CONTROLLERS, &name)?;
-            let path = self.path();
+            let backend = dir.storage().keyspace_of(CONTROLLERS, &name)?;
+            let path = dir.path();
             let Some(id) = backend.get(CONTROLLER_KEY)? else {
                 continue;
             };
@@ -431,11 +431,11 @@ impl Db {
         Ok(out)
     }
 
-    /// The work of [`Db::reconcile_states`](crate::Db::reconcile_states).
-    pub(crate) fn reconcile_infos(&self, name: &str) -> Result<ReconcileStates> {
-        let backend = self.controller_keyspace(name)?;
+/// The work of [`Db::reconcile_states`](crate::Db::reconcile_states).
+pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates> {
+        let backend = stored(dir, name)?;
         let (start, end) = keys::range(RECONCILED, None);
-        let path = self.path().to_path_buf();
+        let path = dir.path().to_path_buf();
         let name = name.to_string();
         Ok(Box::new(backend.range(&start, &end).map(move |entry| {
             let (k, v) = entry?;
@@ -453,4 +453,3 @@ impl Db {
             })
         })))
     }
-}

@@ -95,7 +95,8 @@ pub use error::ControllerError;
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 pub use stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
 
-use crate::{Db, Reader, Watcher};
+use crate::store::{Db, Reader};
+use crate::sync::Watcher;
 use runner::{Parts, Runner};
 use triggers::TriggerStream;
 
@@ -229,7 +230,7 @@ where
     /// tokio::spawn(shared.run());
     /// # let _ = (labeler, auditor); Ok(()) }
     /// ```
-    pub fn for_shared(reader: Reader<K>, subscriber: crate::Subscriber<K>, config: Config) -> Self
+    pub fn for_shared(reader: Reader<K>, subscriber: crate::sync::Subscriber<K>, config: Config) -> Self
     where
         K::DynamicType: Default,
     {
@@ -252,7 +253,7 @@ where
     /// ```
     pub fn for_shared_with(
         reader: Reader<K>,
-        subscriber: crate::Subscriber<K>,
+        subscriber: crate::sync::Subscriber<K>,
         config: Config,
         dyntype: K::DynamicType,
     ) -> Self {
@@ -310,9 +311,9 @@ where
     ///     .durable_state(&db, "pod-labeler")?;
     /// # let _ = controller; Ok(()) }
     /// ```
-    pub fn durable_state(mut self, db: &Db, name: &str) -> crate::Result<Self> {
-        let ks = db.open_controller(name)?;
-        self.durable = Some((ks, db.worker(), name.to_string()));
+    pub fn durable_state(mut self, db: &Db, name: &str) -> crate::model::Result<Self> {
+        let ks = keyspace::open(&db.dir, name)?;
+        self.durable = Some((ks, db.dir.worker(), name.to_string()));
         Ok(self)
     }
 
@@ -332,13 +333,14 @@ where
         db: &Db,
         name: &str,
         api: Api<K>,
-        store_config: crate::StreamConfig,
+        store_config: crate::sync::StreamConfig,
         config: Config,
-    ) -> crate::Result<Self>
+    ) -> crate::model::Result<Self>
     where
         K::DynamicType: Default,
     {
-        let (reader, watcher) = db.store(name, api, store_config)?;
+        let (reader, watcher) =
+            crate::sync::open_store(&db.dir, name, api, store_config, &Default::default())?;
         Ok(Self::new(reader, watcher, config))
     }
 
@@ -360,11 +362,12 @@ where
         db: &Db,
         name: &str,
         api: Api<K>,
-        store_config: crate::StreamConfig,
+        store_config: crate::sync::StreamConfig,
         config: Config,
         dyntype: K::DynamicType,
-    ) -> crate::Result<Self> {
-        let (reader, watcher) = db.store_with(name, api, store_config, &dyntype)?;
+    ) -> crate::model::Result<Self> {
+        let (reader, watcher) =
+            crate::sync::open_store(&db.dir, name, api, store_config, &dyntype)?;
         Ok(Self::new_with(reader, watcher, config, dyntype))
     }
 

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use super::error::TriggerError;
 use super::triggers;
 use super::{Controller, kind_of, ready_of};
-use crate::Pair;
+use crate::sync::Pair;
 
 impl<K> Controller<K>
 where
@@ -283,8 +283,8 @@ where
     #[must_use]
     pub fn owns_shared<Child>(
         self,
-        reader: &crate::Reader<Child>,
-        subscriber: crate::Subscriber<Child>,
+        reader: &crate::store::Reader<Child>,
+        subscriber: crate::sync::Subscriber<Child>,
     ) -> Self
     where
         Child: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
@@ -319,8 +319,8 @@ where
     #[must_use]
     pub fn watches_shared<Other, I>(
         mut self,
-        reader: &crate::Reader<Other>,
-        subscriber: crate::Subscriber<Other>,
+        reader: &crate::store::Reader<Other>,
+        subscriber: crate::sync::Subscriber<Other>,
         mapper: impl Fn(Other) -> I + Send + 'static,
     ) -> Self
     where

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 
 use super::stats::ControllerStats;
 use super::triggers::bare_ref;
-use crate::Reader;
+use crate::store::Reader;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
 
 /// Reason of a startup-pass reconcile of an object changed (or never reconciled).
@@ -53,7 +53,7 @@ pub(crate) enum Plan<K: Resource> {
 }
 
 /// A chunk of plans, or a read error (the sweep goes on, or ends after a state error).
-pub(crate) type Chunk<K> = crate::Result<Vec<Plan<K>>>;
+pub(crate) type Chunk<K> = crate::model::Result<Vec<Plan<K>>>;
 
 /// What the startup pass reconciles besides due requeues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,8 +216,8 @@ impl<T> Paged<T> {
     fn peek(
         &mut self,
         chunk: usize,
-        read: impl Fn(Option<&[u8]>, usize) -> crate::Result<Vec<(Vec<u8>, T)>>,
-    ) -> crate::Result<Option<&(Vec<u8>, T)>> {
+        read: impl Fn(Option<&[u8]>, usize) -> crate::model::Result<Vec<(Vec<u8>, T)>>,
+    ) -> crate::model::Result<Option<&(Vec<u8>, T)>> {
         if self.buf.is_empty() && !self.done {
             let page = read(self.cursor.as_deref(), chunk)?;
             self.done = page.len() < chunk;
@@ -235,7 +235,7 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone,
 {
-    fn run(&mut self, tx: &mpsc::Sender<Chunk<K>>) -> crate::Result<()> {
+    fn run(&mut self, tx: &mpsc::Sender<Chunk<K>>) -> crate::model::Result<()> {
         let mut objects = Paged::<String>::new();
         let mut records = Paged::<ReconcileRecord>::new();
         let mut out = Vec::with_capacity(self.chunk);
@@ -288,7 +288,7 @@ where
     /// key has a record and no object in them: the store is read again before forgetting,
     /// and the forget is written only if the record is still the one read here (the object
     /// may come back before the forget is written, and record a new reconcile).
-    fn forget(&mut self, suffix: Vec<u8>, seen: ReconcileRecord) -> crate::Result<Option<Plan<K>>> {
+    fn forget(&mut self, suffix: Vec<u8>, seen: ReconcileRecord) -> crate::model::Result<Option<Plan<K>>> {
         let (ns, name) = suffix_parts(&suffix);
         if self
             .reader

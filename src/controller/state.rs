@@ -44,7 +44,7 @@ pub(crate) fn instant_at(due_ms: u64) -> Instant {
 }
 
 /// A due-time scan on the disk thread: (object suffix, due ms) of the requeues it found.
-type DueScan = BoxFuture<'static, crate::Result<Vec<(Vec<u8>, u64)>>>;
+type DueScan = BoxFuture<'static, crate::model::Result<Vec<(Vec<u8>, u64)>>>;
 
 /// The durable side of one controller run.
 pub(crate) struct Durable {
@@ -54,13 +54,13 @@ pub(crate) struct Durable {
     _closer: crate::disk::LeaseCloser,
     worker: DiskWorker,
     window: Duration,
-    init: Option<BoxFuture<'static, crate::Result<bool>>>,
+    init: Option<BoxFuture<'static, crate::model::Result<bool>>>,
     /// Whether the state held objects at start (known once `init` finished).
     existed: Option<bool>,
     pending: Vec<StateOp>,
     flush_timer: Option<Pin<Box<Sleep>>>,
     seq: u64,
-    writes: FuturesUnordered<BoxFuture<'static, (u64, crate::Result<()>)>>,
+    writes: FuturesUnordered<BoxFuture<'static, (u64, crate::model::Result<()>)>>,
     /// Ops not committed yet, by object suffix, with the sequence number of their batch.
     uncommitted: HashMap<Vec<u8>, Vec<(u64, StateOp)>>,
     /// Requeues due before this (unix ms) are in the scheduler; `0`: no startup pass yet.
@@ -105,7 +105,7 @@ impl Durable {
     }
 
     /// `Some(existed)` once the identity check is done.
-    pub(crate) fn poll_init(&mut self, cx: &mut Context<'_>) -> Poll<crate::Result<bool>> {
+    pub(crate) fn poll_init(&mut self, cx: &mut Context<'_>) -> Poll<crate::model::Result<bool>> {
         if let Some(existed) = self.existed {
             return Poll::Ready(Ok(existed));
         }
@@ -186,7 +186,7 @@ impl Durable {
     pub(crate) fn poll(
         &mut self,
         cx: &mut Context<'_>,
-        errors: &mut Vec<crate::Error>,
+        errors: &mut Vec<crate::model::Error>,
     ) -> Vec<(Vec<u8>, u64)> {
         if let Some(t) = self.flush_timer.as_mut()
             && t.poll_unpin(cx).is_ready()
@@ -237,7 +237,7 @@ pub(crate) fn effective(
     ks: &ControllerKeyspace,
     suffix: &[u8],
     uncommitted: &[StateOp],
-) -> crate::Result<Option<ReconcileRecord>> {
+) -> crate::model::Result<Option<ReconcileRecord>> {
     let mut rec = ks.get(suffix)?;
     for op in uncommitted {
         rec = op.apply_to(rec);

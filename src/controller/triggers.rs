@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::TriggerError;
 use crate::sync::Touched;
-use crate::{Event, SharedEvent, Subscriber, Watcher};
+use crate::sync::{Event, SharedEvent, Subscriber, Watcher};
 
 /// One thing a trigger stream asks of the runner.
 pub(crate) enum Trigger<K: Resource> {

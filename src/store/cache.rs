@@ -282,13 +282,13 @@ impl std::fmt::Debug for HotCache {
     }
 }
 
-/// The hot cache's hits and misses belong in a stream's [`Stats`] snapshot; the counters
-/// (in `model/`) know nothing of the cache.
-impl Counters {
-    /// The counters with the hot cache's hits and misses, as [`Reader::stats`](crate::Reader::stats) reports them.
-    pub(crate) fn snapshot_with_cache(&self, cache: &HotCache) -> Stats {
-        let mut stats = self.snapshot();
-        (stats.hot_cache_hits, stats.hot_cache_misses) = cache.counts();
+impl HotCache {
+    /// A stream's `counters` with this cache's hits and misses, as
+    /// [`Reader::stats`](crate::Reader::stats) reports them (the counters, in `model/`, know
+    /// nothing of the cache).
+    pub(crate) fn stats(&self, counters: &Counters) -> Stats {
+        let mut stats = counters.snapshot();
+        (stats.hot_cache_hits, stats.hot_cache_misses) = self.counts();
         stats
     }
 }

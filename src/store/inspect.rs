@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Db, SyncPhase};
+use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
 use crate::disk::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
@@ -89,9 +89,9 @@ type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 /// ```
 pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
 
-impl Db {
+impl Dir {
     /// The work of [`Db::streams`](crate::Db::streams).
-    pub(crate) fn stream_infos(&self) -> Result<Vec<StreamInfo>> {
+    pub(crate) fn streams(&self) -> Result<Vec<StreamInfo>> {
         let mut out = Vec::new();
         let mut names = self.inner.storage.keyspaces()?;
         names.sort();
@@ -126,12 +126,12 @@ impl Db {
     }
 
     /// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes).
-    pub(crate) fn stream_bytes(&self, stream: &str) -> Result<u64> {
+    pub(crate) fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
         self.stream_keyspace(stream)?.disk_bytes()
     }
 
     /// The work of [`Db::raw_get`](crate::Db::raw_get).
-    pub(crate) fn raw_get_in(
+    pub(crate) fn raw_get(
         &self,
         stream: &str,
         namespace: Option<&str>,
@@ -148,7 +148,7 @@ impl Db {
     /// The work of [`Db::raw_objects`](crate::Db::raw_objects).
     /// With `after` (a key as this iterator gives it), the work of
     /// [`Db::raw_objects_after`](crate::Db::raw_objects_after).
-    pub(crate) fn raw_objects_in(&self, stream: &str, after: Option<&str>) -> Result<RawObjects> {
+    pub(crate) fn raw_objects(&self, stream: &str, after: Option<&str>) -> Result<RawObjects> {
         let (backend, cipher) = self.readable(stream)?;
         let (mut start, end) = keys::range(OBJECT, None);
         if let Some(after) = after {

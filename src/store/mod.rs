@@ -50,10 +50,19 @@ use cache::HotCache;
 /// ```
 #[derive(Clone)]
 pub struct Db {
-    inner: Arc<DbInner>,
+    /// The store layer's handle; every public method of `Db` (in `db.rs`) delegates to it
+    /// or to the layer above that does the work, passing it down.
+    pub(crate) dir: Dir,
 }
 
-struct DbInner {
+/// The store layer's handle on a store directory: what `sync/` and `controller/` hold and
+/// pass down. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub(crate) struct Dir {
+    inner: Arc<DirInner>,
+}
+
+struct DirInner {
     storage: Arc<dyn Storage>,
     /// The engine `storage` is kept in.
     engine: Engine,
@@ -82,7 +91,7 @@ const RELEASE_WAIT: Duration = Duration::from_secs(30);
 /// How long a reopen retries once those handles are gone, for the engine's deferred release.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
 
-impl Drop for DbInner {
+impl Drop for DirInner {
     fn drop(&mut self) {
         let mut closed = RECENTLY_CLOSED.lock().unwrap_or_else(|p| p.into_inner());
         if !closed.contains(&self.path) {
@@ -146,6 +155,12 @@ fn cipher_of(config: &DbConfig) -> Result<Option<Arc<Cipher>>> {
 
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.dir.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for Dir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
             .field("path", &self.inner.path)
             .field("engine", &self.inner.engine)
@@ -154,12 +169,12 @@ impl std::fmt::Debug for Db {
     }
 }
 
-impl Db {
-    /// The work of [`Db::open_with`](crate::Db::open_with).
-    pub(crate) fn open_at(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
+impl Dir {
+    /// The work of [`Db::open_with`](crate::Db::open_with). Blocking.
+    pub(crate) fn open(path: impl AsRef<Path>, config: DbConfig) -> Result<Dir> {
         let path = path.as_ref().to_path_buf();
         if config.read_only {
-            return Db::open_read_only(path, config);
+            return Dir::open_read_only(path, config);
         }
         let open = disk::too_open(&path);
         if !open.is_empty() {
@@ -179,7 +194,7 @@ impl Db {
         let engine = storage.engine();
         tracing::info!(path = %path.display(), %engine, "store opened");
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Db::from_parts(
+        Ok(Dir::from_parts(
             storage, engine, path, cipher, config, worker,
         ))
     }
@@ -191,9 +206,9 @@ impl Db {
         cipher: Option<Arc<Cipher>>,
         config: DbConfig,
         worker: DiskWorker,
-    ) -> Db {
-        Db {
-            inner: Arc::new(DbInner {
+    ) -> Dir {
+        Dir {
+            inner: Arc::new(DirInner {
                 storage,
                 engine,
                 path,
@@ -209,19 +224,19 @@ impl Db {
     /// [`DbConfig::read_only`](crate::DbConfig::read_only): no directory created, no
     /// permission changed, no lease ever granted (every stream and controller open is
     /// refused, so nothing writes).
-    fn open_read_only(path: PathBuf, config: DbConfig) -> Result<Db> {
+    fn open_read_only(path: PathBuf, config: DbConfig) -> Result<Dir> {
         let cipher = cipher_of(&config)?;
         let storage = disk::open_storage(&path, &config)?;
         let engine = storage.engine();
         tracing::debug!(path = %path.display(), %engine, "store opened read-only");
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Db::from_parts(
+        Ok(Dir::from_parts(
             storage, engine, path, cipher, config, worker,
         ))
     }
 
     /// The work of [`Db::destroy`](crate::Db::destroy).
-    pub(crate) fn destroy_at(path: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn destroy(path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e| Error::from_io(path.to_path_buf(), e);
         let entries = match std::fs::read_dir(path) {
@@ -237,7 +252,7 @@ impl Db {
     }
 
     /// The work of [`Db::path`](crate::Db::path).
-    pub(crate) fn dir(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.inner.path
     }
 
@@ -268,17 +283,17 @@ impl Db {
     }
 
     /// The work of [`Db::engine`](crate::Db::engine).
-    pub(crate) fn engine_kind(&self) -> Engine {
+    pub(crate) fn engine(&self) -> Engine {
         self.inner.engine
     }
 
     /// The work of [`Db::flush`](crate::Db::flush).
-    pub(crate) fn flush_all(&self) -> Result<()> {
+    pub(crate) fn flush(&self) -> Result<()> {
         self.inner.storage.flush()
     }
 
     /// The work of [`Db::size_on_disk`](crate::Db::size_on_disk).
-    pub(crate) fn bytes_on_disk(&self) -> Result<u64> {
+    pub(crate) fn size_on_disk(&self) -> Result<u64> {
         self.inner.storage.size_on_disk()
     }
 
@@ -289,7 +304,7 @@ impl Db {
         if self.inner.config.read_only {
             return Err(Error::Config(format!(
                 "{what} {name:?} cannot be opened: the store at {} is open read-only",
-                self.dir().display()
+                self.path().display()
             )));
         }
         self.inner.leases.acquire(
@@ -311,7 +326,7 @@ impl Db {
         }
         Err(Error::Config(format!(
             "no {what} {name:?} in the store at {}",
-            self.dir().display()
+            self.path().display()
         )))
     }
 
@@ -335,7 +350,7 @@ impl Db {
                 cache.reset(0);
             }
         }
-        tracing::warn!(path = %self.dir().display(), what, name, "removed from the store");
+        tracing::warn!(path = %self.path().display(), what, name, "removed from the store");
         Ok(())
     }
 

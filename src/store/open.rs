@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Db, Reader, StatusTx, Writer};
+use super::{Dir, Reader, StatusTx, Writer};
 use crate::disk::record::{self, Identity, Phase, State};
 use crate::disk::{Backend, LeaseCloser, StreamLease, WriteBatch, keys};
 use crate::model::{Counters, Error, Result, Shard};
@@ -28,7 +28,7 @@ pub(crate) struct StreamParts<K> {
     pub(crate) closer: LeaseCloser,
 }
 
-impl Db {
+impl Dir {
     /// Open stream `name` (identity check, wipe, hot cache reset) and build its writer and
     /// reader. `index_names`: the indexes configured now; those already built on disk for
     /// exactly these are usable at once. Blocking (reads the stored state).
@@ -250,7 +250,7 @@ mod tests {
         };
         for engine in [Engine::Redb, Engine::Sled] {
             let dir = tempfile::tempdir().unwrap();
-            let db = Db::open_with(dir.path(), DbConfig::default().engine(engine)).unwrap();
+            let db = Dir::open(dir.path(), DbConfig::default().engine(engine)).unwrap();
             {
                 // What format 2 wrote: its identity, state, and a zstd-compressed record.
                 let s = db.open_stream("pods", &identity(2), None).unwrap();

@@ -592,7 +592,7 @@ where
     /// # Ok(()) }
     /// ```
     pub fn stats(&self) -> Stats {
-        self.stats.snapshot_with_cache(&self.cache)
+        self.cache.stats(&self.stats)
     }
 }
 
@@ -650,6 +650,28 @@ pub(crate) struct MetricsSource {
     pub(crate) status: watch::Receiver<Status>,
     pub(crate) stats: Arc<Counters>,
     pub(crate) cache: Arc<HotCache>,
+}
+
+#[cfg(feature = "metrics")]
+impl MetricsSource {
+    /// The stream's counters now, with its hot cache's.
+    pub(crate) fn stats(&self) -> Stats {
+        self.cache.stats(&self.stats)
+    }
+
+    /// The stream's status now.
+    pub(crate) fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl std::fmt::Debug for MetricsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsSource")
+            .field("path", &self.path)
+            .finish()
+    }
 }
 
 #[cfg(feature = "metrics")]

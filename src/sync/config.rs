@@ -219,9 +219,9 @@ impl StreamConfig {
     /// Check the configuration as a whole; [`Error::Config`](crate::Error::Config) names
     /// the field at fault. The setters already keep each field in range, so this only
     /// catches combinations.
-    pub(crate) fn check(&self) -> crate::Result<()> {
+    pub(crate) fn check(&self) -> crate::model::Result<()> {
         let bad = |field: &str, why: &str| {
-            Err(crate::Error::Config(format!(
+            Err(crate::model::Error::Config(format!(
                 "StreamConfig::{field}: {why}"
             )))
         };

@@ -20,6 +20,8 @@ mod raw;
 mod shared;
 mod verify;
 
+pub(crate) use verify::{verify, verify_at};
+
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -34,12 +36,11 @@ use machine::{Machine, RawEvent};
 pub use shared::{SharedEvent, SharedWatcher, Subscriber};
 pub use verify::{Difference, Verdict, Verification};
 
-use crate::Reader;
 use crate::disk::LeaseCloser;
 use crate::disk::record::{FORMAT_VERSION, Identity};
 use crate::model::Counters;
 use crate::model::Result;
-use crate::store::Db;
+use crate::store::{Dir, Reader};
 
 /// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
 ///
@@ -247,7 +248,7 @@ where
         self.events(false).map(|item| match item {
             Ok(Touched::Event(ev)) => Ok(ev),
             // Only asked for with `refs`.
-            Ok(Touched::Changed(obj)) => Err(crate::Error::Config(format!(
+            Ok(Touched::Changed(obj)) => Err(crate::model::Error::Config(format!(
                 "unexpected shared object {:?}",
                 obj.meta().name
             ))),
@@ -366,7 +367,7 @@ where
         }
         Some(Ok(Touched::Event(match raw {
             RawEvent::Rejected(r) => {
-                return Some(Err(crate::Error::ObjectRejected {
+                return Some(Err(crate::model::Error::ObjectRejected {
                     path: self.path.clone(),
                     key: r.key,
                     resource_version: r.resource_version,
@@ -404,10 +405,10 @@ pub(crate) enum Touched<K> {
     Changed(Arc<K>),
 }
 
-impl Db {
-    /// The work of [`Db::store_with`](crate::Db::store_with).
-    pub(crate) fn open_store_with<K>(
-        &self,
+/// Open stream `name` of `api` in `dir`: the work of [`Db::store`](crate::Db::store) and
+/// [`Db::store_with`](crate::Db::store_with). Blocking (opens the stream's keyspace).
+pub(crate) fn open_store<K>(
+        dir: &Dir,
         name: &str,
         api: Api<K>,
         config: StreamConfig,
@@ -423,18 +424,19 @@ impl Db {
             && !config.allow_sensitive_data
             && !config.keys_only
         {
-            return Err(crate::Error::Config(format!(
+            return Err(crate::model::Error::Config(format!(
                 "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
                  StreamConfig::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
-                self.path().display()
+                dir.path().display()
             )));
         }
-        let identity = identity::<K>(&url, &config, dyntype, false, self.key_fingerprint());
+        let identity = identity::<K>(&url, &config, dyntype, false, dir.key_fingerprint());
         let keys_only = config
             .keys_only
             .then(|| (identity.api_version.clone(), identity.kind.clone()));
         let validate = indexers::inspector::<K>(config.validate, &config.indexes)?;
-        let (reader, mut watcher) = self.open_pair(
+        let (reader, mut watcher) = open_pair(
+            dir,
             name,
             api.into_client(),
             url,
@@ -454,9 +456,9 @@ impl Db {
         }
     }
 
-    /// The work of [`Db::metadata_store`](crate::Db::metadata_store).
-    pub(crate) fn open_metadata_store<K>(
-        &self,
+/// The work of [`Db::metadata_store`](crate::Db::metadata_store). Blocking.
+pub(crate) fn open_metadata_store<K>(
+        dir: &Dir,
         name: &str,
         api: Api<K>,
         config: StreamConfig,
@@ -472,11 +474,12 @@ impl Db {
             &config,
             &K::DynamicType::default(),
             true,
-            self.key_fingerprint(),
+            dir.key_fingerprint(),
         );
         let validate =
             indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
-        self.open_pair(
+        open_pair(
+            dir,
             name,
             api.into_client(),
             url,
@@ -487,9 +490,9 @@ impl Db {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn open_pair<K>(
-        &self,
+#[allow(clippy::too_many_arguments)]
+fn open_pair<K>(
+        dir: &Dir,
         name: &str,
         client: kube::Client,
         url: String,
@@ -502,7 +505,7 @@ impl Db {
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
         let index_names = config.index_names();
-        let parts = self.open_stream_parts::<K>(
+        let parts = dir.open_stream_parts::<K>(
             name,
             &identity,
             config.get_shard(),
@@ -511,7 +514,7 @@ impl Db {
         )?;
         let (reader, writer, stats, closer) =
             (parts.reader, parts.writer, parts.stats, parts.closer);
-        let path = self.path().to_path_buf();
+        let path = dir.path().to_path_buf();
         let machine = Machine::new(
             client,
             name,
@@ -520,7 +523,7 @@ impl Db {
             config,
             validate,
             writer,
-            self.worker(),
+            dir.worker(),
             stats.clone(),
         );
         Ok((
@@ -534,7 +537,6 @@ impl Db {
             },
         ))
     }
-}
 
 fn identity<K: Resource>(
     url: &str,

@@ -28,7 +28,7 @@ use crate::disk::record;
 use crate::disk::{Backend, DbConfig};
 use crate::model::Shard;
 use crate::model::{Error, Result};
-use crate::store::{Db, StreamInfo, SyncPhase};
+use crate::store::{Dir, StreamInfo, SyncPhase};
 
 /// Objects requested per LIST page.
 const PAGE: u32 = 500;
@@ -313,7 +313,7 @@ impl Source {
                 config,
                 stream,
             } => {
-                let db = Db::open_at(path, config.clone())?;
+                let db = Dir::open(path, config.clone())?;
                 let backend = db.stream_keyspace(stream)?;
                 f(&*backend)
             }
@@ -321,25 +321,24 @@ impl Source {
     }
 }
 
-impl Db {
-    /// The work of [`Db::verify`](crate::Db::verify).
-    pub(crate) async fn verify_stream(
-        &self,
+/// The work of [`Db::verify`](crate::Db::verify).
+pub(crate) async fn verify(
+        dir: &Dir,
         stream: &str,
         client: Client,
         max_differences: usize,
     ) -> Result<Verification> {
-        let db = self.clone();
+        let db = dir.clone();
         let name = stream.to_string();
         let read = move || {
             let info = db.streams()?.into_iter().find(|s| s.name == name);
             Ok::<_, Error>((info, Source::Held(db.stream_keyspace(&name)?)))
         };
-        verify_with(read, self.path(), stream, client, max_differences).await
+        verify_with(read, dir.path(), stream, client, max_differences).await
     }
 
-    /// The work of [`Db::verify_at`](crate::Db::verify_at).
-    pub(crate) async fn verify_reopening(
+/// The work of [`Db::verify_at`](crate::Db::verify_at).
+pub(crate) async fn verify_at(
         path: &Path,
         config: DbConfig,
         stream: &str,
@@ -348,7 +347,7 @@ impl Db {
     ) -> Result<Verification> {
         let (dir, name) = (path.to_path_buf(), stream.to_string());
         let read = move || {
-            let db = Db::open_at(&dir, config.clone())?;
+            let db = Dir::open(&dir, config.clone())?;
             let info = db.streams()?.into_iter().find(|s| s.name == name);
             // As for a held store: a stream that is not there is named in the error.
             drop(db.stream_keyspace(&name)?);
@@ -362,7 +361,6 @@ impl Db {
         };
         verify_with(read, path, stream, client, max_differences).await
     }
-}
 
 /// Verify `stream`, whose info and source `read` gives (on the blocking pool).
 async fn verify_with(

@@ -21,7 +21,7 @@ pub(super) struct Fetched<K: Resource> {
     pub(super) request: ReconcileRequest<K>,
     /// The request had to run (see `Runner::forced`): kept if the read fails.
     pub(super) forced: bool,
-    pub(super) read: crate::Result<Option<std::sync::Arc<K>>>,
+    pub(super) read: crate::model::Result<Option<std::sync::Arc<K>>>,
     pub(super) record: Option<ReconcileRecord>,
 }
 pub(super) type Fetch<K> = BoxFuture<'static, Fetched<K>>;
@@ -83,7 +83,7 @@ where
                 })
                 .await;
                 let (read, record) = read.unwrap_or_else(|e| {
-                    let e = crate::Error::Storage {
+                    let e = crate::model::Error::Storage {
                         path: Default::default(),
                         detail: format!("object read task failed: {e}"),
                     };

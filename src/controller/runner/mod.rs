@@ -37,7 +37,7 @@ use super::scan::{self, Sweep, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::stats::{ControllerStats, Waiting};
 use super::triggers::{Trigger, TriggerStream};
-use crate::Reader;
+use crate::store::Reader;
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
 use crate::disk::keys::object_suffix;
 

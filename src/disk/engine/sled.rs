@@ -46,7 +46,7 @@ impl SledStorage {
     }
 
     fn err(&self, e: sled::Error) -> Error {
-        Error::from_sled(&self.path, e)
+        sled_error(&self.path, e)
     }
 }
 
@@ -108,7 +108,7 @@ struct SledTree {
 
 impl SledTree {
     fn err(&self, e: sled::Error) -> Error {
-        Error::from_sled(&self.path, e)
+        sled_error(&self.path, e)
     }
 
     /// Make everything applied so far durable.
@@ -156,7 +156,7 @@ impl Backend for SledTree {
                 let _open = &held;
                 match r {
                     Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
-                    Err(e) => Err(Error::from_sled(&path, e)),
+                    Err(e) => Err(sled_error(&path, e)),
                 }
             });
         Box::new(Guarded::new(entries, &self.path))
@@ -194,7 +194,7 @@ fn open_sled(config: &sled::Config, path: &Path) -> Result<sled::Db> {
                 detail: format!("its conf file does not parse ({detail})"),
             })
         }
-        res => res.map_err(|e| Error::from_sled(path, e)),
+        res => res.map_err(|e| sled_error(path, e)),
     })
 }
 
@@ -205,7 +205,7 @@ const MARKER_KEY: &[u8] = b"kube-persist/store";
 /// garbage as an empty database, silently; a store always holds its marker, so a non-empty
 /// log that recovers to nothing is reported as [`Error::Corrupt`].
 fn check_marker(sled: &sled::Db, path: &Path, had_data: bool) -> Result<()> {
-    let err = |e| Error::from_sled(path, e);
+    let err = |e| sled_error(path, e);
     if sled.contains_key(MARKER_KEY).map_err(err)? {
         return Ok(());
     }
@@ -224,27 +224,25 @@ fn check_marker(sled: &sled::Db, path: &Path, had_data: bool) -> Result<()> {
     Ok(())
 }
 
-/// sled's errors are the sled engine's to map: the error type itself knows no engine.
-impl Error {
-    /// Map a sled error to a user-facing error naming the store path.
-    pub(crate) fn from_sled(path: &std::path::Path, err: sled::Error) -> Self {
-        let path = path.to_path_buf();
-        match err {
-            sled::Error::Io(io) => Self::from_io(path, io),
-            sled::Error::Corruption { at, .. } => Error::Corrupt {
-                path,
-                detail: match at {
-                    Some(at) => format!("engine detected corruption at {at:?}"),
-                    None => "engine detected corruption".to_string(),
-                },
+/// Map a sled error to a user-facing error naming the store path (sled's errors are the sled
+/// engine's to map: the error type itself knows no engine).
+fn sled_error(path: &std::path::Path, err: sled::Error) -> Error {
+    let path = path.to_path_buf();
+    match err {
+        sled::Error::Io(io) => Error::from_io(path, io),
+        sled::Error::Corruption { at, .. } => Error::Corrupt {
+            path,
+            detail: match at {
+                Some(at) => format!("engine detected corruption at {at:?}"),
+                None => "engine detected corruption".to_string(),
             },
-            sled::Error::CollectionNotFound(name) => Error::Storage {
-                path,
-                detail: format!("tree {:?} not found", String::from_utf8_lossy(&name)),
-            },
-            sled::Error::Unsupported(detail) | sled::Error::ReportableBug(detail) => {
-                Error::Storage { path, detail }
-            }
+        },
+        sled::Error::CollectionNotFound(name) => Error::Storage {
+            path,
+            detail: format!("tree {:?} not found", String::from_utf8_lossy(&name)),
+        },
+        sled::Error::Unsupported(detail) | sled::Error::ReportableBug(detail) => {
+            Error::Storage { path, detail }
         }
     }
 }

@@ -406,26 +406,27 @@ mod tests {
         server.handle().seed_pods(300, 3);
         for streaming in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let db = crate::Db::open(dir.path()).unwrap();
+            let store = crate::store::Dir::open(dir.path(), Default::default()).unwrap();
             // Where each object is parsed (its transform runs in the parse), and the places
             // left in the budget meanwhile.
             let seen = Arc::new(Mutex::new(Vec::new()));
             let probe = {
-                let (seen, worker) = (seen.clone(), db.worker());
+                let (seen, worker) = (seen.clone(), store.worker());
                 move |_: &mut serde_json::Value| {
                     let thread = std::thread::current().name().unwrap_or("").to_string();
                     let free = worker.free_page_permits();
                     seen.lock().unwrap().push((thread, free));
                 }
             };
-            let mut cfg = crate::StreamConfig::default()
+            let mut cfg = crate::sync::StreamConfig::default()
                 .page_size(50)
                 .transform("probe", probe);
             if streaming {
                 cfg = cfg.streaming_lists();
             }
             let api = kube::Api::<Pod>::all(server.client());
-            let (reader, watcher) = db.store("pods", api, cfg).unwrap();
+            let (reader, watcher) =
+                crate::sync::open_store(&store, "pods", api, cfg, &()).unwrap();
             let task = tokio::spawn(watcher.run());
             tokio::time::timeout(Duration::from_secs(60), reader.wait_until_ready())
                 .await
