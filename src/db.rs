@@ -13,8 +13,8 @@ use crate::controller::keyspace::{self, ControllerStateInfo, ReconcileStates};
 use crate::disk::{self, DbConfig};
 use crate::model::{Engine, Result};
 use crate::store::{Db, Dir, RawObjects, Reader, StreamInfo};
-use crate::sync::{self, Pair, Verification, Watcher};
 use crate::sync::StreamConfig;
+use crate::sync::{self, Pair, Verification, Watcher};
 
 impl Db {
     /// Open (or create) the store directory at `path` with default options: an existing
@@ -494,6 +494,7 @@ impl Db {
     /// # Ok(()) }
     /// ```
     pub fn drop_controller_state(&self, name: &str) -> Result<()> {
-        self.dir.drop_keyspace(disk::CONTROLLERS, name, "controller state")
+        self.dir
+            .drop_keyspace(disk::CONTROLLERS, name, "controller state")
     }
 }

@@ -380,76 +380,75 @@ pub type ReconcileStates = Box<dyn Iterator<Item = Result<ReconcileStateInfo>> +
 
 /// Open the reconcile state keyspace of controller `name` in `dir` (one per process).
 pub(crate) fn open(dir: &Dir, name: &str) -> Result<ControllerKeyspace> {
-        if name.is_empty() {
-            return Err(Error::Config("controller name must not be empty".into()));
-        }
-        let lease = dir.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
-        Ok(ControllerKeyspace {
-            backend: dir.storage().keyspace_of(CONTROLLERS, name)?,
-            path: dir.path().to_path_buf(),
-            name: name.to_string(),
-            lease,
-        })
+    if name.is_empty() {
+        return Err(Error::Config("controller name must not be empty".into()));
     }
+    let lease = dir.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
+    Ok(ControllerKeyspace {
+        backend: dir.storage().keyspace_of(CONTROLLERS, name)?,
+        path: dir.path().to_path_buf(),
+        name: name.to_string(),
+        lease,
+    })
+}
 
 /// The stored reconcile state keyspace of controller `name`, [`Error::Config`] if none.
 fn stored(dir: &Dir, name: &str) -> Result<Arc<dyn Backend>> {
-        dir.require_keyspace(CONTROLLERS, name, "controller state")?;
-        dir.storage().keyspace_of(CONTROLLERS, name)
-    }
+    dir.require_keyspace(CONTROLLERS, name, "controller state")?;
+    dir.storage().keyspace_of(CONTROLLERS, name)
+}
 
 /// The work of [`Db::controller_states`](crate::Db::controller_states).
 pub(crate) fn controller_states(dir: &Dir) -> Result<Vec<ControllerStateInfo>> {
-        let mut names = dir.storage().keyspaces_of(CONTROLLERS)?;
-        names.sort();
-        let mut out = Vec::new();
-        for name in names {
-            let backend = dir.storage().keyspace_of(CONTROLLERS, &name)?;
-            let path = dir.path();
-            let Some(id) = backend.get(CONTROLLER_KEY)? else {
-                continue;
-            };
-            let id: ControllerIdentity =
-                record::decode(&id).map_err(|d| corrupt(path, &name, CONTROLLER_KEY, d))?;
-            let counts: Counts = match backend.get(COUNTS_KEY)? {
-                Some(b) => record::decode(&b).map_err(|d| corrupt(path, &name, COUNTS_KEY, d))?,
-                None => Counts::default(),
-            };
-            let (start, end) = keys::range(DUE, None);
-            let oldest_due = match backend.range(&start, &end).next() {
-                Some(entry) => keys::parse_due_key(&entry?.0).map(|(ms, _)| from_unix_ms(ms)),
-                None => None,
-            };
-            out.push(ControllerStateInfo {
-                name,
-                kinds: id.kinds,
-                objects: counts.objects,
-                pending_requeues: counts.pending,
-                oldest_due,
-            });
-        }
-        Ok(out)
+    let mut names = dir.storage().keyspaces_of(CONTROLLERS)?;
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let backend = dir.storage().keyspace_of(CONTROLLERS, &name)?;
+        let path = dir.path();
+        let Some(id) = backend.get(CONTROLLER_KEY)? else {
+            continue;
+        };
+        let id: ControllerIdentity =
+            record::decode(&id).map_err(|d| corrupt(path, &name, CONTROLLER_KEY, d))?;
+        let counts: Counts = match backend.get(COUNTS_KEY)? {
+            Some(b) => record::decode(&b).map_err(|d| corrupt(path, &name, COUNTS_KEY, d))?,
+            None => Counts::default(),
+        };
+        let (start, end) = keys::range(DUE, None);
+        let oldest_due = match backend.range(&start, &end).next() {
+            Some(entry) => keys::parse_due_key(&entry?.0).map(|(ms, _)| from_unix_ms(ms)),
+            None => None,
+        };
+        out.push(ControllerStateInfo {
+            name,
+            kinds: id.kinds,
+            objects: counts.objects,
+            pending_requeues: counts.pending,
+            oldest_due,
+        });
     }
+    Ok(out)
+}
 
 /// The work of [`Db::reconcile_states`](crate::Db::reconcile_states).
 pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates> {
-        let backend = stored(dir, name)?;
-        let (start, end) = keys::range(RECONCILED, None);
-        let path = dir.path().to_path_buf();
-        let name = name.to_string();
-        Ok(Box::new(backend.range(&start, &end).map(move |entry| {
-            let (k, v) = entry?;
-            let rec: ReconcileRecord =
-                record::decode(&v).map_err(|d| corrupt(&path, &name, &k, d))?;
-            let suffix = &k[1..];
-            let (ns, obj_name) = keys::split_suffix(suffix);
-            Ok(ReconcileStateInfo {
-                namespace: (!ns.is_empty()).then(|| ns.to_string()),
-                name: obj_name.into_owned(),
-                resource_version: rec.ok_rv,
-                generation: rec.ok_generation,
-                failed_resource_version: rec.failed_rv,
-                due: rec.due_ms.map(from_unix_ms),
-            })
-        })))
-    }
+    let backend = stored(dir, name)?;
+    let (start, end) = keys::range(RECONCILED, None);
+    let path = dir.path().to_path_buf();
+    let name = name.to_string();
+    Ok(Box::new(backend.range(&start, &end).map(move |entry| {
+        let (k, v) = entry?;
+        let rec: ReconcileRecord = record::decode(&v).map_err(|d| corrupt(&path, &name, &k, d))?;
+        let suffix = &k[1..];
+        let (ns, obj_name) = keys::split_suffix(suffix);
+        Ok(ReconcileStateInfo {
+            namespace: (!ns.is_empty()).then(|| ns.to_string()),
+            name: obj_name.into_owned(),
+            resource_version: rec.ok_rv,
+            generation: rec.ok_generation,
+            failed_resource_version: rec.failed_rv,
+            due: rec.due_ms.map(from_unix_ms),
+        })
+    })))
+}

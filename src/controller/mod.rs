@@ -68,15 +68,14 @@
 // keyspace (`keyspace.rs`). May import: model, exec, disk, store, sync (tests/layers.rs).
 
 mod action;
-mod compat;
 mod config;
-mod error;
+mod controller_error;
+mod controller_stats;
 pub(crate) mod keyspace;
 mod related;
 mod runner;
 mod scan;
 mod state;
-mod stats;
 mod triggers;
 
 use std::future::Future;
@@ -89,11 +88,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
-pub use compat::to_watcher_error;
+pub use crate::sync::to_watcher_error;
 pub use config::{Config, StartupMode};
-pub use error::ControllerError;
+pub use controller_error::ControllerError;
+pub use controller_stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
-pub use stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
 
 use crate::store::{Db, Reader};
 use crate::sync::Watcher;
@@ -230,7 +229,11 @@ where
     /// tokio::spawn(shared.run());
     /// # let _ = (labeler, auditor); Ok(()) }
     /// ```
-    pub fn for_shared(reader: Reader<K>, subscriber: crate::sync::Subscriber<K>, config: Config) -> Self
+    pub fn for_shared(
+        reader: Reader<K>,
+        subscriber: crate::sync::Subscriber<K>,
+        config: Config,
+    ) -> Self
     where
         K::DynamicType: Default,
     {

@@ -9,7 +9,7 @@ use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 
-use super::error::TriggerError;
+use super::controller_error::TriggerError;
 use super::triggers;
 use super::{Controller, kind_of, ready_of};
 use crate::sync::Pair;

@@ -23,10 +23,10 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::stats::ControllerStats;
+use super::controller_stats::ControllerStats;
 use super::triggers::bare_ref;
-use crate::store::Reader;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
+use crate::store::Reader;
 
 /// Reason of a startup-pass reconcile of an object changed (or never reconciled).
 pub(crate) const CHANGED: &str = "changed since its last reconcile (startup pass)";
@@ -288,7 +288,11 @@ where
     /// key has a record and no object in them: the store is read again before forgetting,
     /// and the forget is written only if the record is still the one read here (the object
     /// may come back before the forget is written, and record a new reconcile).
-    fn forget(&mut self, suffix: Vec<u8>, seen: ReconcileRecord) -> crate::model::Result<Option<Plan<K>>> {
+    fn forget(
+        &mut self,
+        suffix: Vec<u8>,
+        seen: ReconcileRecord,
+    ) -> crate::model::Result<Option<Plan<K>>> {
         let (ns, name) = suffix_parts(&suffix);
         if self
             .reader

@@ -11,7 +11,7 @@ use kube::runtime::controller::{ReconcileReason, ReconcileRequest};
 use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 
-use super::error::TriggerError;
+use super::controller_error::TriggerError;
 use crate::sync::Touched;
 use crate::sync::{Event, SharedEvent, Subscriber, Watcher};
 

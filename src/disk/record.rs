@@ -486,7 +486,9 @@ mod tests {
     fn borrowed_records_open_like_owned_ones() {
         let json = br#"{"metadata":{"name":"a"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;
         let key = b"o\0a";
-        let cipher = crate::disk::EncryptionKey::from_bytes([3; 32]).cipher().unwrap();
+        let cipher = crate::disk::EncryptionKey::from_bytes([3; 32])
+            .cipher()
+            .unwrap();
         for (compress, c) in [
             (Compression::Off, None),
             (Compression::Lz4, None),

@@ -7,7 +7,7 @@
 //! May import: `model`, `exec`, `disk`.
 
 mod cache;
-mod fresh;
+mod caught_up;
 mod inspect;
 mod open;
 mod reader;
@@ -15,7 +15,7 @@ mod status;
 mod writer;
 
 pub(crate) use cache::DECODED_PER_JSON_BYTE;
-pub use fresh::{CatchUpRule, Freshness};
+pub use caught_up::{CatchUpRule, Freshness};
 pub use inspect::{RawObjects, StreamInfo};
 #[cfg(feature = "metrics")]
 pub(crate) use reader::MetricsSource;

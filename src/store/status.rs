@@ -6,7 +6,7 @@
 
 use tokio::sync::watch;
 
-use super::fresh::Freshness;
+use super::caught_up::Freshness;
 use crate::disk::record::{self, State};
 
 /// Where a stream is in its list/watch cycle, as seen by [`Reader::phase`](crate::Reader::phase).

@@ -18,6 +18,7 @@ mod pacing;
 mod parse;
 mod raw;
 mod shared;
+mod touched;
 mod verify;
 
 pub(crate) use verify::{verify, verify_at};
@@ -34,6 +35,7 @@ use serde::de::DeserializeOwned;
 pub use config::{StreamConfig, Transform};
 use machine::{Machine, RawEvent};
 pub use shared::{SharedEvent, SharedWatcher, Subscriber};
+pub use touched::to_watcher_error;
 pub use verify::{Difference, Verdict, Verification};
 
 use crate::disk::LeaseCloser;
@@ -408,135 +410,133 @@ pub(crate) enum Touched<K> {
 /// Open stream `name` of `api` in `dir`: the work of [`Db::store`](crate::Db::store) and
 /// [`Db::store_with`](crate::Db::store_with). Blocking (opens the stream's keyspace).
 pub(crate) fn open_store<K>(
-        dir: &Dir,
-        name: &str,
-        api: Api<K>,
-        config: StreamConfig,
-        dyntype: &K::DynamicType,
-    ) -> Result<(Reader<K>, Watcher<K>)>
-    where
-        K: Resource + DeserializeOwned + Send + Sync + 'static,
+    dir: &Dir,
+    name: &str,
+    api: Api<K>,
+    config: StreamConfig,
+    dyntype: &K::DynamicType,
+) -> Result<(Reader<K>, Watcher<K>)>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    config.check()?;
+    let url = api.resource_url().to_string();
+    let kind = K::kind(dyntype);
+    if config.sensitive.unwrap_or(kind == "Secret")
+        && !config.allow_sensitive_data
+        && !config.keys_only
     {
-        config.check()?;
-        let url = api.resource_url().to_string();
-        let kind = K::kind(dyntype);
-        if config.sensitive.unwrap_or(kind == "Secret")
-            && !config.allow_sensitive_data
-            && !config.keys_only
-        {
-            return Err(crate::model::Error::Config(format!(
-                "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
+        return Err(crate::model::Error::Config(format!(
+            "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
                  StreamConfig::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
-                dir.path().display()
-            )));
-        }
-        let identity = identity::<K>(&url, &config, dyntype, false, dir.key_fingerprint());
-        let keys_only = config
-            .keys_only
-            .then(|| (identity.api_version.clone(), identity.kind.clone()));
-        let validate = indexers::inspector::<K>(config.validate, &config.indexes)?;
-        let (reader, mut watcher) = open_pair(
-            dir,
-            name,
-            api.into_client(),
-            url,
-            config,
-            identity,
-            validate,
-            false,
-        )?;
-        match keys_only {
-            Some(type_meta) => {
-                watcher
-                    .machine
-                    .configure_writer(|w| w.set_keys_only(Some(type_meta)));
-                Ok((reader.keys_only(), watcher))
-            }
-            None => Ok((reader, watcher)),
-        }
+            dir.path().display()
+        )));
     }
+    let identity = identity::<K>(&url, &config, dyntype, false, dir.key_fingerprint());
+    let keys_only = config
+        .keys_only
+        .then(|| (identity.api_version.clone(), identity.kind.clone()));
+    let validate = indexers::inspector::<K>(config.validate, &config.indexes)?;
+    let (reader, mut watcher) = open_pair(
+        dir,
+        name,
+        api.into_client(),
+        url,
+        config,
+        identity,
+        validate,
+        false,
+    )?;
+    match keys_only {
+        Some(type_meta) => {
+            watcher
+                .machine
+                .configure_writer(|w| w.set_keys_only(Some(type_meta)));
+            Ok((reader.keys_only(), watcher))
+        }
+        None => Ok((reader, watcher)),
+    }
+}
 
 /// The work of [`Db::metadata_store`](crate::Db::metadata_store). Blocking.
 pub(crate) fn open_metadata_store<K>(
-        dir: &Dir,
-        name: &str,
-        api: Api<K>,
-        config: StreamConfig,
-    ) -> Result<Pair<PartialObjectMeta<K>>>
-    where
-        K: Resource + Send + Sync + 'static,
-        K::DynamicType: Default,
-    {
-        config.check()?;
-        let url = api.resource_url().to_string();
-        let identity = identity::<K>(
-            &url,
-            &config,
-            &K::DynamicType::default(),
-            true,
-            dir.key_fingerprint(),
-        );
-        let validate =
-            indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
-        open_pair(
-            dir,
-            name,
-            api.into_client(),
-            url,
-            config,
-            identity,
-            validate,
-            true,
-        )
-    }
+    dir: &Dir,
+    name: &str,
+    api: Api<K>,
+    config: StreamConfig,
+) -> Result<Pair<PartialObjectMeta<K>>>
+where
+    K: Resource + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    config.check()?;
+    let url = api.resource_url().to_string();
+    let identity = identity::<K>(
+        &url,
+        &config,
+        &K::DynamicType::default(),
+        true,
+        dir.key_fingerprint(),
+    );
+    let validate = indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
+    open_pair(
+        dir,
+        name,
+        api.into_client(),
+        url,
+        config,
+        identity,
+        validate,
+        true,
+    )
+}
 
 #[allow(clippy::too_many_arguments)]
 fn open_pair<K>(
-        dir: &Dir,
-        name: &str,
-        client: kube::Client,
-        url: String,
-        config: StreamConfig,
-        identity: Identity,
-        validate: Option<indexers::Inspector>,
-        metadata_only: bool,
-    ) -> Result<(Reader<K>, Watcher<K>)>
-    where
-        K: Resource + DeserializeOwned + Send + Sync + 'static,
-    {
-        let index_names = config.index_names();
-        let parts = dir.open_stream_parts::<K>(
-            name,
-            &identity,
-            config.get_shard(),
-            config.hot_cache_bytes,
-            &index_names,
-        )?;
-        let (reader, writer, stats, closer) =
-            (parts.reader, parts.writer, parts.stats, parts.closer);
-        let path = dir.path().to_path_buf();
-        let machine = Machine::new(
-            client,
-            name,
-            url,
-            metadata_only,
-            config,
-            validate,
-            writer,
-            dir.worker(),
-            stats.clone(),
-        );
-        Ok((
-            reader,
-            Watcher {
-                machine,
-                _closer: closer,
-                path,
-                stats,
-                _k: PhantomData,
-            },
-        ))
-    }
+    dir: &Dir,
+    name: &str,
+    client: kube::Client,
+    url: String,
+    config: StreamConfig,
+    identity: Identity,
+    validate: Option<indexers::Inspector>,
+    metadata_only: bool,
+) -> Result<(Reader<K>, Watcher<K>)>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    let index_names = config.index_names();
+    let parts = dir.open_stream_parts::<K>(
+        name,
+        &identity,
+        config.get_shard(),
+        config.hot_cache_bytes,
+        &index_names,
+    )?;
+    let (reader, writer, stats, closer) = (parts.reader, parts.writer, parts.stats, parts.closer);
+    let path = dir.path().to_path_buf();
+    let machine = Machine::new(
+        client,
+        name,
+        url,
+        metadata_only,
+        config,
+        validate,
+        writer,
+        dir.worker(),
+        stats.clone(),
+    );
+    Ok((
+        reader,
+        Watcher {
+            machine,
+            _closer: closer,
+            path,
+            stats,
+            _k: PhantomData,
+        },
+    ))
+}
 
 fn identity<K: Resource>(
     url: &str,

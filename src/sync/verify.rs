@@ -323,44 +323,44 @@ impl Source {
 
 /// The work of [`Db::verify`](crate::Db::verify).
 pub(crate) async fn verify(
-        dir: &Dir,
-        stream: &str,
-        client: Client,
-        max_differences: usize,
-    ) -> Result<Verification> {
-        let db = dir.clone();
-        let name = stream.to_string();
-        let read = move || {
-            let info = db.streams()?.into_iter().find(|s| s.name == name);
-            Ok::<_, Error>((info, Source::Held(db.stream_keyspace(&name)?)))
-        };
-        verify_with(read, dir.path(), stream, client, max_differences).await
-    }
+    dir: &Dir,
+    stream: &str,
+    client: Client,
+    max_differences: usize,
+) -> Result<Verification> {
+    let db = dir.clone();
+    let name = stream.to_string();
+    let read = move || {
+        let info = db.streams()?.into_iter().find(|s| s.name == name);
+        Ok::<_, Error>((info, Source::Held(db.stream_keyspace(&name)?)))
+    };
+    verify_with(read, dir.path(), stream, client, max_differences).await
+}
 
 /// The work of [`Db::verify_at`](crate::Db::verify_at).
 pub(crate) async fn verify_at(
-        path: &Path,
-        config: DbConfig,
-        stream: &str,
-        client: Client,
-        max_differences: usize,
-    ) -> Result<Verification> {
-        let (dir, name) = (path.to_path_buf(), stream.to_string());
-        let read = move || {
-            let db = Dir::open(&dir, config.clone())?;
-            let info = db.streams()?.into_iter().find(|s| s.name == name);
-            // As for a held store: a stream that is not there is named in the error.
-            drop(db.stream_keyspace(&name)?);
-            drop(db);
-            let source = Source::Reopened {
-                path: dir,
-                config,
-                stream: name,
-            };
-            Ok::<_, Error>((info, source))
+    path: &Path,
+    config: DbConfig,
+    stream: &str,
+    client: Client,
+    max_differences: usize,
+) -> Result<Verification> {
+    let (dir, name) = (path.to_path_buf(), stream.to_string());
+    let read = move || {
+        let db = Dir::open(&dir, config.clone())?;
+        let info = db.streams()?.into_iter().find(|s| s.name == name);
+        // As for a held store: a stream that is not there is named in the error.
+        drop(db.stream_keyspace(&name)?);
+        drop(db);
+        let source = Source::Reopened {
+            path: dir,
+            config,
+            stream: name,
         };
-        verify_with(read, path, stream, client, max_differences).await
-    }
+        Ok::<_, Error>((info, source))
+    };
+    verify_with(read, path, stream, client, max_differences).await
+}
 
 /// Verify `stream`, whose info and source `read` gives (on the blocking pool).
 async fn verify_with(

@@ -26,20 +26,20 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 mod fetch;
-mod sweeps;
+mod passes;
 
 use fetch::{Fetch, Fetched};
 
 use super::Config;
 use super::action::requeue_after;
-use super::error::ControllerError;
+use super::controller_error::ControllerError;
+use super::controller_stats::{ControllerStats, Waiting};
 use super::scan::{self, Sweep, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
-use super::stats::{ControllerStats, Waiting};
 use super::triggers::{Trigger, TriggerStream};
-use crate::store::Reader;
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
 use crate::disk::keys::object_suffix;
+use crate::store::Reader;
 
 /// What one `run` stream yields.
 pub(crate) type RunItem<K, E> = Result<(ObjectRef<K>, Action), ControllerError<E>>;

@@ -425,8 +425,7 @@ mod tests {
                 cfg = cfg.streaming_lists();
             }
             let api = kube::Api::<Pod>::all(server.client());
-            let (reader, watcher) =
-                crate::sync::open_store(&store, "pods", api, cfg, &()).unwrap();
+            let (reader, watcher) = crate::sync::open_store(&store, "pods", api, cfg, &()).unwrap();
             let task = tokio::spawn(watcher.run());
             tokio::time::timeout(Duration::from_secs(60), reader.wait_until_ready())
                 .await

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::super::StartupMode;
-use super::super::error::ControllerError;
+use super::super::controller_error::ControllerError;
 use super::super::scan::{Pass, PassMode, Plan, Sweep};
 use super::super::state::{instant_at, now_ms};
 use super::Runner;
