@@ -313,8 +313,8 @@ fn sample(source: &MetricsSource) -> Sample {
         phase: status.phase,
         ready: status.ready,
         live: status.live,
-        caught_up: status.fresh.caught_up,
-        behind: status.fresh.behind,
+        caught_up: status.catch_up.caught_up,
+        behind: status.catch_up.behind,
         quiet_seconds: source
             .stats
             .last_watch_activity()

@@ -727,7 +727,7 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     run_until(
         &db,
         &server,
-        Config::default().sweep_chunk(40),
+        Config::default().pass_chunk(40),
         book.clone(),
         300,
         "cold",
@@ -747,7 +747,7 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     run_until(
         &db,
         &server,
-        Config::default().sweep_chunk(40),
+        Config::default().pass_chunk(40),
         book.clone(),
         300,
         "warm",

@@ -328,7 +328,7 @@ async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() 
             "pods",
             Api::<Pod>::all(client),
             store_cfg(),
-            Config::default().sweep_chunk(1),
+            Config::default().pass_chunk(1),
         )
         .unwrap()
         .durable_state(&db, NAME)
@@ -564,7 +564,7 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
         "pods",
         Api::<Pod>::all(server.client()),
         store_cfg(),
-        Config::default().concurrency(1).sweep_chunk(4),
+        Config::default().concurrency(1).pass_chunk(4),
     )
     .unwrap()
     .reconcile_all_on(ticks)

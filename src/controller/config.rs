@@ -25,7 +25,7 @@ pub enum StartupMode {
     /// compare with: every stored object is reconciled, as with `ReconcileAll`.
     #[default]
     Changed,
-    /// Reconcile every stored object once (a sweep from disk, no LIST), as kube-runtime's
+    /// Reconcile every stored object once (a pass from disk, no LIST), as kube-runtime's
     /// controller does after each start. [`Config::reconcile_all_on_start`]`(true)`.
     ReconcileAll,
     /// Reconcile nothing on a warm restart: only changes from now on (and, with durable
@@ -37,7 +37,7 @@ pub enum StartupMode {
 ///
 /// The same knobs as kube-runtime's `controller::Config` (`debounce`, `concurrency`), plus
 /// what a persistent store adds: what a restart reconciles ([`StartupMode`]), how many
-/// object references a sweep feeds the scheduler at a time, and, with durable state, how
+/// object references a pass feeds the scheduler at a time, and, with durable state, how
 /// far ahead requeues are held in memory and whether changes of status or metadata alone
 /// are skipped.
 ///
@@ -49,7 +49,7 @@ pub enum StartupMode {
 ///     .concurrency(16)
 ///     .debounce(Duration::from_millis(100))
 ///     .reconcile_all_on_start(true)
-///     .sweep_chunk(256);
+///     .pass_chunk(256);
 /// assert_eq!(cfg.get_concurrency(), 16);
 /// assert!(cfg.get_reconcile_all_on_start());
 /// ```
@@ -58,7 +58,7 @@ pub struct Config {
     pub(crate) concurrency: u16,
     pub(crate) debounce: Duration,
     pub(crate) startup: StartupMode,
-    pub(crate) sweep_chunk: usize,
+    pub(crate) pass_chunk: usize,
     pub(crate) requeue_window: Duration,
     pub(crate) skip_unchanged_generation: bool,
     pub(crate) startup_catch_up: Option<Duration>,
@@ -70,7 +70,7 @@ impl Default for Config {
             concurrency: 0,
             debounce: Duration::ZERO,
             startup: StartupMode::Changed,
-            sweep_chunk: 500,
+            pass_chunk: 500,
             requeue_window: Duration::from_secs(300),
             skip_unchanged_generation: false,
             startup_catch_up: Some(Duration::from_secs(60)),
@@ -111,7 +111,7 @@ impl Config {
     /// `true` is [`StartupMode::ReconcileAll`], `false` is [`StartupMode::Nothing`]. Without
     /// either call the mode is [`StartupMode::Changed`], which without durable state also
     /// reconciles every object (reconciles that were running or queued when the process died
-    /// are lost, and the watch only replays changes). The sweep reads the store from disk
+    /// are lost, and the watch only replays changes). The pass reads the store from disk
     /// in chunks; it makes no LIST call.
     ///
     /// ```
@@ -213,21 +213,35 @@ impl Config {
         self
     }
 
-    /// How many object references a sweep over the store (cold start, warm restart,
+    /// How many object references a pass over the store (cold start, warm restart,
     /// [`Controller::reconcile_all_on`](super::Controller::reconcile_all_on)) hands to the
     /// scheduler at a time (default 500, at least 1). The next chunk is read from disk once
-    /// half of the previous one has started, so a sweep holds at most about three chunks of
+    /// half of the previous one has started, so a pass holds at most about three chunks of
     /// references in memory, never the whole collection.
     ///
     /// ```
     /// use kube_persist::controller::Config;
-    /// assert_eq!(Config::default().sweep_chunk(100).get_sweep_chunk(), 100);
-    /// assert_eq!(Config::default().sweep_chunk(0).get_sweep_chunk(), 1);
+    /// assert_eq!(Config::default().pass_chunk(100).get_pass_chunk(), 100);
+    /// assert_eq!(Config::default().pass_chunk(0).get_pass_chunk(), 1);
     /// ```
     #[must_use]
-    pub fn sweep_chunk(mut self, refs: usize) -> Self {
-        self.sweep_chunk = refs.max(1);
+    pub fn pass_chunk(mut self, refs: usize) -> Self {
+        self.pass_chunk = refs.max(1);
         self
+    }
+
+    /// The former name of [`Config::pass_chunk`] ("sweep" now means only a relist's
+    /// deletions).
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// use kube_persist::controller::Config;
+    /// assert_eq!(Config::default().sweep_chunk(100).get_pass_chunk(), 100);
+    /// ```
+    #[must_use]
+    #[deprecated(note = "renamed to `pass_chunk`")]
+    pub fn sweep_chunk(self, refs: usize) -> Self {
+        self.pass_chunk(refs)
     }
 
     /// The configured concurrency limit (`0`: none).
@@ -302,12 +316,23 @@ impl Config {
         self.skip_unchanged_generation
     }
 
-    /// References per sweep chunk.
+    /// References per pass chunk.
     ///
     /// ```
+    /// assert_eq!(kube_persist::controller::Config::default().get_pass_chunk(), 500);
+    /// ```
+    pub fn get_pass_chunk(&self) -> usize {
+        self.pass_chunk
+    }
+
+    /// The former name of [`Config::get_pass_chunk`].
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
     /// assert_eq!(kube_persist::controller::Config::default().get_sweep_chunk(), 500);
     /// ```
+    #[deprecated(note = "renamed to `get_pass_chunk`")]
     pub fn get_sweep_chunk(&self) -> usize {
-        self.sweep_chunk
+        self.pass_chunk
     }
 }

@@ -65,7 +65,7 @@ pub struct ControllerCounts {
     /// Reconciles running now.
     pub active: u64,
     /// Requests waiting in the scheduler that are not requeues: changes, related triggers,
-    /// sweeps, the startup pass (each object at most once: the scheduler merges requests).
+    /// passes, the startup pass (each object at most once: the scheduler merges requests).
     pub queue_depth: u64,
     /// Requeues and retries waiting in the scheduler (those the reconciler or the error
     /// policy asked for, and those the durable state holds due within its window). A
@@ -90,7 +90,7 @@ impl ControllerCounts {
 /// Which gauge of the scheduler a waiting request counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waiting {
-    /// A change, a related trigger, a sweep or the startup pass.
+    /// A change, a related trigger, a pass or the startup pass.
     Queued,
     /// A requeue or retry.
     Requeue,

@@ -444,8 +444,8 @@ where
     }
 
     /// Reconciles every stored object each time `trigger` yields (kube-runtime's
-    /// `reconcile_all_on`), by a sweep over the store on disk in chunks
-    /// ([`Config::sweep_chunk`]), without a LIST.
+    /// `reconcile_all_on`), by a pass over the store on disk in chunks
+    /// ([`Config::pass_chunk`]), without a LIST.
     ///
     /// ```no_run
     /// # fn demo(c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Pod>) {

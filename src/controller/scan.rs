@@ -1,13 +1,13 @@
-//! Sweeps: reading what to reconcile from disk, chunk by chunk.
+//! Passes: reading what to reconcile from disk, chunk by chunk.
 //!
 //! A blocking task reads the store (and, for a durable controller, its reconcile state)
 //! and hands chunks of [`Plan`]s to the runner over a channel of capacity one. The runner
-//! takes the next chunk only once half of the previous one has started, so a sweep never
+//! takes the next chunk only once half of the previous one has started, so a pass never
 //! holds more than about three chunks, whatever the size of the collection.
 //!
-//! - [`Sweep::all`]: every stored object, now (cold start, `reconcile_all_on`, and warm
+//! - [`Pass::all`]: every stored object, now (cold start, `reconcile_all_on`, and warm
 //!   restarts without durable state).
-//! - [`Sweep::startup`]: the startup pass of a durable controller, a merge of the objects
+//! - [`Pass::startup`]: the startup pass of a durable controller, a merge of the objects
 //!   (key order) with their reconcile records (same order): objects never reconciled or
 //!   changed since (a resourceVersion other than the one last handled) now, requeues due
 //!   before `loaded_until` at their due time (now if past), and the records of objects
@@ -36,7 +36,7 @@ pub(crate) const ALL: &str = "every stored object on start (startup pass)";
 /// Reason of a requeue read back from disk.
 pub(crate) const DUE: &str = "requeue due (durable state)";
 
-/// One thing a sweep asks of the runner.
+/// One thing a pass asks of the runner.
 pub(crate) enum Plan<K: Resource> {
     /// Reconcile `obj_ref`, now (`at_ms: None`) or when this wall-clock time comes.
     Reconcile {
@@ -52,7 +52,7 @@ pub(crate) enum Plan<K: Resource> {
     },
 }
 
-/// A chunk of plans, or a read error (the sweep goes on, or ends after a state error).
+/// A chunk of plans, or a read error (the pass goes on, or ends after a state error).
 pub(crate) type Chunk<K> = crate::model::Result<Vec<Plan<K>>>;
 
 /// What the startup pass reconciles besides due requeues.
@@ -67,7 +67,7 @@ pub(crate) enum PassMode {
 }
 
 /// Options of a startup pass.
-pub(crate) struct Pass {
+pub(crate) struct StartupOptions {
     pub(crate) mode: PassMode,
     /// Requeues due before this (unix ms) are scheduled; later ones stay on disk.
     pub(crate) loaded_until: u64,
@@ -75,8 +75,8 @@ pub(crate) struct Pass {
     pub(crate) generation_filter: bool,
 }
 
-/// A running sweep; dropping it stops the reading task.
-pub(crate) struct Sweep<K: Resource> {
+/// A running pass; dropping it stops the reading task.
+pub(crate) struct Pass<K: Resource> {
     rx: mpsc::Receiver<Chunk<K>>,
 }
 
@@ -97,7 +97,7 @@ pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) ->
     }
 }
 
-impl<K> Sweep<K>
+impl<K> Pass<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone + Send + 'static,
@@ -127,7 +127,7 @@ where
                 if sent.is_err() {
                     tracing::debug!(
                         total,
-                        "sweep abandoned (controller stopped or a new sweep began)"
+                        "pass abandoned (controller stopped or a new pass began)"
                     );
                     return;
                 }
@@ -135,9 +135,9 @@ where
             if !buf.is_empty() {
                 let _ = tx.blocking_send(Ok(buf));
             }
-            tracing::debug!(total, "sweep read every stored object");
+            tracing::debug!(total, "pass read every stored object");
         });
-        Sweep { rx }
+        Pass { rx }
     }
 
     /// Start the startup pass of a durable controller over `reader`'s objects and `ks`'s
@@ -147,7 +147,7 @@ where
         ks: Arc<ControllerKeyspace>,
         dyntype: K::DynamicType,
         chunk: usize,
-        pass: Pass,
+        options: StartupOptions,
         stats: ControllerStats,
     ) -> Self {
         let (tx, rx) = mpsc::channel(1);
@@ -157,7 +157,7 @@ where
                 ks,
                 dyntype,
                 chunk,
-                pass,
+                options,
                 now: super::state::now_ms(),
                 counts: [0; 4],
                 stats,
@@ -174,7 +174,7 @@ where
                 "startup pass over the reconcile state done"
             );
         });
-        Sweep { rx }
+        Pass { rx }
     }
 
     /// The next chunk; `Ready(None)` once the whole store was read.
@@ -183,13 +183,13 @@ where
     }
 }
 
-/// The merge of objects and records behind [`Sweep::startup`].
+/// The merge of objects and records behind [`Pass::startup`].
 struct Merge<K: Resource> {
     reader: Reader<K>,
     ks: Arc<ControllerKeyspace>,
     dyntype: K::DynamicType,
     chunk: usize,
-    pass: Pass,
+    options: StartupOptions,
     now: u64,
     /// Reconciles now, requeues scheduled later, records forgotten, objects read.
     counts: [u64; 4],
@@ -327,16 +327,16 @@ where
             None => true,
             Some(rec) => rec.handled_rv() != Some(rv) && !self.same_generation(suffix, rec),
         };
-        if self.pass.mode == PassMode::All {
+        if self.options.mode == PassMode::All {
             self.counts[0] += 1;
             return now(ALL);
         }
-        if changed && self.pass.mode == PassMode::Changed {
+        if changed && self.options.mode == PassMode::Changed {
             self.counts[0] += 1;
             return now(CHANGED);
         }
         let due = rec.and_then(|r| r.due_ms)?;
-        if due >= self.pass.loaded_until {
+        if due >= self.options.loaded_until {
             return None; // read from disk when it comes near
         }
         if due <= self.now {
@@ -356,7 +356,7 @@ where
     /// With the generation filter: whether the object's `metadata.generation` is the one
     /// last reconciled successfully (a change of status or metadata only).
     fn same_generation(&self, suffix: &[u8], rec: &ReconcileRecord) -> bool {
-        if !self.pass.generation_filter || rec.failed_rv.is_some() {
+        if !self.options.generation_filter || rec.failed_rv.is_some() {
             return false;
         }
         let Some(done) = rec.ok_generation else {

@@ -19,7 +19,7 @@ use crate::sync::{Event, SharedEvent, Subscriber, Watcher};
 pub(crate) enum Trigger<K: Resource> {
     /// Schedule this object now.
     Request(ReconcileRequest<K>),
-    /// Reconcile every stored object of the main kind (a sweep over the store on disk).
+    /// Reconcile every stored object of the main kind (a pass over the store on disk).
     ReconcileAll,
     /// The main kind's store is ready: after its first list (`cold`) or resumed from its
     /// checkpoint. The runner decides what to reconcile ([`Config::startup`](super::Config::startup)).
@@ -39,7 +39,7 @@ pub(crate) fn bare_ref<K: Resource>(obj: &K, dyntype: K::DynamicType) -> ObjectR
 
 /// The main kind's persistent watcher. Changes schedule the object itself; the end of the
 /// first list (`InitDone`) and a warm restart (`Resumed`) are the startup. The first list's
-/// objects (`InitApply`) are not scheduled one by one: the sweep after `InitDone` reads
+/// objects (`InitApply`) are not scheduled one by one: the pass after `InitDone` reads
 /// them back from disk in chunks, so the scheduler never receives the whole first list at
 /// once.
 pub(crate) fn main_kind<K>(watcher: Watcher<K>, dyntype: K::DynamicType) -> TriggerStream<K>
@@ -64,7 +64,7 @@ where
 }
 
 /// The main kind's triggers from a subscriber of a shared watch: its events as
-/// [`main_kind`] maps them, and a lag as a sweep of every stored object (what it missed is
+/// [`main_kind`] maps them, and a lag as a pass of every stored object (what it missed is
 /// on disk).
 pub(crate) fn shared_main<K>(sub: Subscriber<K>, dyntype: K::DynamicType) -> TriggerStream<K>
 where

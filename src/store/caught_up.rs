@@ -125,7 +125,7 @@ where
     /// # Ok(()) }
     /// ```
     pub fn is_caught_up(&self) -> bool {
-        self.status().borrow().fresh.caught_up
+        self.status().borrow().catch_up.caught_up
     }
 
     /// Whether the store has caught up, how that is known, and how far behind it is.
@@ -148,7 +148,7 @@ where
     /// # Ok(()) }
     /// ```
     pub fn freshness(&self) -> Freshness {
-        self.status().borrow().fresh.clone()
+        self.status().borrow().catch_up.clone()
     }
 
     /// Resolves once the store has caught up with the server: after a warm restart, once
@@ -177,7 +177,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn wait_until_caught_up(&self) -> Result<()> {
-        self.wait_status(|s| s.fresh.caught_up).await
+        self.wait_status(|s| s.catch_up.caught_up).await
     }
 
     /// Resolves once the store holds version `resource_version` of the object

@@ -60,7 +60,7 @@ pub(crate) struct Status {
     /// Secondary indexes built on disk and ready for `Reader::by_index`.
     pub(crate) indexes: Vec<String>,
     /// Whether the store has caught up with the server (set by the watcher).
-    pub(crate) fresh: Freshness,
+    pub(crate) catch_up: Freshness,
     /// The epoch of the latest list begun (every list attempt is a new epoch).
     pub(crate) list_epoch: u64,
     /// The epoch of the latest list completed (with its sweep): `listed_epoch` greater
@@ -107,8 +107,8 @@ impl StatusTx {
     }
 
     /// Whether the store has caught up with the server.
-    pub(crate) fn fresh(&self, f: impl FnOnce(&mut Freshness)) {
-        self.0.send_modify(|s| f(&mut s.fresh));
+    pub(crate) fn catch_up(&self, f: impl FnOnce(&mut Freshness)) {
+        self.0.send_modify(|s| f(&mut s.catch_up));
     }
 
     /// Whether the watch is connected; readers are woken only by a change.

@@ -51,7 +51,7 @@ const QUIET_BEFORE_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Where the watcher is in catching up.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum CatchUp {
+enum CatchUpState {
     /// Not caught up, nothing to compare with: the next watch connect reads a target.
     Unknown,
     /// Caught up once the checkpoint is at `target` or past it.
@@ -63,8 +63,8 @@ enum CatchUp {
 }
 
 /// The watcher's view of freshness, and the channel it publishes it on.
-pub(crate) struct Tracker {
-    state: CatchUp,
+pub(crate) struct CatchUp {
+    state: CatchUpState,
     /// A list began in this process and has not completed yet.
     list_began: bool,
     status: StatusTx,
@@ -77,10 +77,10 @@ pub(crate) struct Tracker {
     watch_bookmarks: u64,
 }
 
-impl Tracker {
+impl CatchUp {
     pub(crate) fn new(status: StatusTx, url: &str) -> Self {
-        Tracker {
-            state: CatchUp::Unknown,
+        CatchUp {
+            state: CatchUpState::Unknown,
             list_began: false,
             status,
             url: url.to_string(),
@@ -91,15 +91,15 @@ impl Tracker {
     }
 
     pub(crate) fn caught_up(&self) -> bool {
-        self.state == CatchUp::CaughtUp
+        self.state == CatchUpState::CaughtUp
     }
 
     /// The store can no longer claim to be caught up (a watch failure, a relist).
     pub(crate) fn lost(&mut self, why: &str) {
-        if self.state != CatchUp::Unknown {
+        if self.state != CatchUpState::Unknown {
             tracing::debug!(url = %self.url, reason = why, "no longer caught up with the server");
         }
-        self.state = CatchUp::Unknown;
+        self.state = CatchUpState::Unknown;
         self.publish(|f| {
             f.caught_up = false;
             f.behind = None;
@@ -150,11 +150,11 @@ impl Tracker {
         checkpoint: &str,
     ) -> Option<u32> {
         match self.state {
-            CatchUp::CaughtUp => return None,
-            CatchUp::Target(_) | CatchUp::Bookmark => {
+            CatchUpState::CaughtUp => return None,
+            CatchUpState::Target(_) | CatchUpState::Bookmark => {
                 return Some(CATCH_UP_WATCH_TIMEOUT.min(cfg.timeout));
             }
-            CatchUp::Unknown => {}
+            CatchUpState::Unknown => {}
         }
         Counters::add(&stats.server_version_reads, 1);
         let target = tokio::time::timeout(
@@ -179,7 +179,7 @@ impl Tracker {
                 });
                 tracing::debug!(url = %self.url, checkpoint, server_resource_version = %target,
                     behind, "catching up with the server");
-                self.state = CatchUp::Target(target);
+                self.state = CatchUpState::Target(target);
                 self.after_burst(checkpoint, 0);
             }
             Ok(target) => {
@@ -192,7 +192,7 @@ impl Tracker {
                     f.server_resource_version = Some(target.clone());
                     f.behind = None;
                 });
-                self.state = CatchUp::Bookmark;
+                self.state = CatchUpState::Bookmark;
             }
             Err(e) => {
                 tracing::warn!(url = %self.url, error = %e,
@@ -202,7 +202,7 @@ impl Tracker {
                     f.behind = None;
                 });
                 self.logged_rule = CatchUpRule::FirstBookmark;
-                self.state = CatchUp::Bookmark;
+                self.state = CatchUpState::Bookmark;
             }
         }
         (!self.caught_up()).then(|| CATCH_UP_WATCH_TIMEOUT.min(cfg.timeout))
@@ -213,7 +213,7 @@ impl Tracker {
     pub(crate) fn after_burst(&mut self, checkpoint: &str, bookmarks: u64) {
         self.watch_bookmarks += bookmarks;
         match &self.state {
-            CatchUp::Target(target) => {
+            CatchUpState::Target(target) => {
                 match resource_version::at_least(checkpoint, target) {
                     Some(true) => self.reached(CatchUpRule::ComparableResourceVersions, checkpoint),
                     Some(false) => {
@@ -222,10 +222,10 @@ impl Tracker {
                     }
                     // The checkpoint came from the server, compared before: cannot happen
                     // unless the server changed its format; the bookmark rule then.
-                    None => self.state = CatchUp::Bookmark,
+                    None => self.state = CatchUpState::Bookmark,
                 }
             }
-            CatchUp::Bookmark if bookmarks > 0 => {
+            CatchUpState::Bookmark if bookmarks > 0 => {
                 self.reached(CatchUpRule::FirstBookmark, checkpoint)
             }
             _ => {}
@@ -240,7 +240,7 @@ impl Tracker {
         let Some(deadline) = self.catch_up_deadline.take() else {
             return;
         };
-        let behind = matches!(self.state, CatchUp::Target(_) | CatchUp::Bookmark);
+        let behind = matches!(self.state, CatchUpState::Target(_) | CatchUpState::Bookmark);
         let quiet_enough = quiet >= QUIET_BEFORE_DEADLINE.min(deadline / 2);
         if !behind || self.watch_bookmarks > 0 || lasted < deadline || !quiet_enough {
             return;
@@ -255,11 +255,16 @@ impl Tracker {
     }
 
     fn reached(&mut self, rule: CatchUpRule, checkpoint: &str) {
-        if self.state == CatchUp::CaughtUp {
+        if self.state == CatchUpState::CaughtUp {
             return;
         }
-        self.state = CatchUp::CaughtUp;
-        let target = self.status.borrow().fresh.server_resource_version.clone();
+        self.state = CatchUpState::CaughtUp;
+        let target = self
+            .status
+            .borrow()
+            .catch_up
+            .server_resource_version
+            .clone();
         tracing::info!(url = %self.url, resource_version = checkpoint, rule = %rule,
             "store caught up with the server");
         self.publish(|f| {
@@ -292,7 +297,7 @@ impl Tracker {
     }
 
     fn publish(&self, f: impl FnOnce(&mut Freshness)) {
-        self.status.fresh(f);
+        self.status.catch_up(f);
     }
 }
 

@@ -291,7 +291,7 @@ pub fn controller(
         kube_persist::controller::Config::default()
             .concurrency(CONCURRENCY)
             .skip_unchanged_generation(true)
-            .sweep_chunk(SWEEP_CHUNK),
+            .pass_chunk(SWEEP_CHUNK),
     )
     .watches_store(related, |rel: ConfigMap| {
         let name = rel.metadata.name.unwrap_or_default();

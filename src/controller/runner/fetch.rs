@@ -36,7 +36,7 @@ where
     /// Starts reading one scheduled object from disk, off the async worker (a read may
     /// block on disk); [`Runner::start`] follows when it is read.
     pub(super) fn dispatch(&mut self, request: ReconcileRequest<K>) {
-        self.sweep_outstanding.remove(&request.obj_ref);
+        self.pass_outstanding.remove(&request.obj_ref);
         if let Some((_, kind)) = self.waiting.remove(&request.obj_ref) {
             self.p.stats.dequeued(kind);
         }

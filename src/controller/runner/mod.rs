@@ -34,7 +34,7 @@ use super::Config;
 use super::action::requeue_after;
 use super::controller_error::ControllerError;
 use super::controller_stats::{ControllerStats, Waiting};
-use super::scan::{self, Sweep, suffix_ref};
+use super::scan::{self, Pass, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::triggers::{Trigger, TriggerStream};
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
@@ -102,24 +102,24 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// Objects being read or reconciled: never two reconciles of one object at once.
     running_refs: HashSet<ObjectRef<K>>,
     /// Objects that received a request that must not be skipped (a related change, a user
-    /// request, a sweep of every object) since their last dispatch. kube-runtime's
+    /// request, a pass of every object) since their last dispatch. kube-runtime's
     /// scheduler merges a request into one already queued or pending for the same object
     /// and keeps that one's reason, so the reason that comes out cannot be trusted: the
     /// next dispatch of these objects always reconciles.
     forced: HashSet<ObjectRef<K>>,
-    /// The sweep over every stored object (`reconcile_all_on`, a cold start, a warm start
-    /// without durable state). A sweep under way is never replaced: it finishes, so that
+    /// The pass over every stored object (`reconcile_all_on`, a cold start, a warm start
+    /// without durable state). A pass under way is never replaced: it finishes, so that
     /// the objects late in key order are reached too.
-    sweep: Option<Sweep<K>>,
-    /// Sweeps were asked for while one was under way: every one of them is owed a reconcile
-    /// of every object that starts after it, which the objects the running sweep already
-    /// passed did not get; one more sweep follows it (however many asks came meanwhile).
-    sweep_again: bool,
-    /// The startup pass of a durable controller, beside `sweep`: neither replaces the
+    full_pass: Option<Pass<K>>,
+    /// Passes were asked for while one was under way: every one of them is owed a reconcile
+    /// of every object that starts after it, which the objects the running pass already
+    /// passed did not get; one more pass follows it (however many asks came meanwhile).
+    full_pass_again: bool,
+    /// The startup pass of a durable controller, beside `pass`: neither replaces the
     /// other, so a `reconcile_all_on` tick during the pass is not lost, nor the pass's
     /// forgotten records and due requeues when a tick comes.
-    pass: Option<Sweep<K>>,
-    sweep_outstanding: HashSet<ObjectRef<K>>,
+    startup_pass: Option<Pass<K>>,
+    pass_outstanding: HashSet<ObjectRef<K>>,
     /// Objects whose last reads failed, with how many failed in a row (the retry backoff).
     read_failures: HashMap<ObjectRef<K>, u32>,
     /// What waits in the scheduler (which keeps one request per object): when it runs and
@@ -129,10 +129,10 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
-    /// A `reconcile_all_on` tick came before the stores were ready: its sweep runs once
-    /// they are (a sweep of a store still listing, or wiped, would miss objects the tick
+    /// A `reconcile_all_on` tick came before the stores were ready: its pass runs once
+    /// they are (a pass of a store still listing, or wiped, would miss objects the tick
     /// owes a reconcile, which a durable startup pass may then skip as unchanged).
-    sweep_when_ready: bool,
+    full_pass_when_ready: bool,
     /// A startup pass (`cold` or not) waiting until the main store has caught up (true)
     /// or the wait timed out (false).
     catching_up: Option<(bool, BoxFuture<'static, bool>)>,
@@ -179,14 +179,14 @@ where
             running: FuturesUnordered::new(),
             running_refs: HashSet::new(),
             forced: HashSet::new(),
-            sweep: None,
-            sweep_again: false,
-            pass: None,
-            sweep_outstanding: HashSet::new(),
+            full_pass: None,
+            full_pass_again: false,
+            startup_pass: None,
+            pass_outstanding: HashSet::new(),
             read_failures: HashMap::new(),
             waiting: HashMap::new(),
             ready: false,
-            sweep_when_ready: false,
+            full_pass_when_ready: false,
             catching_up: None,
             shutting_down: false,
             out: VecDeque::new(),
@@ -229,12 +229,12 @@ where
                 "controller shutting down gracefully"
             );
             self.shutting_down = true;
-            // Stops the watchers (releasing their streams) and any sweep; running
+            // Stops the watchers (releasing their streams) and any pass; running
             // reconciles finish, nothing new starts.
             self.triggers = None;
-            self.sweep = None;
-            self.sweep_again = false;
-            self.pass = None;
+            self.full_pass = None;
+            self.full_pass_again = false;
+            self.startup_pass = None;
             self.catching_up = None;
             self.p.stats.pass_ended();
             // Objects still being read are not reconciled.
@@ -260,12 +260,12 @@ where
                 Poll::Ready(Some(Ok(Trigger::Request(req)))) => {
                     self.schedule(req.obj_ref, req.reason, Instant::now())
                 }
-                Poll::Ready(Some(Ok(Trigger::ReconcileAll))) if self.ready => self.sweep_all(),
+                Poll::Ready(Some(Ok(Trigger::ReconcileAll))) if self.ready => self.pass_all(),
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
                     tracing::debug!(
-                        "reconcile_all_on tick before the stores are ready: swept once they are"
+                        "reconcile_all_on tick before the stores are ready: passed once they are"
                     );
-                    self.sweep_when_ready = true;
+                    self.full_pass_when_ready = true;
                 }
                 Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.request_startup(cold),
                 Poll::Ready(Some(Err(e))) => self.out.push_back(Err(e.into())),
@@ -528,12 +528,12 @@ where
             progressed |= this.poll_durable(cx);
             progressed |= this.poll_triggers(cx);
             progressed |= this.poll_catch_up(cx);
-            progressed |= this.poll_sweep(cx);
+            progressed |= this.poll_passes(cx);
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
                 tracing::debug!("stores ready, reconciles may start");
                 this.ready = true;
-                if std::mem::take(&mut this.sweep_when_ready) {
-                    this.sweep_all();
+                if std::mem::take(&mut this.full_pass_when_ready) {
+                    this.pass_all();
                 }
             }
             let limit = this.p.config.concurrency as usize;
@@ -552,7 +552,7 @@ where
             }
             // At the limit the scheduler is not polled at all: a poll would move every due
             // request into its set of held messages, which it serves in hash order, not by
-            // due time, so that under a sustained load (ticks, sweeps) a due request could
+            // due time, so that under a sustained load (ticks, passes) a due request could
             // wait forever behind newer ones. Left in its queue, due requests come out in
             // the order they fell due once a reconcile finishes (which wakes this task).
             // Requests meanwhile wait in the channel, one per object (see `schedule`).

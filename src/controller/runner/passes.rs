@@ -1,4 +1,4 @@
-//! The runner's sweeps: the sweep over every stored object (`reconcile_all_on`, a cold
+//! The runner's passes: the pass over every stored object (`reconcile_all_on`, a cold
 //! start, a warm start without durable state) and the startup pass of a durable controller,
 //! which waits until the main store has caught up; both feed the scheduler chunk by chunk.
 
@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::super::StartupMode;
 use super::super::controller_error::ControllerError;
-use super::super::scan::{Pass, PassMode, Plan, Sweep};
+use super::super::scan::{Pass, PassMode, Plan, StartupOptions};
 use super::super::state::{instant_at, now_ms};
 use super::Runner;
 use crate::controller::keyspace::StateOp;
@@ -23,26 +23,26 @@ where
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {
-    /// Asks for a sweep over every stored object: starts one, or, while one is under way,
+    /// Asks for a pass over every stored object: starts one, or, while one is under way,
     /// one more after it (asks that come meanwhile are coalesced into that one).
-    pub(super) fn sweep_all(&mut self) {
-        if self.sweep.is_some() {
-            if !self.sweep_again {
-                tracing::debug!("a sweep is under way: one more follows it");
+    pub(super) fn pass_all(&mut self) {
+        if self.full_pass.is_some() {
+            if !self.full_pass_again {
+                tracing::debug!("a pass is under way: one more follows it");
             }
-            self.sweep_again = true;
+            self.full_pass_again = true;
             return;
         }
-        self.start_sweep();
+        self.start_full_pass();
     }
 
-    fn start_sweep(&mut self) {
-        tracing::debug!("reconciling every stored object (sweep from disk)");
-        self.sweep_again = false;
-        self.sweep = Some(Sweep::all(
+    fn start_full_pass(&mut self) {
+        tracing::debug!("reconciling every stored object (pass from disk)");
+        self.full_pass_again = false;
+        self.full_pass = Some(Pass::all(
             self.p.reader.clone(),
             self.p.dyntype.clone(),
-            self.p.config.sweep_chunk,
+            self.p.config.pass_chunk,
         ));
     }
 
@@ -98,7 +98,7 @@ where
         let mode = self.p.config.startup;
         let Some(d) = self.durable.as_mut() else {
             if cold || mode != StartupMode::Nothing {
-                self.sweep_all();
+                self.pass_all();
             }
             return;
         };
@@ -110,12 +110,12 @@ where
         tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
         let loaded_until = d.start_window();
         self.p.stats.pass_began(Some(self.p.reader.len() as u64));
-        self.pass = Some(Sweep::startup(
+        self.startup_pass = Some(Pass::startup(
             self.p.reader.clone(),
             d.keyspace(),
             self.p.dyntype.clone(),
-            self.p.config.sweep_chunk,
-            Pass {
+            self.p.config.pass_chunk,
+            StartupOptions {
                 mode: pass_mode,
                 loaded_until,
                 generation_filter: self.p.config.skip_unchanged_generation,
@@ -124,30 +124,30 @@ where
         ));
     }
 
-    /// Feeds the next chunk of the sweep and of the startup pass, each once half of the
+    /// Feeds the next chunk of the pass and of the startup pass, each once half of the
     /// previous chunk has started.
-    pub(super) fn poll_sweep(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.sweep_outstanding.len() > self.p.config.sweep_chunk / 2 {
+    pub(super) fn poll_passes(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.pass_outstanding.len() > self.p.config.pass_chunk / 2 {
             return false; // re-checked after each dispatch
         }
         let mut progressed = false;
-        for pass in [false, true] {
-            let slot = if pass {
-                &mut self.pass
+        for startup in [false, true] {
+            let slot = if startup {
+                &mut self.startup_pass
             } else {
-                &mut self.sweep
+                &mut self.full_pass
             };
-            let Some(sweep) = slot.as_mut() else {
+            let Some(pass) = slot.as_mut() else {
                 continue;
             };
-            let chunk = match sweep.poll_chunk(cx) {
+            let chunk = match pass.poll_chunk(cx) {
                 Poll::Pending => continue,
                 Poll::Ready(None) => {
                     *slot = None;
-                    if pass {
+                    if startup {
                         self.p.stats.pass_ended();
-                    } else if self.sweep_again {
-                        self.start_sweep();
+                    } else if self.full_pass_again {
+                        self.start_full_pass();
                     }
                     progressed = true;
                     continue;
@@ -163,7 +163,7 @@ where
         progressed
     }
 
-    /// Schedules what a sweep chunk asks for.
+    /// Schedules what a pass chunk asks for.
     pub(super) fn plan(&mut self, plans: Vec<Plan<K>>) {
         let (now, wall) = (Instant::now(), now_ms());
         for plan in plans {
@@ -174,7 +174,7 @@ where
                     at_ms,
                 } => match at_ms.filter(|&at| at > wall) {
                     None => {
-                        self.sweep_outstanding.insert(obj_ref.clone());
+                        self.pass_outstanding.insert(obj_ref.clone());
                         self.schedule(obj_ref, reason, now);
                     }
                     Some(at) => self.schedule(obj_ref, reason, instant_at(at)),

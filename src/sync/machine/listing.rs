@@ -49,7 +49,7 @@ impl Machine {
             metadata_only: self.metadata_only,
             cfg: &self.cfg,
             stats: &self.stats,
-            worker: &self.disk.worker,
+            worker: &self.writer.worker,
             last_page_bytes: &self.last_page_bytes,
             page_size: self
                 .pacing
@@ -95,8 +95,11 @@ impl Machine {
         let context = |continued: bool| format!("LIST {url} (continue: {continued})");
         // After the last page there is nothing more to fetch: only its commit to take in.
         let fetch_next = !committing.as_ref().is_some_and(|c| c.last);
-        let (lister, ingest, worker) =
-            (self.lister(), self.ingest.clone(), self.disk.worker.clone());
+        let (lister, ingest, worker) = (
+            self.lister(),
+            self.ingest.clone(),
+            self.writer.worker.clone(),
+        );
         let page_context = context(continue_token.is_some());
         let fetch = async {
             if !fetch_next {
@@ -121,7 +124,7 @@ impl Machine {
         // The commit first: its events are emitted, and a failed commit drops the page
         // fetched after it (the retry resumes from the persisted phase).
         if let Some(done) = committed {
-            let (changes, rejected) = self.disk.finish(done)?;
+            let (changes, rejected) = self.writer.finish(done)?;
             self.push_changes(changes);
             self.push_rejected(rejected);
         }
@@ -132,7 +135,7 @@ impl Machine {
                 return self.relist("continue token expired (410)").await;
             }
             None => {
-                return Ok(match self.disk.state.phase.clone() {
+                return Ok(match self.writer.state.phase.clone() {
                     Phase::Listing { continue_token, .. } => Stage::Listing {
                         continue_token,
                         committing: None,
@@ -148,7 +151,7 @@ impl Machine {
         let next_token = page.continue_token.clone();
         let emit = self.emit;
         let last_page_context = context(continue_token.is_some());
-        let done = self.disk.start(move |w| {
+        let done = self.writer.start(move |w| {
             // The page's place in the budget is given back once it is committed.
             let _permit = permit;
             let progress = match page.continue_token {
@@ -218,7 +221,7 @@ impl Machine {
         // A burst of initial events is a list page: parsed on the CPU threads and committed
         // on the disk thread under a permit of the directory's page budget, taken once the
         // burst is read (a stream waiting for its server holds none).
-        let permit = self.disk.worker.page_permit().await;
+        let permit = self.writer.worker.page_permit().await;
         let ingest = self.ingest.clone();
         let mut parsed = compute(move || ingest.lines(burst.lines, true))
             .await
@@ -235,7 +238,7 @@ impl Machine {
             .collect();
         let (end, emit) = (parsed.end.clone(), self.emit);
         let changes = self
-            .disk
+            .writer
             .run(move |w| {
                 let _permit = permit;
                 match end {
@@ -255,7 +258,7 @@ impl Machine {
             tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %rv, "streaming list complete");
             self.set_live(true);
             self.pacing.watch_up();
-            return Ok(match self.disk.state.phase {
+            return Ok(match self.writer.state.phase {
                 Phase::Sweeping { .. } => Stage::Sweeping {
                     then: Some((conn, p.rest)),
                 },

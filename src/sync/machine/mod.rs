@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backoff::{Backoff, jitter};
-use super::catch_up::Tracker;
+use super::catch_up::CatchUp;
 use super::config::StreamConfig;
 use super::conn::{Line, WatchConn, WatchTarget};
 use super::indexers::Inspector;
@@ -172,7 +172,7 @@ impl Stage {
 
 /// The writer, owned by the disk thread while it works; the machine keeps a copy of the
 /// state as of the last job.
-struct Disk {
+struct WriterHandle {
     writer: Arc<Mutex<Writer>>,
     worker: DiskWorker,
     state: State,
@@ -181,7 +181,7 @@ struct Disk {
 /// A job's result with the writer's state after it.
 type Done<R> = Result<(Result<R>, State)>;
 
-impl Disk {
+impl WriterHandle {
     /// Run `job` with the writer on the disk thread.
     async fn run<R: Send + 'static>(
         &mut self,
@@ -192,7 +192,7 @@ impl Disk {
     }
 
     /// Queue `job` on the disk thread now; the future (which borrows nothing) yields its
-    /// result for [`Disk::finish`], so other work can proceed meanwhile.
+    /// result for [`WriterHandle::finish`], so other work can proceed meanwhile.
     fn start<R: Send + 'static>(
         &self,
         job: impl FnOnce(&mut Writer) -> Result<R> + Send + 'static,
@@ -221,7 +221,7 @@ pub(crate) struct Machine {
     metadata_only: bool,
     cfg: Arc<StreamConfig>,
     ingest: Ingest,
-    disk: Disk,
+    writer: WriterHandle,
     status: StatusTx,
     stats: Arc<Counters>,
     backoff: Backoff,
@@ -241,7 +241,7 @@ pub(crate) struct Machine {
     /// The body size of the last LIST page (see `Lister`).
     last_page_bytes: std::sync::atomic::AtomicUsize,
     /// Whether the store has caught up with the server (not only connected).
-    fresh: Tracker,
+    catch_up: CatchUp,
     /// A configuration error the server will not accept ended the watcher.
     pub(crate) fatal: bool,
     /// Held while the persisted phase is a list: the directory keeps list-page buffers
@@ -267,7 +267,7 @@ impl Machine {
         let cfg = Arc::new(cfg);
         let state = writer.state().clone();
         let status = writer.status_sender();
-        let fresh = Tracker::new(status.clone(), &format!("{url} (stream {stream:?})"));
+        let catch_up = CatchUp::new(status.clone(), &format!("{url} (stream {stream:?})"));
         Machine {
             stream: Arc::from(stream),
             client,
@@ -283,7 +283,7 @@ impl Machine {
             metadata_only,
             streaming: cfg.streaming_lists,
             cfg,
-            disk: Disk {
+            writer: WriterHandle {
                 writer: Arc::new(Mutex::new(writer)),
                 worker,
                 state,
@@ -298,7 +298,7 @@ impl Machine {
             pacing,
             too_large: 0,
             last_page_bytes: Default::default(),
-            fresh,
+            catch_up,
             fatal: false,
             listing: None,
         }
@@ -306,7 +306,7 @@ impl Machine {
 
     /// Run `f` on the writer before the watcher starts (configuration of a new stream).
     pub(crate) fn configure_writer(&mut self, f: impl FnOnce(&mut Writer)) {
-        f(&mut self.disk.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut self.writer.writer.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     pub(crate) fn set_emit(&mut self, emit: bool) {
@@ -323,7 +323,7 @@ impl Machine {
     }
 
     fn synced(&self) -> bool {
-        matches!(self.disk.state.phase, Phase::Synced { .. })
+        matches!(self.writer.state.phase, Phase::Synced { .. })
     }
 
     /// The first list of a store never synced: its objects are `InitApply` events.
@@ -341,8 +341,8 @@ impl Machine {
         match self.signal {
             StartSignal::FirstList => self.push(RawEvent::InitDone),
             StartSignal::Resume => {
-                let rv = self.disk.state.last_synced.clone().unwrap_or_default();
-                tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %rv, objects = self.disk.state.count,
+                let rv = self.writer.state.last_synced.clone().unwrap_or_default();
+                tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %rv, objects = self.writer.state.count,
                     "store consistent again: resumed");
                 self.push(RawEvent::Resumed(rv));
             }
@@ -359,15 +359,15 @@ impl Machine {
         let was_synced = self.synced();
         let span = tracing::debug_span!("kube_persist", stream = %self.stream, url = %self.request.url_path, stage = stage.name());
         let result = self.transition(stage).instrument(span).await;
-        let listing = matches!(self.disk.state.phase, Phase::Listing { .. });
+        let listing = matches!(self.writer.state.phase, Phase::Listing { .. });
         if listing != self.listing.is_some() {
-            self.listing = listing.then(|| self.disk.worker.listing());
+            self.listing = listing.then(|| self.writer.worker.listing());
         }
         match result {
             Ok(next) => self.stage = next,
             Err(e) => {
                 Counters::add(&self.stats.errors, 1);
-                self.fresh.lost("list/watch error");
+                self.catch_up.lost("list/watch error");
                 if let Error::Config(why) = &e {
                     // Retrying cannot fix a configuration the server refuses.
                     tracing::error!(stream = %self.stream, url = %self.url(), error = %why, "configuration error: the watcher stops");
@@ -389,8 +389,8 @@ impl Machine {
         if !was_synced && self.synced() {
             self.backoff.reset();
             self.pacing.list_complete();
-            let checkpoint = self.disk.state.last_synced.clone().unwrap_or_default();
-            self.fresh.list_done(&checkpoint);
+            let checkpoint = self.writer.state.last_synced.clone().unwrap_or_default();
+            self.catch_up.list_done(&checkpoint);
         }
         self.announce();
         Ok(())
@@ -436,7 +436,7 @@ impl Machine {
     async fn start(&mut self) -> Result<Stage> {
         let configured = self.cfg.index_names();
         let (build, prune) = self
-            .disk
+            .writer
             .run(move |w| {
                 Ok((
                     w.prepare_indexes(&configured)?,
@@ -444,7 +444,7 @@ impl Machine {
                 ))
             })
             .await?;
-        let state = self.disk.state.clone();
+        let state = self.writer.state.clone();
         self.signal = match state.last_synced {
             None => StartSignal::FirstList,
             Some(_) => StartSignal::Resume,
@@ -487,12 +487,12 @@ impl Machine {
             return Ok(Stage::Resume);
         };
         let page = self.cfg.page_size as usize;
-        let done = self.disk.run(move |w| w.prune_step(&shard, page)).await?;
+        let done = self.writer.run(move |w| w.prune_step(&shard, page)).await?;
         Ok(match (done, then_build) {
             (false, _) => Stage::Pruning { then_build },
             (true, true) => Stage::BuildingIndex { after: None },
             (true, false) => {
-                tracing::info!(stream = %self.stream, url = %self.url(), objects = self.disk.state.count, "prune complete");
+                tracing::info!(stream = %self.stream, url = %self.url(), objects = self.writer.state.count, "prune complete");
                 Stage::Resume
             }
         })
@@ -504,7 +504,7 @@ impl Machine {
         };
         let page = self.cfg.page_size as usize;
         let names = self.cfg.index_names();
-        self.disk
+        self.writer
             .run(move |w| {
                 let last = w.index_chunk(after, page, &|b| inspect(b).map(|i| i.entries))?;
                 if last.is_none() {
@@ -521,7 +521,7 @@ impl Machine {
 
     /// The next stage from the persisted phase alone.
     async fn resume(&mut self) -> Result<Stage> {
-        match self.disk.state.phase.clone() {
+        match self.writer.state.phase.clone() {
             Phase::Empty => self.begin_list().await,
             // Only a paginated list with a continue token can be continued. A streaming
             // list cannot, and a list without a token may hold objects of an interrupted
@@ -545,8 +545,8 @@ impl Machine {
     /// Start a list with a new epoch (whatever it does not see is swept at its end).
     async fn begin_list(&mut self) -> Result<Stage> {
         self.set_live(false);
-        self.fresh.list_began();
-        self.disk.run(|w| w.begin_list()).await?;
+        self.catch_up.list_began();
+        self.writer.run(|w| w.begin_list()).await?;
         if self.cold() {
             self.push(RawEvent::Init);
         }
@@ -611,7 +611,7 @@ impl Drop for Machine {
     /// Readers of a dropped watcher's store are told it is no longer live (nor caught up).
     fn drop(&mut self) {
         self.set_live(false);
-        self.fresh.lost("the watcher was dropped");
+        self.catch_up.lost("the watcher was dropped");
     }
 }
 
@@ -629,7 +629,7 @@ impl Machine {
 
     async fn sweep_chunk(&mut self, then: Option<(WatchConn, Vec<Line>)>) -> Result<Stage> {
         let (page, emit) = (self.cfg.page_size as usize, self.emit);
-        let (changes, done) = self.disk.run(move |w| w.sweep_step(page, emit)).await?;
+        let (changes, done) = self.writer.run(move |w| w.sweep_step(page, emit)).await?;
         self.push_changes(changes);
         if !done {
             return Ok(Stage::Sweeping { then });

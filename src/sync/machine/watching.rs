@@ -34,12 +34,12 @@ impl Machine {
     }
 
     async fn open_watch(&mut self, deferred: Deferred) -> Result<Stage> {
-        let rv = match &self.disk.state.phase {
+        let rv = match &self.writer.state.phase {
             Phase::Synced { resource_version } => resource_version.clone(),
             _ => return Ok(Stage::Resume),
         };
         let timeout = self
-            .fresh
+            .catch_up
             .before_connect(&self.client, &self.request, &self.cfg, &self.stats, &rv)
             .await;
         match WatchConn::connect(&self.client, self.target(timeout), &rv, false).await {
@@ -74,7 +74,7 @@ impl Machine {
     pub(super) fn watch_status(&self, status: crate::sync::raw::StatusBody) -> Error {
         Error::WatchStatus {
             url: self.described(),
-            resource_version: self.disk.state.last_synced.clone().unwrap_or_default(),
+            resource_version: self.writer.state.last_synced.clone().unwrap_or_default(),
             code: status.code,
             reason: status.reason,
             message: status.message,
@@ -113,9 +113,12 @@ impl Machine {
                 .await;
         }
         let ops = std::mem::take(&mut parsed.ops);
-        let (last_rv, checkpoint) = (parsed.last_rv.clone(), self.disk.state.last_synced.clone());
+        let (last_rv, checkpoint) = (
+            parsed.last_rv.clone(),
+            self.writer.state.last_synced.clone(),
+        );
         let emit = self.emit;
-        let commit = self.disk.start(move |w| {
+        let commit = self.writer.start(move |w| {
             let moved = last_rv.is_some();
             match last_rv.or(checkpoint) {
                 Some(rv) if !ops.is_empty() || moved => w.watch_burst(ops, rv, emit),
@@ -141,11 +144,11 @@ impl Machine {
         } else {
             (commit.await, None)
         };
-        let changes = self.disk.finish(done)?;
+        let changes = self.writer.finish(done)?;
         self.push_changes(changes);
         self.push_rejected(std::mem::take(&mut parsed.rejected));
-        if let Some(checkpoint) = &self.disk.state.last_synced {
-            self.fresh.after_burst(checkpoint, parsed.bookmarks);
+        if let Some(checkpoint) = &self.writer.state.last_synced {
+            self.catch_up.after_burst(checkpoint, parsed.bookmarks);
         }
         if parsed.delivered > 0 {
             // A healthy connection: later errors start their backoff from the minimum.
@@ -174,9 +177,9 @@ impl Machine {
         }
         if ended {
             if let (Some((lasted, quiet)), Some(checkpoint)) =
-                (conn.ended_after(), &self.disk.state.last_synced)
+                (conn.ended_after(), &self.writer.state.last_synced)
             {
-                self.fresh.watch_ended(checkpoint, lasted, quiet);
+                self.catch_up.watch_ended(checkpoint, lasted, quiet);
             }
             tracing::debug!(stream = %self.stream, url = %self.url(), "watch stream ended; reconnecting from the checkpoint");
             self.set_live(false);
