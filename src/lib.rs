@@ -21,8 +21,9 @@
 //!   deletions (mark and sweep on disk, no in-memory key set);
 //! - serves [`Reader::get`], iteration and namespace scans from disk.
 //!
-//! The design (data flow, the watcher's state machine, the on-disk layout, and the tests
-//! that guard each invariant) is in [`architecture`], the repository's `ARCHITECTURE.md`.
+//! The code map, its entry points and its invariants are in [`architecture`], the
+//! repository's `ARCHITECTURE.md`; the design (data flow, the watcher's state machine, the
+//! on-disk layout) is in the repository's `docs/design.md`.
 //!
 //! ```no_run
 //! use futures::StreamExt;

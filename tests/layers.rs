@@ -119,7 +119,15 @@ fn strip_comments(src: &str) -> String {
             }
             out.extend_from_slice(&b[end..(end + close.len()).min(b.len())]);
             i = end + close.len();
-        } else if c == b'"' && !(i > 0 && b[i - 1] == b'\'' && next == Some(b'\'')) {
+        } else if c == b'\'' && char_literal_len(&b[i..]).is_some() {
+            // A char literal ('"', '\"', '\'', '\u{22}'), not a lifetime: copied as is,
+            // so that a quote inside it starts no string.
+            let n = char_literal_len(&b[i..]).unwrap();
+            for &x in &b[i..i + n] {
+                out.push(if x == b'"' { b' ' } else { x });
+            }
+            i += n;
+        } else if c == b'"' {
             out.push(c);
             i += 1;
             while i < b.len() && b[i] != b'"' {
@@ -140,6 +148,28 @@ fn strip_comments(src: &str) -> String {
         }
     }
     String::from_utf8(out).unwrap()
+}
+
+/// The length in bytes of the char literal `b` starts with (`b[0]` is `'`), or `None` for a
+/// lifetime or label (`'a`, `'static`).
+fn char_literal_len(b: &[u8]) -> Option<usize> {
+    match b.get(1)? {
+        b'\\' => {
+            // An escape: `'\n'`, `'\''`, `'\"'`, `'\x7f'`, `'\u{1F600}'`.
+            let close = b[2..].iter().skip(1).position(|&c| c == b'\'')? + 3;
+            (close <= 12).then_some(close + 1)
+        }
+        _ => {
+            // One character, of 1 to 4 bytes in UTF-8, then the closing quote.
+            let width = match b[1] {
+                0x00..=0x7f => 1,
+                0xc0..=0xdf => 2,
+                0xe0..=0xef => 3,
+                _ => 4,
+            };
+            (b.get(1 + width) == Some(&b'\'')).then_some(width + 2)
+        }
+    }
 }
 
 fn is_ident(c: char) -> bool {
@@ -205,8 +235,13 @@ fn crate_paths(code: &str, depth: usize) -> Vec<(usize, String)> {
     found
 }
 
+/// The first segment of a path: an identifier, or `*` for a glob.
 fn first_segment(path: &str) -> String {
-    path.trim().chars().take_while(|c| is_ident(*c)).collect()
+    let path = path.trim();
+    if path.starts_with('*') {
+        return "*".to_string();
+    }
+    path.chars().take_while(|c| is_ident(*c)).collect()
 }
 
 /// Names the crate root re-exports, with the layer each comes from: every `pub use
@@ -284,17 +319,25 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
         };
         let code = strip_comments(src);
         for (at, first) in crate_paths(&code, depth(rel)) {
+            let line = code[..at].matches('\n').count() + 1;
+            let text = src.lines().nth(line - 1).unwrap_or("").trim();
             let target = match LAYERS.iter().copied().find(|l| *l == first && *l != "top") {
                 Some(l) => l,
-                None if TOP_FILES.contains(&first.as_str()) => "top",
+                // A glob of the crate root names everything, the top's items too.
+                None if TOP_FILES.contains(&first.as_str()) || first == "*" => "top",
                 None => match names.get(&first) {
+                    Some(_) if layer != "top" => {
+                        bad.push(format!(
+                            "{shown}:{line}: {layer}/ names `{first}` through the crate root's \
+                             re-export: name it by its layer's path: {text}"
+                        ));
+                        continue;
+                    }
                     Some(l) => l,
                     None => continue, // `crate::architecture`, a macro, …
                 },
             };
             if rank(target) > rank(layer) {
-                let line = code[..at].matches('\n').count() + 1;
-                let text = src.lines().nth(line - 1).unwrap_or("").trim();
                 bad.push(format!(
                     "{shown}:{line}: {layer}/ names `{first}` of the higher layer {target}/: {text}"
                 ));
@@ -306,24 +349,7 @@ fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
 
 #[test]
 fn every_layer_imports_only_lower_layers() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut paths = Vec::new();
-    rust_files(&src, &mut paths);
-    let files: Vec<_> = paths
-        .iter()
-        .map(|p| {
-            (
-                p.strip_prefix(&src).unwrap().to_path_buf(),
-                std::fs::read_to_string(p).unwrap(),
-            )
-        })
-        .collect();
-    assert!(
-        files.len() > 20,
-        "read {} files of {}",
-        files.len(),
-        src.display()
-    );
+    let files = source_files();
     let bad = violations(&files);
     assert!(
         bad.is_empty(),
@@ -383,5 +409,409 @@ fn an_upward_import_is_reported_with_file_and_line() {
             "src/stray/x.rs",
         ],
         "{bad:#?}"
+    );
+}
+
+/// Types an inherent `impl` may extend outside the layer that defines them, with the reason.
+const FOREIGN_IMPLS_ALLOWED: &[(&str, &str, &str)] = &[
+    // The public handle's methods, each a delegation to the layer that does the work.
+    ("Db", "db.rs", "the facade"),
+    // `Engine::of_store` reads a directory: `Engine` the value is `model/`'s (the public
+    // `Error::EngineMismatch` holds it), the files that tell an engine are the disk's.
+    (
+        "Engine",
+        "disk/engine/mod.rs",
+        "Engine::of_store reads the disk",
+    ),
+];
+
+/// The type names `code` defines (`struct`, `enum`, `union`, `trait`, `type`).
+fn defined_types(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for kw in ["struct ", "enum ", "union ", "trait ", "type "] {
+        for (at, _) in code.match_indices(kw) {
+            if at > 0 && is_ident(code[..at].chars().next_back().unwrap()) {
+                continue;
+            }
+            let name = first_segment(&code[at + kw.len()..]);
+            if !name.is_empty() && name != "*" {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// The inherent impls of `code` (`impl<…> Name<…> … {`, not `impl Trait for Name`): the
+/// name of the type each extends, with its byte offset.
+fn inherent_impls(code: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("impl") {
+        let before = code[..at].chars().next_back();
+        let after = code[at + 4..].chars().next();
+        if before.is_some_and(is_ident) || !matches!(after, Some('<' | ' ' | '\n')) {
+            continue;
+        }
+        // An item starts its line (`unsafe impl` aside); `impl Trait` in a signature does not.
+        let line_start = code[..at].rfind('\n').map_or(0, |n| n + 1);
+        let lead = code[line_start..at].trim();
+        if !(lead.is_empty() || lead == "unsafe") {
+            continue;
+        }
+        // Skip the impl's own generics, then read up to the body or `where`.
+        let mut rest = code[at + 4..].trim_start();
+        if rest.starts_with('<') {
+            let mut level = 0;
+            let end = rest.char_indices().find_map(|(i, c)| {
+                match c {
+                    '<' => level += 1,
+                    '>' => level -= 1,
+                    _ => {}
+                }
+                (level == 0).then_some(i)
+            });
+            let Some(end) = end else { continue };
+            rest = rest[end + 1..].trim_start();
+        }
+        let head_end = rest.find(['{', ';']).unwrap_or(rest.len());
+        let head = rest[..head_end].split(" where").next().unwrap_or("");
+        if head.contains(" for ") || head.trim_start().starts_with('!') {
+            continue; // a trait impl
+        }
+        // The last path segment before the type's generics: `crate::store::Db<K>` is `Db`.
+        let path = head.split('<').next().unwrap_or("").trim();
+        let name = path.rsplit("::").next().unwrap_or("").trim();
+        if !name.is_empty() && name.chars().all(is_ident) {
+            out.push((at, name.to_string()));
+        }
+    }
+    out
+}
+
+/// Every inherent `impl T` outside the layer that defines `T` (except those allowed above).
+fn foreign_impls(files: &[(PathBuf, String)]) -> Vec<String> {
+    let stripped: Vec<_> = files
+        .iter()
+        .map(|(p, s)| (p, s, strip_comments(s)))
+        .collect();
+    let mut defined: HashMap<String, Vec<&'static str>> = HashMap::new();
+    for (rel, _, code) in &stripped {
+        if let Some(layer) = layer_of(rel) {
+            for name in defined_types(code) {
+                defined.entry(name).or_default().push(layer);
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    for (rel, src, code) in &stripped {
+        let Some(layer) = layer_of(rel) else { continue };
+        let shown = rel.to_string_lossy().replace('\\', "/");
+        for (at, name) in inherent_impls(code) {
+            let Some(homes) = defined.get(&name) else {
+                continue; // not the crate's type (a compile error anyway)
+            };
+            if homes.contains(&layer)
+                || FOREIGN_IMPLS_ALLOWED
+                    .iter()
+                    .any(|(t, f, _)| *t == name && *f == shown)
+            {
+                continue;
+            }
+            let line = code[..at].matches('\n').count() + 1;
+            let text = src.lines().nth(line - 1).unwrap_or("").trim();
+            bad.push(format!(
+                "src/{shown}:{line}: an inherent impl of `{name}` in {layer}/, which does not \
+                 define it (defined in {}): {text}",
+                homes.join(", ")
+            ));
+        }
+    }
+    bad
+}
+
+/// The names of the functions `code` declares (`fn name`).
+fn declared_fns(code: &str) -> Vec<String> {
+    code.match_indices("fn ")
+        .filter(|(at, _)| *at == 0 || !is_ident(code[..*at].chars().next_back().unwrap()))
+        .map(|(at, _)| first_segment(&code[at + 3..]))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Calls, below the top, of a method only `db.rs` declares: such a call compiles only
+/// because the facade exists, and hides an upward dependency no path names. A call whose
+/// arguments name an atomic ordering (`x.store(v, Relaxed)`) is an atomic's, not the
+/// facade's.
+fn facade_calls(files: &[(PathBuf, String)]) -> Vec<String> {
+    let stripped: Vec<_> = files
+        .iter()
+        .map(|(p, s)| (p, s, strip_comments(s)))
+        .collect();
+    let Some((_, _, facade)) = stripped.iter().find(|(p, _, _)| *p == Path::new("db.rs")) else {
+        return Vec::new();
+    };
+    let elsewhere: Vec<String> = stripped
+        .iter()
+        .filter(|(p, _, _)| *p != Path::new("db.rs"))
+        .flat_map(|(_, _, code)| declared_fns(code))
+        .collect();
+    let only_facade: Vec<String> = declared_fns(facade)
+        .into_iter()
+        .filter(|n| !elsewhere.contains(n))
+        .collect();
+    let mut bad = Vec::new();
+    for (rel, src, code) in &stripped {
+        if layer_of(rel).is_none_or(|l| l == "top") {
+            continue;
+        }
+        for name in &only_facade {
+            for pat in [format!(".{name}("), format!("::{name}(")] {
+                for (at, _) in code.match_indices(&pat) {
+                    let args = &code[at + pat.len()..];
+                    let args = &args[..args.find(')').unwrap_or(args.len())];
+                    if ["Relaxed", "Release", "Acquire", "AcqRel", "SeqCst"]
+                        .iter()
+                        .any(|o| args.contains(o))
+                    {
+                        continue;
+                    }
+                    let line = code[..at].matches('\n').count() + 1;
+                    let text = src.lines().nth(line - 1).unwrap_or("").trim();
+                    bad.push(format!(
+                        "src/{}:{line}: calls `{name}`, which only db.rs (the top) declares: {text}",
+                        rel.display()
+                    ));
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// What each lower layer must not name of the Kubernetes client: `disk/` nothing of `kube`
+/// or `k8s_openapi` (it stores bytes), `store/` no `Client` or `Api` (it makes no request).
+fn kubernetes_below(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (rel, src) in files {
+        let layer = layer_of(rel);
+        let forbidden: &[&str] = match layer {
+            Some("disk") => &["kube", "k8s_openapi"],
+            Some("store") => &[
+                "kube::Client",
+                "kube::Api",
+                "kube::api::Api",
+                "Client",
+                "Api",
+            ],
+            _ => continue,
+        };
+        let code = strip_comments(src);
+        let mut hit = |at: usize, what: &str| {
+            let line = code[..at].matches('\n').count() + 1;
+            let text = src.lines().nth(line - 1).unwrap_or("").trim();
+            bad.push(format!(
+                "src/{}:{line}: {}/ names `{what}`: {text}",
+                rel.display(),
+                layer.unwrap()
+            ));
+        };
+        for root in ["kube", "k8s_openapi"] {
+            for (at, _) in code.match_indices(&format!("{root}::")) {
+                if at > 0 && is_ident(code[..at].chars().next_back().unwrap()) {
+                    continue;
+                }
+                if forbidden.contains(&root) {
+                    hit(at, root);
+                    continue;
+                }
+                // `kube::Client`, `kube::api::Api`, `use kube::{Client, api::Api}`: the leaves.
+                let rest = &code[at..];
+                let end = rest
+                    .find([';', '(', ')', '<', '>', '=', '\n'])
+                    .unwrap_or(rest.len());
+                let path: String = rest[..end].chars().filter(|c| !c.is_whitespace()).collect();
+                let leaves = path
+                    .split(['{', '}', ','])
+                    .filter_map(|p| p.rsplit("::").next())
+                    .map(|l| l.split(" as ").next().unwrap_or(l));
+                for leaf in leaves {
+                    if forbidden.contains(&leaf) {
+                        hit(at, leaf);
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// The files of `src/`, each with its path relative to `src/`.
+fn source_files() -> Vec<(PathBuf, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    let files: Vec<_> = paths
+        .iter()
+        .map(|p| {
+            (
+                p.strip_prefix(&src).unwrap().to_path_buf(),
+                std::fs::read_to_string(p).unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        files.len() > 20,
+        "read {} files of {}",
+        files.len(),
+        src.display()
+    );
+    files
+}
+
+#[test]
+fn every_inherent_impl_is_in_the_layer_of_its_type() {
+    let bad = foreign_impls(&source_files());
+    assert!(
+        bad.is_empty(),
+        "{} misplaced impl(s):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn no_layer_below_the_top_calls_the_facade() {
+    let bad = facade_calls(&source_files());
+    assert!(
+        bad.is_empty(),
+        "{} facade call(s):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn disk_knows_no_kubernetes_and_store_makes_no_request() {
+    let bad = kubernetes_below(&source_files());
+    assert!(bad.is_empty(), "{}:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// The checks themselves, on made-up files: each rule catches its case with file and line,
+/// and lets the allowed forms through.
+#[test]
+fn the_rules_catch_their_cases() {
+    let file = |p: &str, lines: &[&str]| (PathBuf::from(p), lines.join("\n"));
+    let at = |bad: Vec<String>| -> Vec<String> {
+        bad.iter()
+            .map(|b| b.split(": ").next().unwrap().to_string())
+            .collect()
+    };
+    // An inherent impl outside its type's layer; trait impls and the facade are fine.
+    let files = vec![
+        file(
+            "store/mod.rs",
+            &["pub struct Db;", "pub(crate) struct Dir;"],
+        ),
+        file(
+            "model/engine.rs",
+            &["pub enum Engine { Redb }", "struct Counters;"],
+        ),
+        file(
+            "sync/mod.rs",
+            &[
+                "impl Dir {",
+                "}",
+                "impl std::fmt::Debug for Dir {}",
+                "impl<K: Clone> crate::store::Db where K: Send {}",
+                "impl Counters { fn x(&self) {} }",
+                "fn f(x: impl Dir) -> impl Dir {}",
+            ],
+        ),
+        file("db.rs", &["impl Db { pub fn open() {} }"]),
+        file(
+            "disk/engine/mod.rs",
+            &["impl Engine { pub fn of_store() {} }"],
+        ),
+        file("store/cache.rs", &["impl Dir {}"]),
+    ];
+    assert_eq!(
+        at(foreign_impls(&files)),
+        [
+            "src/sync/mod.rs:1",
+            "src/sync/mod.rs:4",
+            "src/sync/mod.rs:5"
+        ]
+    );
+    // A facade-only method called below the top; atomics and shared names are not.
+    let files = vec![
+        file(
+            "db.rs",
+            &["impl Db {", "pub fn store() {}", "pub fn path() {}", "}"],
+        ),
+        file("store/mod.rs", &["impl Dir { pub(crate) fn path() {} }"]),
+        file(
+            "controller/mod.rs",
+            &[
+                "let (r, w) = db.store(name, api, cfg)?;",
+                "flag.store(true, Ordering::Release);",
+                "n.store(1, Relaxed);",
+                "let p = dir.path();",
+                "let x = Db::store(&db);",
+            ],
+        ),
+    ];
+    assert_eq!(
+        at(facade_calls(&files)),
+        ["src/controller/mod.rs:1", "src/controller/mod.rs:5"]
+    );
+    // Kubernetes below the sync layer.
+    let files = vec![
+        file(
+            "disk/record.rs",
+            &[
+                "use serde::Deserialize;",
+                "use kube::Resource;",
+                "fn f(x: k8s_openapi::X) {}",
+            ],
+        ),
+        file(
+            "store/reader.rs",
+            &[
+                "use kube::Resource;",
+                "use kube::{Client, api::ListParams};",
+                "fn f(api: kube::api::Api<Pod>) {}",
+                "use kube::runtime::reflector::ObjectRef;",
+            ],
+        ),
+        file("sync/conn.rs", &["use kube::Client;"]),
+    ];
+    assert_eq!(
+        at(kubernetes_below(&files)),
+        [
+            "src/disk/record.rs:2",
+            "src/disk/record.rs:3",
+            "src/store/reader.rs:2",
+            "src/store/reader.rs:3"
+        ]
+    );
+    // A glob of the crate root counts as the top; a char literal with a quote does not hide
+    // the code after it from the lexer.
+    let files = vec![
+        file("lib.rs", &["mod store;", "pub use store::Db;"]),
+        file(
+            "store/keys.rs",
+            &[
+                "use crate::*;",
+                "const Q: char = '\\\"';",
+                "const R: char = '\"';",
+                "fn f<'a>(x: &'a str) -> char { '\\'' }",
+                "use crate::sync::Watcher;",
+                "use crate::model::Error;",
+            ],
+        ),
+    ];
+    assert_eq!(
+        at(violations(&files)),
+        ["src/store/keys.rs:1", "src/store/keys.rs:5"]
     );
 }

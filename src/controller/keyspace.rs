@@ -1,5 +1,5 @@
 //! A durable controller's reconcile state: one keyspace per controller (`controller/<name>`)
-//! in the store's database, written in batches on the disk thread (see `keys.rs` for the
+//! in the store's database, written in batches on the disk thread (see `disk/keys.rs` for the
 //! layout). The controller runtime (`controller/state.rs`) decides what to write; this
 //! module only stores, scans and describes it.
 

@@ -1,7 +1,7 @@
 //! JSON decoding for the hot paths (validating incoming objects, reading stored ones):
 //! simd-json with this thread's reused working buffers, and serde_json only to report (or,
 //! should simd-json ever refuse valid JSON, to decode) what simd-json did not accept.
-//! Both decode every Kubernetes type identically (a unit test in `store/reader.rs` checks).
+//! Both decode every Kubernetes type identically (a unit test in `store/reader/mod.rs` checks).
 
 use std::cell::RefCell;
 

@@ -299,7 +299,7 @@ impl Dir {
 
     /// Hold `name` (a stream, or `controller/<name>`) as open in this process until the
     /// lease is dropped: one writer per keyspace. If its previous owner was just dropped,
-    /// waits (blocking) until that owner's last queued disk job ran (see `lease.rs`).
+    /// waits (blocking) until that owner's last queued disk job ran (see `disk/lease.rs`).
     pub(crate) fn lease(&self, name: &str, what: &str) -> Result<StreamLease> {
         if self.inner.config.read_only {
             return Err(Error::Config(format!(

@@ -1,5 +1,5 @@
 //! Reading many objects: whole-store and per-namespace iteration and index lookups,
-//! read from disk in chunks and decoded ahead of the caller in parallel (`ahead.rs`),
+//! read from disk in chunks and decoded ahead of the caller in parallel (`read_ahead.rs`),
 //! handed out in key order, with memory bounded by a few chunks.
 
 use std::sync::Arc;

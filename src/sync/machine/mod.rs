@@ -4,7 +4,7 @@
 //! LIST page, one burst of watch events, one sweep chunk, one connect, one backoff wait) and
 //! moves to the next stage. Every write goes through the [`Writer`] on the disk thread in one
 //! atomic batch with the persisted [`Phase`], which is what a restarted process resumes
-//! from. See ARCHITECTURE.md for the diagram.
+//! from. See docs/design.md for the diagram.
 //!
 //! Two rules keep the store honest:
 //! - every start of a list, paginated or streaming, first, initial attempt or retry, goes
@@ -205,7 +205,7 @@ impl WriterHandle {
         })
     }
 
-    /// Take in the state after a job started with [`Disk::start`], and its result.
+    /// Take in the state after a job started with [`WriterHandle::start`], and its result.
     fn finish<R>(&mut self, done: Done<R>) -> Result<R> {
         let (res, state) = done?;
         self.state = state;
