@@ -72,6 +72,7 @@ mod config;
 mod controller_error;
 mod controller_stats;
 pub(crate) mod keyspace;
+mod owed;
 mod related;
 mod runner;
 mod scan;

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::controller_stats::ControllerStats;
+use super::owed;
 use super::triggers::bare_ref;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
 use crate::store::Reader;
@@ -325,7 +326,9 @@ where
         };
         let changed = match rec {
             None => true,
-            Some(rec) => rec.handled_rv() != Some(rv) && !self.same_generation(suffix, rec),
+            Some(rec) => !owed::handled(rec, Some(rv), self.options.generation_filter, || {
+                self.generation_of(suffix)
+            }),
         };
         if self.options.mode == PassMode::All {
             self.counts[0] += 1;
@@ -353,19 +356,13 @@ where
         })
     }
 
-    /// With the generation filter: whether the object's `metadata.generation` is the one
-    /// last reconciled successfully (a change of status or metadata only).
-    fn same_generation(&self, suffix: &[u8], rec: &ReconcileRecord) -> bool {
-        if !self.options.generation_filter || rec.failed_rv.is_some() {
-            return false;
-        }
-        let Some(done) = rec.ok_generation else {
-            return false;
-        };
+    /// The stored object's `metadata.generation` (`None` if it has none or cannot be read:
+    /// then it counts as changed).
+    fn generation_of(&self, suffix: &[u8]) -> Option<i64> {
         let (ns, name) = suffix_parts(suffix);
         match self.reader.get_named(ns.as_deref(), &name) {
-            Ok(Some(obj)) => obj.meta().generation == Some(done),
-            _ => false,
+            Ok(Some(obj)) => obj.meta().generation,
+            _ => None,
         }
     }
 }

@@ -104,80 +104,59 @@ impl Dir {
             }
             None => None,
         };
-        if let Some(stored) = &stored_identity
-            && stored.encryption.is_some()
-            && stored.encryption != identity.encryption
-        {
-            return Err(Error::Encryption {
-                path: path.clone(),
-                detail: match &identity.encryption {
-                    None => format!(
-                        "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
-                    ),
-                    Some(_) => format!("stream {name:?} was encrypted with another key"),
-                },
-            });
-        }
         let stored_shard = match backend.get(keys::SHARD_KEY)? {
             Some(b) => Some(record::decode::<Shard>(&b).map_err(|d| corrupt(keys::SHARD_KEY, d))?),
             None => None,
-        };
-        // A shard inside the stored one keeps the checkpoint: the objects outside it are
-        // pruned (by the watcher, crash-safely) instead of listing again.
-        let shard_change = match (&stored_shard, shard) {
-            (a, b) if a.as_ref() == b => ShardChange::Same,
-            (None, Some(_)) => ShardChange::Narrower,
-            (Some(old), Some(new)) if old.covers(new) => ShardChange::Narrower,
-            (old, new) => ShardChange::Other(format!(
-                "shard: {:?} -> {:?}",
-                old.as_ref().map(Shard::selector),
-                new.map(Shard::selector)
-            )),
         };
         let stored_state = match backend.get(keys::STATE_KEY)? {
             Some(b) => Some(record::decode::<State>(&b).map_err(|d| corrupt(keys::STATE_KEY, d))?),
             None => None,
         };
-        let shard_change = match (shard_change, &stored_state) {
-            // A continue token belongs to the query that started the list: narrow only a
-            // store that is complete.
-            (ShardChange::Narrower, Some(st)) if !matches!(st.phase, Phase::Synced { .. }) => {
-                ShardChange::Other("shard narrowed while a list was in progress".into())
-            }
-            (change, _) => change,
+        let stored = Stored {
+            identity: stored_identity.as_ref(),
+            shard: stored_shard.as_ref(),
+            phase: stored_state.as_ref().map(|s| &s.phase),
         };
         let mut reset = None;
-        let state = match stored_identity {
-            Some(stored)
-                if stored.resumes_as(identity)
-                    && !matches!(shard_change, ShardChange::Other(_)) =>
-            {
-                if let (ShardChange::Narrower, Some(new)) = (&shard_change, shard) {
+        let state = match plan(&stored, identity, shard) {
+            OpenPlan::WrongKey { has_key } => {
+                return Err(Error::Encryption {
+                    path: path.clone(),
+                    detail: if has_key {
+                        format!("stream {name:?} was encrypted with another key")
+                    } else {
+                        format!(
+                            "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
+                        )
+                    },
+                });
+            }
+            OpenPlan::Resume {
+                narrow,
+                upgrade_format,
+            } => {
+                let mut b = WriteBatch::default();
+                if let (true, Some(new)) = (narrow, shard) {
                     tracing::info!(stream = name, path = %path.display(), shard = %new.selector(),
                         "shard narrowed: pruning the objects outside it, resuming without LIST");
-                    let mut b = WriteBatch::default();
                     b.put(keys::SHARD_KEY.to_vec(), record::encode(new));
                     b.put(keys::PRUNE_KEY.to_vec(), record::encode(&None::<Vec<u8>>));
-                    backend.apply(b)?;
                 }
-                if stored.format_version != identity.format_version {
+                if let (true, Some(old)) = (upgrade_format, &stored_identity) {
                     // Its records stay readable; new ones are written in this format, which
                     // older versions must not resume.
                     tracing::info!(stream = name, path = %path.display(),
-                        from = stored.format_version, to = identity.format_version,
+                        from = old.format_version, to = identity.format_version,
                         "store format upgraded in place");
-                    let mut b = WriteBatch::default();
                     b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
+                }
+                if !b.is_empty() {
                     backend.apply(b)?;
                 }
                 stored_state.unwrap_or_default()
             }
-            other => {
-                if let Some(stored) = other {
-                    let why = match &shard_change {
-                        ShardChange::Other(why) if stored.resumes_as(identity) => why.clone(),
-                        _ => stored.difference(identity),
-                    };
+            plan @ (OpenPlan::New | OpenPlan::Wipe { .. }) => {
+                if let OpenPlan::Wipe { why } = plan {
                     tracing::warn!(stream = name, path = %path.display(), changed = %why,
                         "store identity changed: starting clean instead of resuming");
                     reset = Some(why);
@@ -203,13 +182,79 @@ impl Dir {
     }
 }
 
-/// How a stream's requested shard relates to its stored one.
-enum ShardChange {
-    Same,
-    /// Inside the stored one (or the stream was not sharded): prune, keep the checkpoint.
-    Narrower,
-    /// Wider or elsewhere: a new list (the reason).
-    Other(String),
+/// What a stream's keyspace holds when it is opened: the decision's inputs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stored<'a> {
+    pub(crate) identity: Option<&'a Identity>,
+    pub(crate) shard: Option<&'a Shard>,
+    /// The stored phase (`None`: no state record).
+    pub(crate) phase: Option<&'a Phase>,
+}
+
+/// What opening a stream does with what its keyspace holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OpenPlan {
+    /// Nothing stored: start clean (nothing to report).
+    New,
+    /// Resume from the stored state. `narrow`: the shard is inside the stored one (or the
+    /// stream was not sharded), so the objects outside it are pruned instead of listing
+    /// again. `upgrade_format`: the stored format is older and readable; the identity is
+    /// rewritten in this one.
+    Resume { narrow: bool, upgrade_format: bool },
+    /// The stored stream is another (or another shard of it, widened or moved, or
+    /// narrowed during a list): wiped, and listed again; `why` says what changed.
+    Wipe { why: String },
+    /// The stored stream is encrypted with a key this store was not opened with
+    /// (`has_key`: opened with another key, rather than with none). Nothing is touched.
+    WrongKey { has_key: bool },
+}
+
+/// What opening a stream with `identity` and `shard` does with what is `stored`: the
+/// whole decision, without I/O.
+pub(crate) fn plan(stored: &Stored<'_>, identity: &Identity, shard: Option<&Shard>) -> OpenPlan {
+    let Some(old) = stored.identity else {
+        return OpenPlan::New;
+    };
+    if old.encryption.is_some() && old.encryption != identity.encryption {
+        return OpenPlan::WrongKey {
+            has_key: identity.encryption.is_some(),
+        };
+    }
+    if !old.resumes_as(identity) {
+        return OpenPlan::Wipe {
+            why: old.difference(identity),
+        };
+    }
+    // A shard inside the stored one keeps the checkpoint.
+    let narrow = match (stored.shard, shard) {
+        (a, b) if a == b => false,
+        (None, Some(_)) => true,
+        (Some(old), Some(new)) if old.covers(new) => true,
+        (old, new) => {
+            return OpenPlan::Wipe {
+                why: format!(
+                    "shard: {:?} -> {:?}",
+                    old.map(Shard::selector),
+                    new.map(Shard::selector)
+                ),
+            };
+        }
+    };
+    // A continue token belongs to the query that started the list: narrow only a store
+    // that is complete.
+    if narrow
+        && stored
+            .phase
+            .is_some_and(|p| !matches!(p, Phase::Synced { .. }))
+    {
+        return OpenPlan::Wipe {
+            why: "shard narrowed while a list was in progress".into(),
+        };
+    }
+    OpenPlan::Resume {
+        narrow,
+        upgrade_format: old.format_version != identity.format_version,
+    }
 }
 
 #[cfg(test)]
@@ -217,7 +262,7 @@ mod tests {
     use super::*;
     use crate::disk::record::{Codec, FORMAT_VERSION, Identity, Phase, Record, State};
     use crate::disk::{Compression, DbConfig};
-    use crate::model::Engine;
+    use crate::model::{Engine, ShardKey};
 
     fn identity(format_version: u32) -> Identity {
         Identity {
@@ -232,6 +277,102 @@ mod tests {
             transform: None,
             encryption: None,
         }
+    }
+
+    /// The decision on opening, case by case: new, resumed (narrowed, upgraded), wiped (with
+    /// what changed), refused (another key).
+    #[test]
+    fn the_open_plan_resumes_only_the_same_stream_and_a_narrower_complete_shard() {
+        let id = identity(FORMAT_VERSION);
+        let synced = Phase::Synced {
+            resource_version: "7".into(),
+        };
+        let listing = Phase::Listing {
+            continue_token: Some("c".into()),
+            sweep: false,
+        };
+        let half = Shard::even(ShardKey::Uid, 0, 2).unwrap();
+        let quarter = Shard::even(ShardKey::Uid, 0, 4).unwrap();
+        let other_half = Shard::even(ShardKey::Uid, 1, 2).unwrap();
+        let stored = |identity, shard, phase| Stored {
+            identity,
+            shard,
+            phase,
+        };
+        assert_eq!(plan(&Stored::default(), &id, None), OpenPlan::New);
+        let resume = |narrow, upgrade_format| OpenPlan::Resume {
+            narrow,
+            upgrade_format,
+        };
+        assert_eq!(
+            plan(&stored(Some(&id), None, Some(&synced)), &id, None),
+            resume(false, false)
+        );
+        let old = identity(FORMAT_VERSION - 1);
+        assert_eq!(
+            plan(&stored(Some(&old), None, Some(&synced)), &id, None),
+            resume(false, true)
+        );
+        // Narrower shards resume (and prune) when the store is complete.
+        assert_eq!(
+            plan(&stored(Some(&id), None, Some(&synced)), &id, Some(&half)),
+            resume(true, false)
+        );
+        assert_eq!(
+            plan(&stored(Some(&id), Some(&half), None), &id, Some(&quarter)),
+            resume(true, false)
+        );
+        let wipe = |p: OpenPlan| match p {
+            OpenPlan::Wipe { why } => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            wipe(plan(
+                &stored(Some(&id), Some(&half), Some(&listing)),
+                &id,
+                Some(&quarter)
+            ))
+            .contains("while a list was in progress")
+        );
+        assert!(
+            wipe(plan(
+                &stored(Some(&id), Some(&half), Some(&synced)),
+                &id,
+                Some(&other_half)
+            ))
+            .starts_with("shard:")
+        );
+        assert!(
+            !wipe(plan(
+                &stored(Some(&id), Some(&half), Some(&synced)),
+                &id,
+                None
+            ))
+            .is_empty()
+        );
+        let mut pods_v2 = id.clone();
+        pods_v2.label_selector = Some("app=web".into());
+        assert!(
+            !wipe(plan(
+                &stored(Some(&id), None, Some(&synced)),
+                &pods_v2,
+                None
+            ))
+            .is_empty()
+        );
+        // An encrypted stream without its key is refused, whatever else changed.
+        let mut sealed = id.clone();
+        sealed.encryption = Some("k1".into());
+        assert_eq!(
+            plan(&stored(Some(&sealed), None, None), &pods_v2, None),
+            OpenPlan::WrongKey { has_key: false }
+        );
+        let mut other_key = id.clone();
+        other_key.encryption = Some("k2".into());
+        assert_eq!(
+            plan(&stored(Some(&sealed), None, None), &other_key, None),
+            OpenPlan::WrongKey { has_key: true }
+        );
     }
 
     /// A format 2 store (zstd bodies) is resumed, not relisted, and its records still read;

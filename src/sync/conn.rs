@@ -14,6 +14,7 @@ use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, Fram
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::config::StreamConfig;
+use super::raw::StatusKind;
 use crate::model::{Error, Result};
 
 /// One line of a watch response.
@@ -185,7 +186,7 @@ impl WatchConn {
                     return Err(ConnectFailure::Fatal(e));
                 }
                 let status = match &source {
-                    kube::Error::Api(s) => Some((s.code, is_too_large(s))),
+                    kube::Error::Api(s) => Some(StatusKind::of(s.code, is_too_large(s))),
                     _ => None,
                 };
                 let err = Error::Kube {
@@ -193,10 +194,10 @@ impl WatchConn {
                     source,
                 };
                 Err(match status {
-                    Some((410, _)) => ConnectFailure::Gone,
-                    Some((_, true)) => ConnectFailure::TooLarge(err),
-                    Some((400 | 422, _)) => ConnectFailure::Invalid(err),
-                    _ => ConnectFailure::Other(err),
+                    Some(StatusKind::Gone) => ConnectFailure::Gone,
+                    Some(StatusKind::TooLarge) => ConnectFailure::TooLarge(err),
+                    Some(StatusKind::Invalid) => ConnectFailure::Invalid(err),
+                    Some(StatusKind::Other) | None => ConnectFailure::Other(err),
                 })
             }
         }

@@ -98,6 +98,37 @@ impl StatusBody {
         let causes = self.details.iter().flat_map(|d| &d.causes);
         too_large(self.code, &self.message, causes.map(|c| c.reason.as_str()))
     }
+
+    /// What this status (of an `ERROR` event) asks of the watcher.
+    pub(crate) fn kind(&self) -> StatusKind {
+        StatusKind::of(self.code, self.is_too_large())
+    }
+}
+
+/// What an API server's `Status` asks of a list or watch, whether it came as a failed
+/// request or as an `ERROR` event: the one classification of statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusKind {
+    /// 410 Gone: the resourceVersion (or continue token) is compacted; list again.
+    Gone,
+    /// The resourceVersion is newer than the server has seen ([`too_large`]): wait for it.
+    TooLarge,
+    /// 400 or 422: the request itself is refused (a selector, a parameter).
+    Invalid,
+    /// Anything else: retried with backoff.
+    Other,
+}
+
+impl StatusKind {
+    /// The kind of a status with `code`; `too_large`: it says so ([`too_large`]).
+    pub(crate) fn of(code: u16, too_large: bool) -> StatusKind {
+        match (code, too_large) {
+            (410, _) => StatusKind::Gone,
+            (_, true) => StatusKind::TooLarge,
+            (400 | 422, _) => StatusKind::Invalid,
+            _ => StatusKind::Other,
+        }
+    }
 }
 
 /// The one "resourceVersion too large" rule, for a `Status` however it was decoded: cause
@@ -286,6 +317,24 @@ pub(crate) fn snippet(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one classification: 410 before all, "too large" before a refused request.
+    #[test]
+    fn statuses_are_classified_once() {
+        assert_eq!(StatusKind::of(410, false), StatusKind::Gone);
+        assert_eq!(StatusKind::of(410, true), StatusKind::Gone);
+        assert_eq!(StatusKind::of(504, true), StatusKind::TooLarge);
+        assert_eq!(StatusKind::of(504, false), StatusKind::Other);
+        assert_eq!(StatusKind::of(400, false), StatusKind::Invalid);
+        assert_eq!(StatusKind::of(422, false), StatusKind::Invalid);
+        assert_eq!(StatusKind::of(500, false), StatusKind::Other);
+        assert_eq!(StatusKind::of(429, false), StatusKind::Other);
+        let body: StatusBody = serde_json::from_str(
+            r#"{"code":504,"reason":"Timeout","message":"Too large resource version: 9, current: 7","details":{"causes":[{"reason":"ResourceVersionTooLarge"}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(body.kind(), StatusKind::TooLarge);
+    }
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_string()).unwrap()

@@ -11,8 +11,9 @@ use kube::runtime::controller::ReconcileRequest;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use super::super::owed::skippable;
 use super::super::state::effective;
-use super::{Runner, skippable, suffix_of};
+use super::{Runner, suffix_of};
 use crate::controller::keyspace::ReconcileRecord;
 
 /// A scheduled object read from disk (on the blocking pool, not in `poll_next`), with its

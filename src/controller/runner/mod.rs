@@ -34,6 +34,7 @@ use super::Config;
 use super::action::requeue_after;
 use super::controller_error::ControllerError;
 use super::controller_stats::{ControllerStats, Waiting};
+use super::owed;
 use super::scan::{self, Pass, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::triggers::{Trigger, TriggerStream};
@@ -194,7 +195,7 @@ where
     }
 
     fn schedule(&mut self, obj_ref: ObjectRef<K>, reason: ReconcileReason, run_at: Instant) {
-        if !skippable(&reason) {
+        if !owed::skippable(&reason) {
             self.forced.insert(obj_ref.clone());
         }
         let kind = waiting_kind(&reason);
@@ -308,27 +309,13 @@ where
     /// scheduler may have replaced with this request, is scheduled again.
     fn skip(&mut self, request: &ReconcileRequest<K>, obj: &K, rec: &ReconcileRecord) -> bool {
         let meta = obj.meta();
-        let unchanged =
-            meta.resource_version.is_some() && rec.handled_rv() == meta.resource_version.as_deref();
-        let same_generation = self.p.config.skip_unchanged_generation
-            && rec.failed_rv.is_none()
-            && rec.ok_generation.is_some()
-            && meta.generation == rec.ok_generation;
-        let handled = unchanged || same_generation;
-        let skip = match &request.reason {
-            // A requeue runs when it is due. One that comes early is another request
-            // (a change, the startup pass) that kube-runtime's scheduler merged into the
-            // pending requeue, which keeps the requeue's reason: skipped like that request
-            // when the version is handled, and the requeue scheduled again at its time.
-            ReconcileReason::Custom { reason } if reason == scan::DUE => {
-                handled && rec.due_ms.is_none_or(|d| d > now_ms() + 100)
-            }
-            ReconcileReason::ReconcilerRequestedRetry
-            | ReconcileReason::ErrorPolicyRequestedRetry => {
-                handled && rec.due_ms.is_some_and(|d| d > now_ms() + 100)
-            }
-            _ => handled,
-        };
+        let handled = owed::handled(
+            rec,
+            meta.resource_version.as_deref(),
+            self.p.config.skip_unchanged_generation,
+            || meta.generation,
+        );
+        let skip = owed::may_skip(&request.reason, handled, rec.due_ms, now_ms());
         if skip
             && let (Some(due), Some(d)) = (rec.due_ms, self.durable.as_ref())
             && d.in_window(due)
@@ -585,18 +572,5 @@ fn waiting_kind(reason: &ReconcileReason) -> Waiting {
         }
         ReconcileReason::Custom { reason } if reason == scan::DUE => Waiting::Requeue,
         _ => Waiting::Queued,
-    }
-}
-
-/// Requests that need not run if the reconcile state shows their version handled: changes
-/// of the object itself and the startup pass's, and requeues or retries that fire before
-/// their due time (merged requests, see `skip`); not related triggers.
-fn skippable(reason: &ReconcileReason) -> bool {
-    match reason {
-        ReconcileReason::ObjectUpdated
-        | ReconcileReason::ReconcilerRequestedRetry
-        | ReconcileReason::ErrorPolicyRequestedRetry => true,
-        ReconcileReason::Custom { reason } => reason == scan::CHANGED || reason == scan::DUE,
-        _ => false,
     }
 }

@@ -38,6 +38,10 @@ impl WriteBatch {
         self.ops.push((key, None));
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.ops.len()
     }

@@ -16,6 +16,7 @@ use crate::sync::conn::{ConnectFailure, WatchConn, invalid_shard, with_shard};
 use crate::sync::parse::{Ingest, Page, Rejected};
 
 use crate::sync::list;
+use crate::sync::raw::StatusKind;
 
 /// A LIST page's commit, submitted to the disk thread by one step and taken in by the next
 /// (see [`Machine::list_page`]). The page and its permit are in the disk job, which ends
@@ -274,11 +275,10 @@ impl Machine {
                 .await;
         }
         if let Some(status) = p.error {
-            if status.code == 410 {
-                return self.relist("streaming list ERROR 410").await;
-            }
-            if status.is_too_large() {
-                return self.too_large(self.watch_status(status)).await;
+            match status.kind() {
+                StatusKind::Gone => return self.relist("streaming list ERROR 410").await,
+                StatusKind::TooLarge => return self.too_large(self.watch_status(status)).await,
+                StatusKind::Invalid | StatusKind::Other => {}
             }
             if received == 0 {
                 // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage

@@ -519,27 +519,22 @@ impl Machine {
             .await
     }
 
-    /// The next stage from the persisted phase alone.
+    /// The next stage from the persisted phase alone (see [`resume_plan`]).
     async fn resume(&mut self) -> Result<Stage> {
-        match self.writer.state.phase.clone() {
-            Phase::Empty => self.begin_list().await,
-            // Only a paginated list with a continue token can be continued. A streaming
-            // list cannot, and a list without a token may hold objects of an interrupted
-            // streaming attempt in this epoch: every such attempt is a new list.
-            Phase::Listing {
-                continue_token: Some(token),
-                ..
-            } if !self.streaming => Ok(Stage::Listing {
-                continue_token: Some(token),
-                committing: None,
-            }),
-            Phase::Listing { .. } => self.begin_list().await,
-            Phase::Sweeping { .. } => Ok(Stage::Sweeping { then: None }),
-            Phase::Synced { .. } => Ok(Stage::Watching {
-                conn: None,
-                deferred: Deferred::Nothing,
-            }),
-        }
+        Ok(
+            match resume_plan(&self.writer.state.phase, self.streaming) {
+                ResumePlan::BeginList => return self.begin_list().await,
+                ResumePlan::ContinueList(token) => Stage::Listing {
+                    continue_token: Some(token),
+                    committing: None,
+                },
+                ResumePlan::Sweep => Stage::Sweeping { then: None },
+                ResumePlan::Watch => Stage::Watching {
+                    conn: None,
+                    deferred: Deferred::Nothing,
+                },
+            },
+        )
     }
 
     /// Start a list with a new epoch (whatever it does not see is swept at its end).
@@ -673,5 +668,73 @@ impl Machine {
     /// Mark the watch as connected (or not), for `Reader::wait_until_live`.
     fn set_live(&self, live: bool) {
         self.status.live(live);
+    }
+}
+
+/// Where a stream goes on from its stored phase (after a restart, a reopen, or an error
+/// that retries from the stored state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ResumePlan {
+    /// A new list, in a new epoch.
+    BeginList,
+    /// The interrupted paginated list, from its continue token.
+    ContinueList(String),
+    /// The interrupted sweep of a completed list.
+    Sweep,
+    /// The watch, from the checkpoint.
+    Watch,
+}
+
+/// The resume plan of `phase`; `streaming`: the stream lists by streaming lists.
+pub(crate) fn resume_plan(phase: &Phase, streaming: bool) -> ResumePlan {
+    match phase {
+        Phase::Empty => ResumePlan::BeginList,
+        // Only a paginated list with a continue token can be continued. A streaming list
+        // cannot, and a list without a token may hold objects of an interrupted streaming
+        // attempt in this epoch: every such attempt is a new list.
+        Phase::Listing {
+            continue_token: Some(token),
+            ..
+        } if !streaming => ResumePlan::ContinueList(token.clone()),
+        Phase::Listing { .. } => ResumePlan::BeginList,
+        Phase::Sweeping { .. } => ResumePlan::Sweep,
+        Phase::Synced { .. } => ResumePlan::Watch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_plans_continue_only_a_paginated_list_with_a_token() {
+        let listing = |token: Option<&str>| Phase::Listing {
+            continue_token: token.map(str::to_string),
+            sweep: true,
+        };
+        for streaming in [false, true] {
+            assert_eq!(resume_plan(&Phase::Empty, streaming), ResumePlan::BeginList);
+            assert_eq!(
+                resume_plan(&listing(None), streaming),
+                ResumePlan::BeginList
+            );
+            assert_eq!(
+                resume_plan(
+                    &Phase::Synced {
+                        resource_version: "9".into()
+                    },
+                    streaming
+                ),
+                ResumePlan::Watch
+            );
+        }
+        assert_eq!(
+            resume_plan(&listing(Some("t")), false),
+            ResumePlan::ContinueList("t".into())
+        );
+        assert_eq!(
+            resume_plan(&listing(Some("t")), true),
+            ResumePlan::BeginList
+        );
     }
 }

@@ -7,6 +7,7 @@ use crate::exec::compute;
 use crate::model::{Error, Result};
 use crate::sync::conn::{ConnectFailure, Line, WatchConn};
 use crate::sync::parse::{Ingest, Parsed};
+use crate::sync::raw::StatusKind;
 
 impl Machine {
     /// Connect the watch from the checkpoint. A failure ends the watch's healthy period
@@ -157,11 +158,10 @@ impl Machine {
             self.pacing.watch_progress();
         }
         if let Some(status) = parsed.error {
-            if status.code == 410 {
-                return self.relist("watch ERROR 410 Gone").await;
-            }
-            if status.is_too_large() {
-                return self.too_large(self.watch_status(status)).await;
+            match status.kind() {
+                StatusKind::Gone => return self.relist("watch ERROR 410 Gone").await,
+                StatusKind::TooLarge => return self.too_large(self.watch_status(status)).await,
+                StatusKind::Invalid | StatusKind::Other => {}
             }
             if self.pacing.watch_error() {
                 let why = format!(

@@ -1,0 +1,139 @@
+//! The one rule for "is a reconcile owed": whether the durable reconcile state shows an
+//! object's current version handled, and whether a request may be skipped for it. Pure
+//! functions, asked by the runner before a reconcile starts and by the startup pass over
+//! the store.
+
+use kube::runtime::controller::ReconcileReason;
+
+use super::keyspace::ReconcileRecord;
+use super::scan::{CHANGED, DUE};
+
+/// A requeue due within this many milliseconds counts as due now: run, not put back.
+const DUE_SLACK_MS: u64 = 100;
+
+/// Whether `rec` shows the object handled at resourceVersion `rv`: the last reconcile (that
+/// succeeded or failed) saw this version, or, with `generation_filter`, the last successful
+/// one saw the object's `metadata.generation` (a change of status or metadata only) and no
+/// failure came since. `generation` is asked only then (it may read the object).
+pub(crate) fn handled(
+    rec: &ReconcileRecord,
+    rv: Option<&str>,
+    generation_filter: bool,
+    generation: impl FnOnce() -> Option<i64>,
+) -> bool {
+    if rv.is_some() && rec.handled_rv() == rv {
+        return true;
+    }
+    generation_filter
+        && rec.failed_rv.is_none()
+        && rec.ok_generation.is_some()
+        && generation() == rec.ok_generation
+}
+
+/// Requests that need not run if the reconcile state shows their version handled: changes
+/// of the object itself and the startup pass's, and requeues or retries that fire before
+/// their due time (merged requests, see [`may_skip`]); not related triggers.
+pub(crate) fn skippable(reason: &ReconcileReason) -> bool {
+    match reason {
+        ReconcileReason::ObjectUpdated
+        | ReconcileReason::ReconcilerRequestedRetry
+        | ReconcileReason::ErrorPolicyRequestedRetry => true,
+        ReconcileReason::Custom { reason } => reason == CHANGED || reason == DUE,
+        _ => false,
+    }
+}
+
+/// Whether a request for `reason` may be skipped, given whether the object's version is
+/// `handled` and the record's pending requeue (`due_ms`, unix ms) at `now_ms`.
+///
+/// A requeue runs when it is due. One that comes early is another request (a change, the
+/// startup pass) that kube-runtime's scheduler merged into the pending requeue, which keeps
+/// the requeue's reason: skipped like that request when the version is handled (the caller
+/// then schedules the requeue again at its time).
+pub(crate) fn may_skip(
+    reason: &ReconcileReason,
+    handled: bool,
+    due_ms: Option<u64>,
+    now_ms: u64,
+) -> bool {
+    let early = |due: u64| due > now_ms + DUE_SLACK_MS;
+    match reason {
+        ReconcileReason::Custom { reason } if reason == DUE => handled && due_ms.is_none_or(early),
+        ReconcileReason::ReconcilerRequestedRetry | ReconcileReason::ErrorPolicyRequestedRetry => {
+            handled && due_ms.is_some_and(early)
+        }
+        _ => handled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(
+        ok_rv: Option<&str>,
+        failed_rv: Option<&str>,
+        ok_generation: Option<i64>,
+    ) -> ReconcileRecord {
+        ReconcileRecord {
+            ok_rv: ok_rv.map(str::to_string),
+            failed_rv: failed_rv.map(str::to_string),
+            ok_generation,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_version_is_handled_by_the_last_reconcile_or_its_generation() {
+        let never = || -> Option<i64> { panic!("the generation is read only when it matters") };
+        let ok7 = rec(Some("7"), None, Some(2));
+        assert!(handled(&ok7, Some("7"), false, never));
+        assert!(handled(&ok7, Some("7"), true, never));
+        assert!(!handled(&ok7, Some("8"), false, never));
+        assert!(!handled(&ok7, None, false, never));
+        // A status change: same generation, handled only with the filter.
+        assert!(handled(&ok7, Some("8"), true, || Some(2)));
+        assert!(!handled(&ok7, Some("8"), true, || Some(3)));
+        assert!(!handled(&ok7, Some("8"), true, || None));
+        // A failure is retried: the generation does not excuse it, the failed version does.
+        let failed8 = rec(Some("7"), Some("8"), Some(2));
+        assert!(handled(&failed8, Some("8"), true, never));
+        assert!(!handled(&failed8, Some("9"), true, never));
+        assert!(!handled(&rec(None, None, None), Some("1"), true, never));
+    }
+
+    #[test]
+    fn early_requeues_and_handled_changes_are_skipped() {
+        let custom = |r: &str| ReconcileReason::Custom {
+            reason: r.to_string(),
+        };
+        let now = 1_000_000;
+        // A change: skipped when handled, whatever is due.
+        assert!(may_skip(
+            &ReconcileReason::ObjectUpdated,
+            true,
+            Some(now),
+            now
+        ));
+        assert!(!may_skip(&ReconcileReason::ObjectUpdated, false, None, now));
+        // A requeue read back from disk: runs when due, skipped when early and handled.
+        assert!(!may_skip(&custom(DUE), true, Some(now + 50), now));
+        assert!(may_skip(&custom(DUE), true, Some(now + 5_000), now));
+        assert!(may_skip(&custom(DUE), true, None, now));
+        assert!(!may_skip(&custom(DUE), false, Some(now + 5_000), now));
+        // A retry: runs unless a later requeue is pending for a handled version.
+        for retry in [
+            ReconcileReason::ReconcilerRequestedRetry,
+            ReconcileReason::ErrorPolicyRequestedRetry,
+        ] {
+            assert!(!may_skip(&retry, true, None, now));
+            assert!(!may_skip(&retry, true, Some(now), now));
+            assert!(may_skip(&retry, true, Some(now + 5_000), now));
+            assert!(!may_skip(&retry, false, Some(now + 5_000), now));
+        }
+        // What may be skipped at all: not related triggers.
+        assert!(skippable(&custom(CHANGED)) && skippable(&custom(DUE)));
+        assert!(!skippable(&custom("reconcile_all_on")));
+        assert!(!skippable(&ReconcileReason::Unknown));
+    }
+}
