@@ -645,6 +645,37 @@ fn kubernetes_below(files: &[(PathBuf, String)]) -> Vec<String> {
     bad
 }
 
+/// Object keys (the tags `OBJECT`, `SEEN`, `INDEX`, `ENTRIES` of `disk::keys`) named above
+/// the store: every read and write of a stream's objects goes through `store/`.
+fn object_keys_above_store(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (rel, src) in files {
+        if matches!(
+            layer_of(rel),
+            None | Some("model" | "exec" | "disk" | "store")
+        ) {
+            continue;
+        }
+        let code = strip_comments(src);
+        for tag in ["OBJECT", "SEEN", "INDEX", "ENTRIES"] {
+            for (at, _) in code.match_indices(tag) {
+                let before = code[..at].chars().next_back();
+                let after = code[at + tag.len()..].chars().next();
+                if before.is_some_and(is_ident) || after.is_some_and(is_ident) {
+                    continue;
+                }
+                let line = code[..at].matches('\n').count() + 1;
+                let text = src.lines().nth(line - 1).unwrap_or("").trim();
+                bad.push(format!(
+                    "src/{}:{line}: names the object key tag `{tag}` above the store: {text}",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    bad
+}
+
 /// The files of `src/`, each with its path relative to `src/`.
 fn source_files() -> Vec<(PathBuf, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -688,6 +719,12 @@ fn no_layer_below_the_top_calls_the_facade() {
         bad.len(),
         bad.join("\n")
     );
+}
+
+#[test]
+fn only_the_store_reads_and_writes_object_keys() {
+    let bad = object_keys_above_store(&source_files());
+    assert!(bad.is_empty(), "{}:\n{}", bad.len(), bad.join("\n"));
 }
 
 #[test]
@@ -793,6 +830,25 @@ fn the_rules_catch_their_cases() {
             "src/store/reader.rs:2",
             "src/store/reader.rs:3"
         ]
+    );
+    // Object key tags above the store.
+    let files = vec![
+        file(
+            "store/writer/mod.rs",
+            &["let k = keys::tagged(OBJECT, &s);"],
+        ),
+        file(
+            "sync/verify.rs",
+            &[
+                "use crate::disk::keys::{self, OBJECT};",
+                "let (a, b) = keys::range(keys::SEEN, None);",
+                "const OBJECTS: usize = 1;",
+            ],
+        ),
+    ];
+    assert_eq!(
+        at(object_keys_above_store(&files)),
+        ["src/sync/verify.rs:1", "src/sync/verify.rs:2"]
     );
     // A glob of the crate root counts as the top; a char literal with a quote does not hide
     // the code after it from the lexer.

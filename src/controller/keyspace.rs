@@ -9,11 +9,42 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::disk::keys::{self, CONTROLLER_KEY, COUNTS_KEY, DUE, RECONCILED};
+use crate::disk::keys;
 use crate::disk::{Backend, CONTROLLERS, WriteBatch};
 use crate::disk::{LeaseCloser, StreamLease, record};
 use crate::model::{Error, Result};
 use crate::store::Dir;
+
+// The keyspace's layout (`controller/<name>`), beside the stream keyspaces of `disk::keys`:
+//
+// r<namespace>\0<name>                                  the object's reconcile record
+// d<due: u64 unix ms, big-endian><namespace>\0<name>    a pending requeue, by due time
+// mcontroller   mcounts                                 identity; objects and requeues
+
+/// A controller's reconcile record of one object.
+pub(crate) const RECONCILED: u8 = b'r';
+/// A controller's pending requeue, ordered by due time.
+pub(crate) const DUE: u8 = b'd';
+/// A controller state's identity (name and watched kinds).
+pub(crate) const CONTROLLER_KEY: &[u8] = b"mcontroller";
+/// A controller state's counts (objects tracked, pending requeues).
+pub(crate) const COUNTS_KEY: &[u8] = b"mcounts";
+
+/// `d<due_ms><suffix>`: the due-time index entry of a pending requeue.
+pub(crate) fn due_key(due_ms: u64, suffix: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + suffix.len());
+    k.push(DUE);
+    k.extend_from_slice(&due_ms.to_be_bytes());
+    k.extend_from_slice(suffix);
+    k
+}
+
+/// The due time and object suffix of a `d` key.
+pub(crate) fn parse_due_key(key: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = key.strip_prefix(&[DUE])?;
+    let (due, suffix) = rest.split_at_checked(8)?;
+    Some((u64::from_be_bytes(due.try_into().ok()?), suffix))
+}
 
 /// Version of the controller state's format; part of its identity.
 const STATE_FORMAT: u32 = 1;
@@ -158,7 +189,15 @@ impl std::fmt::Debug for ControllerKeyspace {
 }
 
 fn corrupt(path: &std::path::Path, name: &str, key: &[u8], detail: String) -> Error {
-    record::corrupt_in(path, &format!("controller state {name:?}"), key, detail)
+    let key = match key.split_first() {
+        Some((&RECONCILED, suffix)) => format!("record {}", keys::display(suffix)),
+        Some((&DUE, _)) => match parse_due_key(key) {
+            Some((_, suffix)) => format!("requeue of {}", keys::display(suffix)),
+            None => "a requeue".to_string(),
+        },
+        _ => record::describe(key),
+    };
+    record::corrupt_named(path, &format!("controller state {name:?}"), &key, detail)
 }
 
 /// Unix milliseconds of `t` (0 before the epoch).
@@ -262,10 +301,10 @@ impl ControllerKeyspace {
             let new_due = new.as_ref().and_then(|r| r.due_ms);
             if old_due != new_due {
                 if let Some(d) = old_due {
-                    b.delete(keys::due_key(d, suffix));
+                    b.delete(due_key(d, suffix));
                 }
                 if let Some(d) = new_due {
-                    b.put(keys::due_key(d, suffix), Vec::new());
+                    b.put(due_key(d, suffix), Vec::new());
                 }
             }
             let delta = |o: bool, n: bool, c: &mut u64| match (o, n) {
@@ -298,12 +337,12 @@ impl ControllerKeyspace {
 
     /// The pending requeues due in `[from_ms, to_ms)`: (object suffix, due ms). Blocking.
     pub(crate) fn due_between(&self, from_ms: u64, to_ms: u64) -> Result<Vec<(Vec<u8>, u64)>> {
-        let start = keys::due_key(from_ms, &[]);
-        let end = keys::due_key(to_ms, &[]);
+        let start = due_key(from_ms, &[]);
+        let end = due_key(to_ms, &[]);
         let mut out = Vec::new();
         for entry in self.backend.range(&start, &end) {
             let (k, _) = entry?;
-            if let Some((due, suffix)) = keys::parse_due_key(&k) {
+            if let Some((due, suffix)) = parse_due_key(&k) {
                 out.push((suffix.to_vec(), due));
             }
         }
@@ -417,7 +456,7 @@ pub(crate) fn controller_states(dir: &Dir) -> Result<Vec<ControllerStateInfo>> {
         };
         let (start, end) = keys::range(DUE, None);
         let oldest_due = match backend.range(&start, &end).next() {
-            Some(entry) => keys::parse_due_key(&entry?.0).map(|(ms, _)| from_unix_ms(ms)),
+            Some(entry) => parse_due_key(&entry?.0).map(|(ms, _)| from_unix_ms(ms)),
             None => None,
         };
         out.push(ControllerStateInfo {
@@ -451,4 +490,22 @@ pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates>
             due: rec.due_ms.map(from_unix_ms),
         })
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_keys_order_by_time_then_object() {
+        let a = due_key(5, &keys::object_suffix(Some("z"), "z"));
+        let b = due_key(6, &keys::object_suffix(Some("a"), "a"));
+        let c = due_key(256, &keys::object_suffix(Some("a"), "a"));
+        assert!(a < b && b < c);
+        assert_eq!(
+            parse_due_key(&c),
+            Some((256, &keys::object_suffix(Some("a"), "a")[..]))
+        );
+        assert_eq!(parse_due_key(b"d12"), None);
+    }
 }

@@ -9,13 +9,9 @@
 //! ```
 //! Keys order by namespace, then name, so one namespace is one prefix scan.
 //!
-//! A durable controller's reconcile state has its own keyspace (`controller/<name>`):
-//!
-//! ```text
-//! r<namespace>\0<name>                  the object's reconcile record
-//! d<due: u64 unix ms, big-endian><namespace>\0<name>   a pending requeue, by due time
-//! mcontroller   mcounts                 identity; objects tracked and pending requeues
-//! ```
+//! A durable controller's reconcile state has a keyspace of its own (`controller/<name>`),
+//! whose layout `controller/keyspace.rs` owns; it shares only the suffix `namespace \0
+//! name`, [`tagged`] keys and [`range`] scans with this one.
 
 use std::borrow::Cow;
 
@@ -33,31 +29,6 @@ pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
 pub(crate) const SHARD_KEY: &[u8] = b"mshard";
 /// Present while objects outside a narrowed shard are being pruned: the last key pruned.
 pub(crate) const PRUNE_KEY: &[u8] = b"mprune";
-
-/// A controller's reconcile record of one object.
-pub(crate) const RECONCILED: u8 = b'r';
-/// A controller's pending requeue, ordered by due time.
-pub(crate) const DUE: u8 = b'd';
-/// A controller state's identity (name and watched kinds).
-pub(crate) const CONTROLLER_KEY: &[u8] = b"mcontroller";
-/// A controller state's counts (objects tracked, pending requeues).
-pub(crate) const COUNTS_KEY: &[u8] = b"mcounts";
-
-/// `d<due_ms><suffix>`: the due-time index entry of a pending requeue.
-pub(crate) fn due_key(due_ms: u64, suffix: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + suffix.len());
-    k.push(DUE);
-    k.extend_from_slice(&due_ms.to_be_bytes());
-    k.extend_from_slice(suffix);
-    k
-}
-
-/// The due time and object suffix of a `d` key.
-pub(crate) fn parse_due_key(key: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = key.strip_prefix(&[DUE])?;
-    let (due, suffix) = rest.split_at_checked(8)?;
-    Some((u64::from_be_bytes(due.try_into().ok()?), suffix))
-}
 
 /// The suffix shared by an object's record and mark: `namespace \0 name`.
 pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
@@ -180,19 +151,6 @@ mod tests {
         assert!(start <= inside && inside < end);
         assert!(!(start <= other && other < end));
         assert!(!(start <= other2 && other2 < end));
-    }
-
-    #[test]
-    fn due_keys_order_by_time_then_object() {
-        let a = due_key(5, &object_suffix(Some("z"), "z"));
-        let b = due_key(6, &object_suffix(Some("a"), "a"));
-        let c = due_key(256, &object_suffix(Some("a"), "a"));
-        assert!(a < b && b < c);
-        assert_eq!(
-            parse_due_key(&c),
-            Some((256, &object_suffix(Some("a"), "a")[..]))
-        );
-        assert_eq!(parse_due_key(b"d12"), None);
     }
 
     #[test]

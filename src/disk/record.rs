@@ -62,111 +62,6 @@ pub(crate) struct Record {
     pub(crate) body: Vec<u8>,
 }
 
-/// Where the stream is in its list/watch cycle. Written in the same atomic batch
-/// as the objects it covers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Phase {
-    /// Nothing listed yet.
-    Empty,
-    /// A (re)list is writing pages. `continue_token` resumes it after a restart.
-    Listing {
-        continue_token: Option<String>,
-        /// Whether objects from earlier epochs may remain and must be swept.
-        sweep: bool,
-    },
-    /// The list of `resource_version` is complete; objects not seen in this epoch are being removed.
-    Sweeping {
-        resource_version: String,
-        /// The last object key already swept (the sweep resumes after it).
-        after: Option<Vec<u8>>,
-    },
-    /// The store equals the server at `resource_version`; watch from there.
-    Synced { resource_version: String },
-}
-
-/// The stream's persistent state, one record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct State {
-    pub(crate) phase: Phase,
-    /// Current list epoch; bumped by every (re)list.
-    pub(crate) epoch: u64,
-    /// Number of stored objects.
-    pub(crate) count: u64,
-    /// The last resourceVersion at which the store was complete, if ever.
-    pub(crate) last_synced: Option<String>,
-}
-
-impl Default for State {
-    fn default() -> Self {
-        State {
-            phase: Phase::Empty,
-            epoch: 0,
-            count: 0,
-            last_synced: None,
-        }
-    }
-}
-
-/// What a store caches. Opening a store with another identity does not resume it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Identity {
-    pub(crate) format_version: u32,
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    /// The collection URL: group, version, plural and namespace scope.
-    pub(crate) url: String,
-    pub(crate) label_selector: Option<String>,
-    pub(crate) field_selector: Option<String>,
-    pub(crate) metadata_only: bool,
-    /// Only keys, uids and resourceVersions are stored (no bodies).
-    pub(crate) keys_only: bool,
-    /// Name of the transform applied before writing, if any.
-    pub(crate) transform: Option<String>,
-    /// Fingerprint of the encryption key, for encrypted stores.
-    pub(crate) encryption: Option<String>,
-}
-
-impl Identity {
-    /// Whether a stream stored with this identity resumes as `current`: the same, or the
-    /// same but written by an older format this version reads ([`READABLE_FORMATS`]).
-    pub(crate) fn resumes_as(&self, current: &Identity) -> bool {
-        self == current
-            || (READABLE_FORMATS.contains(&self.format_version)
-                && Identity {
-                    format_version: current.format_version,
-                    ..self.clone()
-                } == *current)
-    }
-
-    /// A short description of the first difference, for the log line that explains a reset.
-    pub(crate) fn difference(&self, other: &Identity) -> String {
-        let mut diffs = Vec::new();
-        macro_rules! cmp {
-            ($f:ident) => {
-                if self.$f != other.$f {
-                    diffs.push(format!(
-                        "{}: {:?} -> {:?}",
-                        stringify!($f),
-                        self.$f,
-                        other.$f
-                    ));
-                }
-            };
-        }
-        cmp!(format_version);
-        cmp!(api_version);
-        cmp!(kind);
-        cmp!(url);
-        cmp!(label_selector);
-        cmp!(field_selector);
-        cmp!(metadata_only);
-        cmp!(keys_only);
-        cmp!(transform);
-        cmp!(encryption);
-        diffs.join(", ")
-    }
-}
-
 /// The leading fields of a [`Record`] (same field order), decoded without copying the body:
 /// what the writer needs to decide whether an incoming object changed.
 #[derive(Debug, Deserialize)]
@@ -424,17 +319,27 @@ pub(crate) fn corrupt_in(
     }
 }
 
+/// [`corrupt_in`] with the key already named (by a layer that knows its own key tags).
+pub(crate) fn corrupt_named(
+    path: &Path,
+    keyspace: &str,
+    key: &str,
+    detail: impl std::fmt::Display,
+) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        detail: format!("{keyspace}: {key}: {detail}"),
+    }
+}
+
 /// A key named for people: an object's records as `namespace/name`, metadata by its name.
-fn describe(key: &[u8]) -> String {
+/// (A controller's keyspace names its own keys; see `controller/keyspace.rs`.)
+pub(crate) fn describe(key: &[u8]) -> String {
     match key.split_first() {
         Some((&keys::ENTRIES, suffix)) => format!("index entries of {}", keys::display(suffix)),
-        Some((&(keys::OBJECT | keys::SEEN | keys::RECONCILED), suffix)) => {
+        Some((&(keys::OBJECT | keys::SEEN), suffix)) => {
             format!("record {}", keys::display(suffix))
         }
-        Some((&keys::DUE, _)) => match keys::parse_due_key(key) {
-            Some((_, suffix)) => format!("requeue of {}", keys::display(suffix)),
-            None => "a requeue".to_string(),
-        },
         Some((b'm', name)) => String::from_utf8_lossy(name).into_owned(),
         _ => format!("key {:?}", String::from_utf8_lossy(key)),
     }
@@ -469,7 +374,7 @@ mod tests {
         let back: Record = decode(&encode(&r)).unwrap();
         assert_eq!(back.resource_version, "42");
         assert_eq!(back.body, r.body);
-        assert!(decode::<State>(b"\xff\xff\xff").is_err());
+        assert!(decode::<Record>(b"\xff\xff\xff").is_err());
         let head = decode_head(&encode(&r)).unwrap();
         assert_eq!((head.resource_version.as_str(), head.epoch), ("42", 3));
         let bytes = encode(&r);

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use super::stream_state::{Identity, State};
 use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
 use crate::disk::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
-use crate::disk::record::{self, Identity, Record, State};
+use crate::disk::record::{self, Record};
 use crate::model::Shard;
 use crate::model::{Error, Result};
 
@@ -168,7 +169,7 @@ impl Dir {
         })))
     }
 
-    pub(crate) fn stream_keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
+    fn stream_keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
         let path = &self.inner.path;
         if !self.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
             return Err(Error::Config(format!(
@@ -177,6 +178,16 @@ impl Dir {
             )));
         }
         self.inner.storage.keyspace(stream)
+    }
+
+    /// The resourceVersions of stream `stream`'s stored objects, read without their bodies
+    /// (what a verification compares with a LIST). [`Error::Config`] if there is no such
+    /// stream.
+    pub(crate) fn stored_versions(&self, stream: &str) -> Result<StoredVersions> {
+        Ok(StoredVersions {
+            backend: self.stream_keyspace(stream)?,
+            path: self.inner.path.clone(),
+        })
     }
 
     /// The stream's keyspace and cipher, refusing an encrypted stream without its key.
@@ -219,5 +230,44 @@ impl Dir {
         let corrupt = |detail: String| record::corrupt(&self.inner.path, key, detail);
         let rec: Record = record::decode(value).map_err(corrupt)?;
         rec.open(key, cipher).map_err(corrupt)
+    }
+}
+
+/// The resourceVersions of one stream's stored objects, by key suffix (`namespace \0 name`,
+/// [`keys::object_suffix`]), read from their records' heads: bodies are neither decoded nor
+/// decrypted. Blocking reads.
+pub(crate) struct StoredVersions {
+    backend: Arc<dyn Backend>,
+    path: std::path::PathBuf,
+}
+
+impl StoredVersions {
+    /// The stored version of each object of `suffixes`, `None` for one not stored.
+    pub(crate) fn get(&self, suffixes: &[&[u8]]) -> Result<Vec<Option<String>>> {
+        let keys: Vec<Vec<u8>> = suffixes.iter().map(|s| keys::tagged(OBJECT, s)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut stored = vec![None; keys.len()];
+        self.backend.get_each(&refs, &mut |i, value| {
+            stored[i] = Some(self.head_version(&keys[i], value)?);
+            Ok(())
+        })?;
+        Ok(stored)
+    }
+
+    /// Every stored object, in key order: `f(suffix, version)`.
+    pub(crate) fn each(&self, mut f: impl FnMut(&[u8], String)) -> Result<()> {
+        let (start, end) = keys::range(OBJECT, None);
+        for entry in self.backend.range(&start, &end) {
+            let (key, value) = entry?;
+            f(&key[1..], self.head_version(&key, &value)?);
+        }
+        Ok(())
+    }
+
+    /// The resourceVersion of a stored record, without opening its body.
+    fn head_version(&self, key: &[u8], value: &[u8]) -> Result<String> {
+        record::decode_ref(value)
+            .map(|r| r.resource_version.to_string())
+            .map_err(|detail| record::corrupt(&self.path, key, detail))
     }
 }

@@ -12,16 +12,19 @@ mod inspect;
 mod open;
 mod reader;
 mod status;
+mod stream_state;
 mod writer;
 
 pub(crate) use cache::DECODED_PER_JSON_BYTE;
 pub use caught_up::{CatchUpRule, Freshness};
+pub(crate) use inspect::StoredVersions;
 pub use inspect::{RawObjects, StreamInfo};
 #[cfg(feature = "metrics")]
 pub(crate) use reader::MetricsSource;
 pub use reader::{ByIndex, Iter, Reader};
 pub use status::SyncPhase;
 pub(crate) use status::{Status, StatusTx};
+pub(crate) use stream_state::{Identity, Phase, State};
 pub(crate) use writer::{Body, Change, Incoming, IndexEntries, ListProgress, Op, Writer};
 
 use std::collections::HashMap;

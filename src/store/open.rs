@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use super::stream_state::{Identity, Phase, State};
 use super::{Dir, Reader, StatusTx, Writer};
-use crate::disk::record::{self, Identity, Phase, State};
+use crate::disk::record;
 use crate::disk::{Backend, LeaseCloser, StreamLease, WriteBatch, keys};
 use crate::model::{Counters, Error, Result, Shard};
 
@@ -260,7 +261,7 @@ pub(crate) fn plan(stored: &Stored<'_>, identity: &Identity, shard: Option<&Shar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::record::{Codec, FORMAT_VERSION, Identity, Phase, Record, State};
+    use crate::disk::record::{Codec, FORMAT_VERSION, Record};
     use crate::disk::{Compression, DbConfig};
     use crate::model::{Engine, ShardKey};
 

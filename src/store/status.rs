@@ -7,7 +7,7 @@
 use tokio::sync::watch;
 
 use super::caught_up::Freshness;
-use crate::disk::record::{self, State};
+use super::stream_state::{Phase, State};
 
 /// Where a stream is in its list/watch cycle, as seen by [`Reader::phase`](crate::Reader::phase).
 ///
@@ -38,13 +38,13 @@ pub enum SyncPhase {
     Synced,
 }
 
-impl From<&record::Phase> for SyncPhase {
-    fn from(p: &record::Phase) -> Self {
+impl From<&Phase> for SyncPhase {
+    fn from(p: &Phase) -> Self {
         match p {
-            record::Phase::Empty => SyncPhase::Empty,
-            record::Phase::Listing { .. } => SyncPhase::Listing,
-            record::Phase::Sweeping { .. } => SyncPhase::Sweeping,
-            record::Phase::Synced { .. } => SyncPhase::Synced,
+            Phase::Empty => SyncPhase::Empty,
+            Phase::Listing { .. } => SyncPhase::Listing,
+            Phase::Sweeping { .. } => SyncPhase::Sweeping,
+            Phase::Synced { .. } => SyncPhase::Synced,
         }
     }
 }

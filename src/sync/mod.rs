@@ -39,9 +39,10 @@ pub use touched::to_watcher_error;
 pub use verify::{Difference, Verdict, Verification};
 
 use crate::disk::LeaseCloser;
-use crate::disk::record::{FORMAT_VERSION, Identity};
+use crate::disk::record::FORMAT_VERSION;
 use crate::model::Counters;
 use crate::model::Result;
+use crate::store::Identity;
 use crate::store::{Dir, Reader};
 
 /// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].

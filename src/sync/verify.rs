@@ -23,12 +23,11 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
 use super::list;
-use crate::disk::keys::{self, OBJECT};
-use crate::disk::record;
-use crate::disk::{Backend, DbConfig};
+use crate::disk::DbConfig;
+use crate::disk::keys;
 use crate::model::Shard;
 use crate::model::{Error, Result};
-use crate::store::{Dir, StreamInfo, SyncPhase};
+use crate::store::{Dir, StoredVersions, StreamInfo, SyncPhase};
 
 /// Objects requested per LIST page.
 const PAGE: u32 = 500;
@@ -286,15 +285,13 @@ struct VerifyTarget {
     fields: Option<String>,
     shard: Option<Shard>,
     source: Arc<Source>,
-    /// The store directory, for errors.
-    path: PathBuf,
     max: usize,
 }
 
 /// Where a verification reads the stored stream.
 enum Source {
     /// A store held for the whole verification.
-    Held(Arc<dyn Backend>),
+    Held(StoredVersions),
     /// The store at `path`, opened with `config` for each read and closed after it.
     Reopened {
         path: PathBuf,
@@ -304,18 +301,18 @@ enum Source {
 }
 
 impl Source {
-    /// Run `f` on the stream's keyspace. Blocking: opens the store for a reopened source.
-    fn read<T>(&self, f: impl FnOnce(&dyn Backend) -> Result<T>) -> Result<T> {
+    /// Run `f` on the stream's stored versions. Blocking: opens the store for a reopened
+    /// source.
+    fn read<T>(&self, f: impl FnOnce(&StoredVersions) -> Result<T>) -> Result<T> {
         match self {
-            Source::Held(backend) => f(&**backend),
+            Source::Held(versions) => f(versions),
             Source::Reopened {
                 path,
                 config,
                 stream,
             } => {
                 let db = Dir::open(path, config.clone())?;
-                let backend = db.stream_keyspace(stream)?;
-                f(&*backend)
+                f(&db.stored_versions(stream)?)
             }
         }
     }
@@ -332,9 +329,9 @@ pub(crate) async fn verify(
     let name = stream.to_string();
     let read = move || {
         let info = db.streams()?.into_iter().find(|s| s.name == name);
-        Ok::<_, Error>((info, Source::Held(db.stream_keyspace(&name)?)))
+        Ok::<_, Error>((info, Source::Held(db.stored_versions(&name)?)))
     };
-    verify_with(read, dir.path(), stream, client, max_differences).await
+    verify_with(read, stream, client, max_differences).await
 }
 
 /// The work of [`Db::verify_at`](crate::Db::verify_at).
@@ -350,7 +347,7 @@ pub(crate) async fn verify_at(
         let db = Dir::open(&dir, config.clone())?;
         let info = db.streams()?.into_iter().find(|s| s.name == name);
         // As for a held store: a stream that is not there is named in the error.
-        drop(db.stream_keyspace(&name)?);
+        drop(db.stored_versions(&name)?);
         drop(db);
         let source = Source::Reopened {
             path: dir,
@@ -359,13 +356,12 @@ pub(crate) async fn verify_at(
         };
         Ok::<_, Error>((info, source))
     };
-    verify_with(read, path, stream, client, max_differences).await
+    verify_with(read, stream, client, max_differences).await
 }
 
 /// Verify `stream`, whose info and source `read` gives (on the blocking pool).
 async fn verify_with(
     read: impl FnOnce() -> Result<(Option<StreamInfo>, Source)> + Send + 'static,
-    path: &Path,
     stream: &str,
     client: Client,
     max_differences: usize,
@@ -400,7 +396,6 @@ async fn verify_with(
         fields: info.field_selector,
         shard: info.shard,
         source: Arc::new(source),
-        path: path.to_path_buf(),
         max: max_differences,
     };
     tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, "verifying");
@@ -522,15 +517,15 @@ impl VerifyTarget {
                 seen.insert(digest(suffix));
             }
             c.server_objects += listed.len() as u64;
-            let (source, path, max) = (self.source.clone(), self.path.clone(), self.max);
-            c = blocking(move || source.read(|b| compare_page(b, &path, &listed, c, max))).await?;
+            let (source, max) = (self.source.clone(), self.max);
+            c = blocking(move || source.read(|v| compare_page(v, &listed, c, max))).await?;
             token = page.metadata.continue_.filter(|t| !t.is_empty());
             if token.is_none() {
                 break;
             }
         }
-        let (source, path, max) = (self.source.clone(), self.path.clone(), self.max);
-        blocking(move || source.read(|b| find_extra(b, &path, &seen, c, max)))
+        let (source, max) = (self.source.clone(), self.max);
+        blocking(move || source.read(|v| find_extra(v, &seen, c, max)))
             .await
             .map(Some)
     }
@@ -538,22 +533,13 @@ impl VerifyTarget {
 
 /// Look up one page of listed objects in the store.
 fn compare_page(
-    backend: &dyn Backend,
-    path: &Path,
+    versions: &StoredVersions,
     listed: &[(Vec<u8>, String)],
     mut c: Comparison,
     max: usize,
 ) -> Result<Comparison> {
-    let keys: Vec<Vec<u8>> = listed
-        .iter()
-        .map(|(suffix, _)| keys::tagged(OBJECT, suffix))
-        .collect();
-    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    let mut stored: Vec<Option<String>> = vec![None; listed.len()];
-    backend.get_each(&refs, &mut |i, value| {
-        stored[i] = Some(head_version(path, &keys[i], value)?);
-        Ok(())
-    })?;
+    let suffixes: Vec<&[u8]> = listed.iter().map(|(suffix, _)| suffix.as_slice()).collect();
+    let stored = versions.get(&suffixes)?;
     for ((suffix, server), stored) in listed.iter().zip(stored) {
         let key = keys::display(suffix);
         match stored {
@@ -580,35 +566,19 @@ fn compare_page(
 
 /// Scan the store for objects the list did not contain.
 fn find_extra(
-    backend: &dyn Backend,
-    path: &Path,
+    versions: &StoredVersions,
     seen: &HashSet<u128>,
     mut c: Comparison,
     max: usize,
 ) -> Result<Comparison> {
-    let (start, end) = keys::range(OBJECT, None);
-    for entry in backend.range(&start, &end) {
-        let (key, value) = entry?;
+    versions.each(|suffix, stored| {
         c.stored_objects += 1;
-        if !seen.contains(&digest(&key[1..])) {
-            let stored = head_version(path, &key, &value)?;
-            c.note(
-                Difference::Extra {
-                    key: keys::display(&key[1..]),
-                    stored,
-                },
-                max,
-            );
+        if !seen.contains(&digest(suffix)) {
+            let key = keys::display(suffix);
+            c.note(Difference::Extra { key, stored }, max);
         }
-    }
+    })?;
     Ok(c)
-}
-
-/// The resourceVersion of a stored record, without opening its body.
-fn head_version(path: &Path, key: &[u8], value: &[u8]) -> Result<String> {
-    record::decode_ref(value)
-        .map(|r| r.resource_version.to_string())
-        .map_err(|detail| record::corrupt(path, key, detail))
 }
 
 /// A 128-bit digest of an object key: collisions are out of reach (2^-64 at 10^9 keys).

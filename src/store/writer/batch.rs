@@ -10,8 +10,9 @@ use super::index::IndexEntries;
 use super::{Body, Change, Op, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
-use crate::disk::record::{self, Phase, Record, State};
+use crate::disk::record::{self, Record};
 use crate::model::Result;
+use crate::store::{Phase, State};
 
 impl Writer {
     /// Apply `ops` and the next state in ONE atomic batch.

@@ -14,11 +14,12 @@ use super::StatusTx;
 use super::cache::HotCache;
 use crate::disk::Cipher;
 use crate::disk::keys::{self, OBJECT, STATE_KEY};
-use crate::disk::record::{self, Phase, Record, State};
+use crate::disk::record::{self, Record};
 use crate::disk::{Backend, WriteBatch};
 use crate::model::Counters;
 use crate::model::{Error, Result};
 use crate::store::{Compression, StreamLease};
+use crate::store::{Phase, State};
 
 /// An object as received from the server, reduced to what the store needs.
 #[derive(Debug)]

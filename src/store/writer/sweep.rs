@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use super::{Change, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
-use crate::disk::record::{self, Phase, Record};
+use crate::disk::record::{self, Record};
 use crate::model::Result;
+use crate::store::Phase;
 
 impl Writer {
     /// Remove up to `limit` objects not seen in the current epoch. Returns the deletions

@@ -7,9 +7,9 @@ use futures::AsyncReadExt;
 use kube::core::Request;
 
 use super::{Deferred, Done, INITIAL_LINGER, Machine, Stage};
-use crate::disk::record::Phase;
 use crate::exec::{DiskWorker, PagePermit, compute};
 use crate::model::{Counters, Error, Result};
+use crate::store::Phase;
 use crate::store::{Change, ListProgress, Op};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::{ConnectFailure, WatchConn, invalid_shard, with_shard};

@@ -33,12 +33,12 @@ use super::parse::{Ingest, Parsed, Rejected};
 
 mod listing;
 mod watching;
-use crate::disk::record::{Phase, State};
 use crate::exec::{DiskWorker, ListingGuard};
 use crate::model::Counters;
 use crate::model::{Error, Result};
 use crate::store::StatusTx;
 use crate::store::{Change, Writer};
+use crate::store::{Phase, State};
 
 /// How long a live watch burst waits for more events after its first one: events that
 /// arrive together are committed in one batch (up to `page_size`), for a few ms of latency.

@@ -2,9 +2,9 @@
 //! while the next burst is read and parsed.
 
 use super::{Deferred, Machine, PendingBurst, Stage, WATCH_LINGER};
-use crate::disk::record::Phase;
 use crate::exec::compute;
 use crate::model::{Error, Result};
+use crate::store::Phase;
 use crate::sync::conn::{ConnectFailure, Line, WatchConn};
 use crate::sync::parse::{Ingest, Parsed};
 use crate::sync::raw::StatusKind;
