@@ -104,7 +104,7 @@ impl Writer {
                 for entry in self.backend.range(&start, &end).take(10_000) {
                     batch.delete(entry?.0);
                 }
-                if batch.len() == 0 {
+                if batch.is_empty() {
                     break;
                 }
                 self.backend.apply(batch)?;
