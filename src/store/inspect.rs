@@ -212,7 +212,8 @@ impl Dir {
         Ok((backend, cipher))
     }
 
-    fn read_meta<T: serde::de::DeserializeOwned>(
+    /// The metadata record at `key` of stream `stream`'s keyspace, decoded.
+    pub(super) fn read_meta<T: serde::de::DeserializeOwned>(
         &self,
         backend: &dyn Backend,
         stream: &str,

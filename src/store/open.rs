@@ -96,23 +96,9 @@ impl Dir {
         let path = &self.inner.path;
         let backend = self.inner.storage.keyspace(name)?;
 
-        let corrupt = |key: &[u8], detail: String| {
-            record::corrupt_in(path, &format!("stream {name:?}"), key, detail)
-        };
-        let stored_identity = match backend.get(keys::IDENTITY_KEY)? {
-            Some(b) => {
-                Some(record::decode::<Identity>(&b).map_err(|d| corrupt(keys::IDENTITY_KEY, d))?)
-            }
-            None => None,
-        };
-        let stored_shard = match backend.get(keys::SHARD_KEY)? {
-            Some(b) => Some(record::decode::<Shard>(&b).map_err(|d| corrupt(keys::SHARD_KEY, d))?),
-            None => None,
-        };
-        let stored_state = match backend.get(keys::STATE_KEY)? {
-            Some(b) => Some(record::decode::<State>(&b).map_err(|d| corrupt(keys::STATE_KEY, d))?),
-            None => None,
-        };
+        let stored_identity = self.read_meta::<Identity>(&*backend, name, keys::IDENTITY_KEY)?;
+        let stored_shard = self.read_meta::<Shard>(&*backend, name, keys::SHARD_KEY)?;
+        let stored_state = self.read_meta::<State>(&*backend, name, keys::STATE_KEY)?;
         let stored = Stored {
             identity: stored_identity.as_ref(),
             shard: stored_shard.as_ref(),
