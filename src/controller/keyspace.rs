@@ -1,6 +1,6 @@
 //! A durable controller's reconcile state: one keyspace per controller (`controller/<name>`)
-//! in the store's database, written in batches on the disk thread (see `disk/keys.rs` for the
-//! layout). The controller runtime (`controller/state.rs`) decides what to write; this
+//! in the store's database, written in batches on the disk thread (its layout is below; the
+//! suffix and scans are `disk/keys.rs`'s). The controller runtime (`controller/state.rs`) decides what to write; this
 //! module only stores, scans and describes it.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! Bytes on disk, and nothing about Kubernetes: the storage engines behind [`Storage`] and
-//! [`Backend`] (`engine/`), the key layout of a keyspace (`keys`), the record, state and
-//! identity codec (`record`), encryption of bodies (`crypto`), file permissions (`perms`),
+//! [`Backend`] (`engine/`), the key layout of a keyspace (`keys`), the record envelope and
+//! codec (`record`), encryption of bodies (`crypto`), file permissions (`perms`),
 //! one writer per keyspace (`lease`) and the directory's options ([`DbConfig`]).
 //!
 //! May import: `model`, `exec`.

@@ -1,5 +1,6 @@
-//! What is stored: the object envelope, the stream's state (checkpoint) and its identity.
-//! All are bincode-encoded; object bodies are the server's JSON bytes, untouched.
+//! How records are stored: the object envelope and the bincode codec of every value (the
+//! store layer's state and identity records among them, which it defines). Values are
+//! bincode-encoded; object bodies are the server's JSON bytes, untouched.
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -53,7 +54,7 @@ impl Codec {
 pub(crate) struct Record {
     pub(crate) resource_version: String,
     pub(crate) uid: String,
-    /// The list epoch in which this version was written (see [`State::epoch`]).
+    /// The list epoch in which this version was written (the store's `State::epoch`).
     pub(crate) epoch: u64,
     /// How `body` is packed (a [`Codec`], before encryption).
     pub(crate) codec: u8,

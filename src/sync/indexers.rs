@@ -1,5 +1,5 @@
 //! Secondary indexes: named functions from an object to index values, registered on the
-//! [`StreamConfig`](super::Config) and evaluated once per incoming object, on the write path.
+//! [`StreamConfig`](super::StreamConfig) and evaluated once per incoming object, on the write path.
 
 use std::any::Any;
 use std::sync::Arc;

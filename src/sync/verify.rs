@@ -23,6 +23,7 @@ use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
 use super::list;
+use super::raw::StatusKind;
 use crate::disk::DbConfig;
 use crate::disk::keys;
 use crate::model::Shard;
@@ -480,7 +481,9 @@ impl VerifyTarget {
             let lp = list::params(selectors, PAGE, from);
             let page = match self.api.list_metadata(&lp).await {
                 Ok(page) => page,
-                Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
+                Err(kube::Error::Api(s)) if StatusKind::of(s.code, false) == StatusKind::Gone => {
+                    return Ok(None);
+                }
                 Err(source) => {
                     return Err(Error::Kube {
                         context: match at {

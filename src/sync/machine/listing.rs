@@ -362,7 +362,9 @@ impl Lister<'_> {
         let req = with_shard(req, self.cfg)?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
-            Err(kube::Error::Api(s)) if s.code == 410 => return Ok(None),
+            Err(kube::Error::Api(s)) if StatusKind::of(s.code, false) == StatusKind::Gone => {
+                return Ok(None);
+            }
             Err(source) => {
                 if let Some(e) = invalid_shard(&source) {
                     return Err(e);
