@@ -1,12 +1,10 @@
 //! Data at rest: directory and file permissions, the Secret opt-in, and encryption of
 //! stored objects (round trip, missing key, wrong key, a modified record on disk).
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};

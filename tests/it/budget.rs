@@ -1,8 +1,6 @@
 //! The page budget of a store directory, shared by its streams' lists: a stream whose
 //! consumer stops polling in the middle of its list keeps no place of it.
 
-mod common;
-
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,7 +9,7 @@ use kube::Api;
 use kube_persist::{Event, StreamConfig};
 use kube_persist_testkit::TestServer;
 
-use common::{Engine, init_tracing, try_open_db};
+use crate::common::{self, Engine, init_tracing, try_open_db};
 
 /// Places in a directory's page budget: CPU threads (one per core, at most 8) + 2.
 fn budget() -> usize {

@@ -6,17 +6,12 @@
 //! in a child process labels 5,000 Pods, is SIGKILLed mid-way, restarts, and converges with
 //! zero LIST calls.
 
-mod common;
-
-#[path = "../examples/operator.rs"]
-#[allow(dead_code)]
-mod operator;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{common, operator};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -970,7 +965,7 @@ struct Child {
 impl Child {
     fn spawn(dir: &std::path::Path, url: &str) -> Child {
         let mut child = common::spawn_self(
-            "operator_child",
+            "controller::operator_child",
             &[
                 (CHILD_DIR, dir.as_os_str()),
                 ("KP_CONTROLLER_URL", url.as_ref()),

@@ -12,17 +12,15 @@
 //! - bad input from the server: objects without name or resourceVersion, with a non-UTF-8
 //!   name, malformed JSON, in LIST pages and watch events; a 1.5 MiB object.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{
-    Engine, Tmpfs, child_engine, converge, diff, env_num, init_tracing, is_root, server_versions,
-    spawn_self, store_versions, try_open_db,
+use crate::common::{
+    self, Engine, Tmpfs, child_engine, converge, diff, env_num, init_tracing, is_root,
+    server_versions, spawn_self, store_versions, try_open_db,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -509,7 +507,7 @@ fn second_process_gets_locked_naming_the_path(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
     let mut child = spawn_self(
-        "lock_holder_child",
+        "faults::lock_holder_child",
         &[
             (LOCK_CHILD_ENV, path.as_os_str()),
             (common::ENGINE_ENV, engine.name().as_ref()),

@@ -1,12 +1,10 @@
 //! Beyond the in-memory caches: secondary indexes on disk, label-selector queries and the
 //! keys-only delta watcher, against the testkit server.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::{Expression, Selector};

@@ -1,11 +1,9 @@
 //! The `metrics` feature: after a sync and churn, a scrape of the prometheus-client
 //! registry finds every stream's counters with the values the store counted.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Db, DbConfig, StreamConfig, metrics::Metrics};

@@ -6,14 +6,12 @@
 //! keeps driving the scheduler and the watch while one reconcile blocks its worker. The
 //! async reads (`iter_stream`, `get_async`) give the same objects as the blocking ones.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, relabel_pod};
+use crate::common::{eventually, relabel_pod};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;

@@ -1,12 +1,10 @@
 //! The read paths at memory speed: the hot cache written through by watch events (one
 //! decode per event, never stale), and iteration decoded in parallel in key order.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::core::PartialObjectMeta;

@@ -4,13 +4,11 @@
 //! of a strict type, and counters published before the status that announces them. Each
 //! runs on both engines against the testkit server.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Ev, assert_matches, drive, eventually, init_tracing, try_open_db};
+use crate::common::{self, Ev, assert_matches, drive, eventually, init_tracing, try_open_db};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta};
 use kube::core::NamespaceResourceScope;

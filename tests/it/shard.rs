@@ -3,13 +3,11 @@
 //! its slice, narrowing a shard prunes without a LIST, anything else lists again, and a
 //! selector the server refuses is a configuration error that stops the watcher.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Db, Error, Reader, Shard, ShardKey, StreamConfig};
@@ -313,7 +311,7 @@ struct PruneChild {
 impl PruneChild {
     fn spawn(engine: Engine, dir: &std::path::Path, url: &str, which: &str) -> PruneChild {
         let mut child = spawn_self(
-            "prune_child",
+            "shard::prune_child",
             &[
                 (ENGINE_ENV, engine.name().as_ref()),
                 (PRUNE_DIR_ENV, dir.as_os_str()),

@@ -3,13 +3,11 @@
 //! change; a consumer that stops taking its events is lagged after the bounded stall, and
 //! the other keeps reconciling.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, relabel_pod};
+use crate::common::{self, eventually, relabel_pod};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;

@@ -1,11 +1,9 @@
 //! The core store and watcher against the testkit API server over real HTTP, with a real
 //! store in a temporary directory, once per storage engine.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::{self, *};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -709,7 +707,7 @@ impl ReaderChild {
     fn start(path: &std::path::Path) -> ReaderChild {
         use std::io::BufRead;
         let mut child = spawn_self(
-            "read_only_holder_child",
+            "store::read_only_holder_child",
             &[(READER_CHILD_ENV, path.as_os_str())],
         );
         let out = child.stdout.take().unwrap();

@@ -11,12 +11,11 @@
 //! - `wait_for_resource_version` on opaque versions resolves on the awaited version, not
 //!   on an older one the store applied meanwhile.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common;
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::Pod;
