@@ -1,18 +1,15 @@
 //! The read paths at memory speed: the hot cache written through by watch events (one
 //! decode per event, never stale), and iteration decoded in parallel in key order.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube_persist::StreamConfig;
-use kube_persist_testkit::{ResourceType, ServerHandle, TestServer};
+use kube_persist_testkit::{ResourceType, ServerHandle};
 
 fn cfg() -> StreamConfig {
     StreamConfig::default()
@@ -65,14 +62,10 @@ async fn until_applied(w: &mut Driven, names: &[String]) {
 /// path's validation, without a decode; deleted, rejected and changed-again objects are never served
 /// in an older version, and a reopen starts with an empty cache.
 async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(300, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let api = Api::<Pod>::all(server.client());
+    let fx = Fixture::with_pods(300, 1).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
+    let db = fx.open(engine);
+    let api = fx.pods();
     let (reader, watcher) = db.store("pods", api.clone(), cfg()).unwrap();
     let mut w = drive(watcher);
     w.until(|e| *e == Ev::InitDone).await;
@@ -80,7 +73,7 @@ async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
     let names: Vec<String> = (0..60).map(|i| format!("pod-{i}")).collect();
     let before = reader.stats();
     for n in &names {
-        set_label(&h, n, "1");
+        set_label(h, n, "1");
     }
     until_applied(&mut w, &names).await;
     let applied = reader.stats();
@@ -92,7 +85,7 @@ async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
     for n in &names {
         let pod = reader.get_named(Some("ns-0"), n).unwrap().expect("stored");
         assert_eq!(round_of(&pod), Some("1"), "{n}");
-        assert_eq!(pod.metadata.resource_version, Some(server_rv(&h, n)));
+        assert_eq!(pod.metadata.resource_version, Some(server_rv(h, n)));
     }
     let read = reader.stats();
     assert_eq!(
@@ -110,7 +103,7 @@ async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
     bad["spec"]["containers"] = "not a list".into();
     h.apply(&rt, bad);
     for n in changed {
-        set_label(&h, n, "2");
+        set_label(h, n, "2");
     }
     // Every deletion, the rejection, then every change, in whatever order they come.
     let rejected = format!("ns-0/{}", names[20]);
@@ -155,13 +148,9 @@ async fn write_through_cache_is_one_decode_and_never_stale(engine: Engine) {
 /// `iter`, `iter_as`, `iter_namespace(_as)` and `by_index` hand out every object exactly
 /// once, in key order, as stored; chunks decoded in parallel keep that order.
 async fn parallel_iteration_keeps_key_order(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(1500, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let fx = Fixture::with_pods(1500, 3).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
+    let db = fx.open(engine);
     let config = cfg().index("app", |p: &Pod| {
         let labels = p.metadata.labels.as_ref();
         labels
@@ -169,15 +158,13 @@ async fn parallel_iteration_keeps_key_order(engine: Engine) {
             .into_iter()
             .collect()
     });
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), config)
-        .unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), config).unwrap();
     // Decoded ahead on the CPU threads (the default decodes on the calling thread).
     let reader = reader.read_threads(0);
     let mut w = drive(watcher);
     w.until(|e| *e == Ev::InitDone).await;
     // Key order: namespace, then name (byte order), as (namespace, name, resourceVersion).
-    let mut want: Vec<(String, String, String)> = server_versions(&h, &rt)
+    let mut want: Vec<(String, String, String)> = server_versions(h, &rt)
         .into_iter()
         .map(|(k, rv)| {
             let (ns, name) = k.split_once('/').unwrap();
@@ -266,15 +253,10 @@ async fn parallel_iteration_keeps_key_order(engine: Engine) {
 /// The reconcile of an object a watch event changed gets it from the hot cache: one decode
 /// per event in all (the write path's), and the version the event carried.
 async fn reconcile_path_decodes_once_per_event(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(40, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg())
-        .unwrap();
+    let fx = Fixture::with_pods(40, 1).await;
+    let h = &fx.h;
+    let db = fx.open(engine);
+    let (reader, watcher) = db.store("pods", fx.pods(), cfg()).unwrap();
     let seen = Arc::new(Mutex::new(
         std::collections::HashMap::<String, String>::new(),
     ));
@@ -302,7 +284,7 @@ async fn reconcile_path_decodes_once_per_event(engine: Engine) {
     let before = reader.stats();
     let names: Vec<String> = (0..40).map(|i| format!("pod-{i}")).collect();
     for n in &names {
-        set_label(&h, n, "1");
+        set_label(h, n, "1");
     }
     eventually("every change reconciled", || {
         seen.lock().unwrap().values().all(|r| r == "1")

@@ -6,17 +6,13 @@
 //! in a child process labels 5,000 Pods, is SIGKILLed mid-way, restarts, and converges with
 //! zero LIST calls.
 
-mod common;
-
-#[path = "../examples/operator.rs"]
-#[allow(dead_code)]
-mod operator;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{self, Fixture, eventually};
+use crate::operator;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -25,7 +21,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::{Config, Controller, ControllerError};
 use kube_persist::{Db, Reader};
-use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, Verb};
+use kube_persist_testkit::{ResourceType, ServerHandle, Verb};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -92,14 +88,6 @@ impl Book {
 
     fn clear(&self) {
         self.times.lock().unwrap().clear();
-    }
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + common::WAIT;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -205,16 +193,13 @@ fn configmap(name: &str, target: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_reconcile_per_object_at_a_time_within_the_concurrency_limit() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(100, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(100, 2).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
     let controller = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().concurrency(4),
     )
@@ -239,7 +224,7 @@ async fn one_reconcile_per_object_at_a_time_within_the_concurrency_limit() {
     let mut i = 0;
     while Instant::now() < until {
         touch_pod(
-            &h,
+            h,
             &format!("ns-{}", i % 2),
             &format!("pod-{}", i % 10),
             &i.to_string(),
@@ -274,15 +259,9 @@ async fn one_reconcile_per_object_at_a_time_within_the_concurrency_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requeue_after_action_and_await_change() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), store_cfg())
-        .unwrap();
+    let fx = Fixture::with_pods(3, 1).await;
+    let db = Db::open(fx.path()).unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), store_cfg()).unwrap();
     let book = Arc::new(Book::default());
     let run = Controller::new(reader, watcher, Config::default()).run(
         |pod: Arc<Pod>, book: Arc<Book>| async move {
@@ -331,20 +310,10 @@ async fn requeue_after_action_and_await_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_policy_decides_the_retries() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        Api::<Pod>::all(server.client()),
-        store_cfg(),
-        Config::default(),
-    )
-    .unwrap();
+    let fx = Fixture::with_pods(3, 1).await;
+    let db = Db::open(fx.path()).unwrap();
+    let controller =
+        Controller::for_store(&db, "pods", fx.pods(), store_cfg(), Config::default()).unwrap();
     let attempts = Arc::new(AtomicUsize::new(0));
     let policy_calls = Arc::new(Mutex::new(Vec::new()));
     let seen = policy_calls.clone();
@@ -428,9 +397,8 @@ fn owned_pod(ns: &str, name: &str, owner: &serde_json::Value, seed: u64) -> serd
 /// and the reconciler reads the children from the Pods' Reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owns_and_watches_stores_trigger_the_mapped_objects() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     let (deps, pods, cms) = (
         ResourceType::deployments(),
         ResourceType::pods(),
@@ -449,9 +417,8 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
     h.create(&pods, owned_pod("app", "c-0", &dc, 9)).unwrap();
     h.create(&cms, configmap("cm-c", "d-c")).unwrap();
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let client = server.client();
+    let db = Db::open(fx.path()).unwrap();
+    let client = fx.server.client();
     let (pod_reader, pod_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), store_cfg())
         .unwrap();
@@ -528,26 +495,23 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
     // later change of the sentinel's objects.
     eventually("the deployments reconciled", || ctx.book.distinct() == 3).await;
     barrier(&ctx.seen, "self", "start", |t| {
-        annotate_deployment(&h, "d-c", t)
+        annotate_deployment(h, "d-c", t)
     })
     .await;
-    barrier(&ctx.seen, "pod", "start", |t| {
-        touch_pod(&h, "app", "c-0", t)
-    })
-    .await;
-    barrier(&ctx.seen, "cm", "start", |t| set_configmap(&h, "cm-c", t)).await;
+    barrier(&ctx.seen, "pod", "start", |t| touch_pod(h, "app", "c-0", t)).await;
+    barrier(&ctx.seen, "cm", "start", |t| set_configmap(h, "cm-c", t)).await;
     assert_eq!(ctx.children.lock().unwrap()["app/d-a"], 3);
     ctx.book.clear();
 
     // A child Pod changes: its owner is reconciled, the other Deployment is not (not up to
     // a later change on the pod stream either).
-    touch_pod(&h, "app", "a-1", "x");
+    touch_pod(h, "app", "a-1", "x");
     eventually("owner of the changed pod reconciled", || {
         ctx.book.count("app/d-a") >= 1
     })
     .await;
     barrier(&ctx.seen, "pod", "after-a-1", |t| {
-        touch_pod(&h, "app", "c-0", t)
+        touch_pod(h, "app", "c-0", t)
     })
     .await;
     assert_eq!(ctx.book.count("app/d-b"), 0, "d-b does not own the pod");
@@ -555,15 +519,12 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
 
     // The watched ConfigMap changes: the Deployment its mapper names is reconciled, the
     // other is not (not up to a later change on the configmap stream either).
-    set_configmap(&h, "cm", "w");
+    set_configmap(h, "cm", "w");
     eventually("mapped deployment reconciled", || {
         ctx.book.count("app/d-b") >= 1
     })
     .await;
-    barrier(&ctx.seen, "cm", "after-cm", |t| {
-        set_configmap(&h, "cm-c", t)
-    })
-    .await;
+    barrier(&ctx.seen, "cm", "after-cm", |t| set_configmap(h, "cm-c", t)).await;
     assert_eq!(
         ctx.book.count("app/d-a"),
         0,
@@ -587,12 +548,8 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_lets_running_reconciles_finish() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(20, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(20, 1).await;
+    let db = Db::open(fx.path()).unwrap();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     /// Reconciles wait at the gate until the test closes it: they are certainly running
     /// when the signal comes, not merely likely to be (no sleep inside).
@@ -607,7 +564,7 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
     let run = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().concurrency(5),
     )
@@ -654,7 +611,7 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
     );
     assert_eq!(results, started_at_signal, "one result per reconcile");
     // The watcher was stopped: the stream can be opened again.
-    db.store("pods", Api::<Pod>::all(server.client()), store_cfg())
+    db.store("pods", fx.pods(), store_cfg())
         .expect("stream released after shutdown");
 }
 
@@ -666,43 +623,30 @@ const SENTINEL: &str = "ns-0/pod-0";
 /// then shuts it down gracefully. The sentinel's reconciles come after anything the watch
 /// delivered before its changes: the book then holds every reconcile the start caused, and
 /// two more of the sentinel.
-async fn run_until(
-    db: &Db,
-    server: &TestServer,
-    cfg: Config,
-    book: Arc<Book>,
-    n: usize,
-    tag: &str,
-) {
+async fn run_until(db: &Db, fx: &Fixture, cfg: Config, book: Arc<Book>, n: usize, tag: &str) {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let run = Controller::for_store(
-        db,
-        "pods",
-        Api::<Pod>::all(server.client()),
-        store_cfg(),
-        cfg,
-    )
-    .unwrap()
-    .graceful_shutdown_on(async move {
-        let _ = stop_rx.await;
-    })
-    .run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
-            let k = key(pod.as_ref());
-            book.enter(&k);
-            book.leave(&k);
-            Ok::<_, Boom>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        book.clone(),
-    );
+    let run = Controller::for_store(db, "pods", fx.pods(), store_cfg(), cfg)
+        .unwrap()
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        })
+        .run(
+            |pod: Arc<Pod>, book: Arc<Book>| async move {
+                let k = key(pod.as_ref());
+                book.enter(&k);
+                book.leave(&k);
+                Ok::<_, Boom>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            book.clone(),
+        );
     let done = tokio::spawn(run.count());
     eventually("pods reconciled", || book.distinct() >= n).await;
-    let h = server.handle();
+    let h = &fx.h;
     let (ns, name) = SENTINEL.split_once('/').unwrap();
     for round in 0..2 {
         let before = book.count(SENTINEL);
-        touch_pod(&h, ns, name, &format!("{tag}-{round}"));
+        touch_pod(h, ns, name, &format!("{tag}-{round}"));
         eventually("the sentinel pod reconciled after its change", || {
             book.count(SENTINEL) > before
         })
@@ -714,19 +658,16 @@ async fn run_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(300, 3).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
 
     // Cold start: one reconcile per pod, after the first list (and two of the sentinel's
     // changes, see `run_until`).
     let book = Arc::new(Book::default());
     run_until(
         &db,
-        &server,
+        &fx,
         Config::default().pass_chunk(40),
         book.clone(),
         300,
@@ -746,7 +687,7 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     let book = Arc::new(Book::default());
     run_until(
         &db,
-        &server,
+        &fx,
         Config::default().pass_chunk(40),
         book.clone(),
         300,
@@ -764,7 +705,7 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     let run = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().reconcile_all_on_start(false),
     )
@@ -785,7 +726,7 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     // Positive signal instead of a quiet period: a changed pod is reconciled (twice, as in
     // `barrier`); nothing else was, before or in between.
     for round in 0..2 {
-        touch_pod(&h, "ns-1", "pod-7", &format!("x-{round}"));
+        touch_pod(h, "ns-1", "pod-7", &format!("x-{round}"));
         eventually("changed pod reconciled", || {
             book.count("ns-1/pod-7") > round
         })
@@ -805,9 +746,8 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
 async fn touched_objects_trigger_kube_runtime_applier() {
     use kube::runtime::controller::{self, trigger_owners, trigger_self};
     use kube::runtime::{WatchStreamExt, applier, reflector, watcher};
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     let (deps, pods) = (ResourceType::deployments(), ResourceType::pods());
     let da = h.create(&deps, deployment("app", "d-a")).unwrap();
     h.create(&deps, deployment("app", "d-b")).unwrap();
@@ -816,9 +756,8 @@ async fn touched_objects_trigger_kube_runtime_applier() {
     let dc = h.create(&deps, deployment("app", "d-c")).unwrap();
     h.create(&pods, owned_pod("app", "c-0", &dc, 9)).unwrap();
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
+    let db = Db::open(fx.path()).unwrap();
+    let client = kube_persist_testkit::client_for_opts(&fx.server.url(), None, false);
     let (pod_reader, pod_watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), store_cfg())
         .unwrap();
@@ -870,21 +809,18 @@ async fn touched_objects_trigger_kube_runtime_applier() {
     // the sentinel's objects.
     eventually("the deployments reconciled", || book.distinct() == 3).await;
     barrier(&ctx.seen, "self", "start", |t| {
-        annotate_deployment(&h, "d-c", t)
+        annotate_deployment(h, "d-c", t)
     })
     .await;
-    barrier(&ctx.seen, "pod", "start", |t| {
-        touch_pod(&h, "app", "c-0", t)
-    })
-    .await;
+    barrier(&ctx.seen, "pod", "start", |t| touch_pod(h, "app", "c-0", t)).await;
     book.clear();
-    touch_pod(&h, "app", "a-0", "x");
+    touch_pod(h, "app", "a-0", "x");
     eventually("owner reconciled through the persistent pod stream", || {
         book.count("app/d-a") >= 1
     })
     .await;
     barrier(&ctx.seen, "pod", "after-a-0", |t| {
-        touch_pod(&h, "app", "c-0", t)
+        touch_pod(h, "app", "c-0", t)
     })
     .await;
     assert_eq!(book.count("app/d-b"), 0, "d-b does not own the pod");
@@ -905,7 +841,7 @@ async fn touched_objects_trigger_kube_runtime_applier() {
     // And the persistent trigger works again after the errors.
     book.clear();
     eventually("pod watcher reconnected", || {
-        touch_pod(&h, "app", "a-0", &format!("{:?}", Instant::now()));
+        touch_pod(h, "app", "a-0", &format!("{:?}", Instant::now()));
         book.count("app/d-a") >= 1
     })
     .await;
@@ -970,7 +906,7 @@ struct Child {
 impl Child {
     fn spawn(dir: &std::path::Path, url: &str) -> Child {
         let mut child = common::spawn_self(
-            "operator_child",
+            "controller::operator_child",
             &[
                 (CHILD_DIR, dir.as_os_str()),
                 ("KP_CONTROLLER_URL", url.as_ref()),
@@ -1028,14 +964,12 @@ fn labeled(h: &ServerHandle) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_converges_after_sigkill_without_list() {
-    common::init_tracing();
-    let server = common::pod_server(PODS).await;
-    let h = server.handle();
-    let dir = tempfile::tempdir().unwrap();
-    let url = server.url();
+    let fx = Fixture::on(common::pod_server(PODS).await);
+    let h = &fx.h;
+    let url = fx.server.url();
 
     // First run: cold sync (LISTs), then the operator labels pods; SIGKILL it mid-way.
-    let first = Child::spawn(dir.path(), &url);
+    let first = Child::spawn(fx.path(), &url);
     let deadline = Instant::now() + common::WAIT;
     while !(first.ready() && h.counts().update >= 1000) {
         assert!(
@@ -1046,7 +980,7 @@ async fn operator_converges_after_sigkill_without_list() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let at_kill = first.kill();
-    let done_before = labeled(&h);
+    let done_before = labeled(h);
     println!(
         "controller e2e: killed the first run at [{at_kill}], {done_before}/{PODS} pods labeled"
     );
@@ -1058,10 +992,10 @@ async fn operator_converges_after_sigkill_without_list() {
     // Second run: resumes from the checkpoint, sweeps the store from disk, labels the rest.
     h.reset_counts();
     let started = Instant::now();
-    let second = Child::spawn(dir.path(), &url);
+    let second = Child::spawn(fx.path(), &url);
     let deadline = Instant::now() + common::WAIT;
     loop {
-        let n = labeled(&h);
+        let n = labeled(h);
         if n == PODS {
             break;
         }
@@ -1100,5 +1034,5 @@ async fn operator_converges_after_sigkill_without_list() {
         "each remaining pod written once at least"
     );
     assert_eq!(h.list(&ResourceType::pods()).len(), PODS + 1);
-    assert_eq!(labeled(&h), PODS + 1, "every pod labeled, the sentinel too");
+    assert_eq!(labeled(h), PODS + 1, "every pod labeled, the sentinel too");
 }

@@ -1,17 +1,14 @@
 //! Beyond the in-memory caches: secondary indexes on disk, label-selector queries and the
 //! keys-only delta watcher, against the testkit server.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::core::{Expression, Selector};
 use kube_persist::{Reader, StreamConfig};
-use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, make_pod};
+use kube_persist_testkit::{ResourceType, ServerHandle, make_pod};
 
 fn node_of(p: &Pod) -> Vec<String> {
     p.spec
@@ -99,35 +96,26 @@ fn move_pods(h: &ServerHandle, n: usize) {
 }
 
 async fn index_follows_updates_deletes_and_relists(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(1500, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(1500, 3).await;
+    let h = &fx.h;
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), cfg())
-            .unwrap();
-        let mut w = drive(watcher);
-        w.until(|e| *e == Ev::InitDone).await;
-        assert_index_matches(&reader, &h);
-        move_pods(&h, 40);
-        converge(&reader, &h, &ResourceType::pods()).await;
-        assert_index_matches(&reader, &h);
+        let db = fx.open(engine);
+        let (reader, w) = fx.synced_pods(&db, cfg()).await;
+        assert_index_matches(&reader, h);
+        move_pods(h, 40);
+        converge(&reader, h, &ResourceType::pods()).await;
+        assert_index_matches(&reader, h);
         w.stop().await;
     }
     // Changes while down, history compacted: the relist sweeps deleted pods and their entries.
-    move_pods(&h, 25);
+    move_pods(h, 25);
     h.compact();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg())
-        .unwrap();
+    let db = fx.open(engine);
+    let (reader, watcher) = db.store("pods", fx.pods(), cfg()).unwrap();
     let _w = drive(watcher);
-    converge(&reader, &h, &ResourceType::pods()).await;
+    converge(&reader, h, &ResourceType::pods()).await;
     assert_eq!(reader.stats().relists, 1);
-    assert_index_matches(&reader, &h);
+    assert_index_matches(&reader, h);
     assert!(
         reader.by_index("nope", "x").is_err(),
         "unknown index is an error"
@@ -135,31 +123,22 @@ async fn index_follows_updates_deletes_and_relists(engine: Engine) {
 }
 
 async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(1200, 2);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(1200, 2).await;
+    let h = &fx.h;
     let base =
         || StreamConfig::default().backoff(Duration::from_millis(20), Duration::from_millis(200));
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (_r, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), base())
-            .unwrap();
+        let db = fx.open(engine);
+        let (_r, watcher) = db.store("pods", fx.pods(), base()).unwrap();
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
         w.stop().await;
     }
     h.reset_counts();
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
+        let db = fx.open(engine);
         let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                base().index("node", node_of),
-            )
+            .store("pods", fx.pods(), base().index("node", node_of))
             .unwrap();
         assert!(
             reader.by_index("node", "node-1").is_err(),
@@ -171,7 +150,7 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: E
             assert!(tokio::time::Instant::now() < deadline, "index never built");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_index_matches(&reader, &h);
+        assert_index_matches(&reader, h);
         assert_eq!(
             h.counts().list,
             0,
@@ -180,10 +159,8 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: E
         w.stop().await;
     }
     // Without the index, it is gone (and lookups say so).
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), base())
-        .unwrap();
+    let db = fx.open(engine);
+    let (reader, watcher) = db.store("pods", fx.pods(), base()).unwrap();
     let mut w = drive(watcher);
     // Positive signal instead of a quiet period: the watcher resumed (indexes are prepared
     // before that) and then delivered a pod created now.
@@ -197,21 +174,12 @@ async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: E
 }
 
 async fn select_by_labels_with_and_without_an_index(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(800, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (indexed, w1) = db
-        .store("indexed", Api::<Pod>::all(server.client()), cfg())
-        .unwrap();
+    let fx = Fixture::with_pods(800, 2).await;
+    let h = &fx.h;
+    let db = fx.open(engine);
+    let (indexed, w1) = db.store("indexed", fx.pods(), cfg()).unwrap();
     let (plain, w2) = db
-        .store(
-            "plain",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
+        .store("plain", fx.pods(), StreamConfig::default())
         .unwrap();
     let mut d1 = drive(w1);
     let mut d2 = drive(w2);
@@ -268,25 +236,22 @@ async fn select_by_labels_with_and_without_an_index(engine: Engine) {
 async fn keys_only_stream_reports_exact_differences(engine: Engine) {
     use futures::StreamExt;
     use kube_persist::Event;
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(1000, 2);
-    let tmp = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(1000, 2).await;
+    let h = &fx.h;
     let cfg = || {
         StreamConfig::default()
             .keys_only()
             .backoff(Duration::from_millis(20), Duration::from_millis(200))
             .relist_jitter(Duration::from_millis(10))
     };
-    let full_dir = tmp.path().join("full");
-    let keys_dir = tmp.path().join("keys");
+    let full_dir = fx.path().join("full");
+    let keys_dir = fx.path().join("keys");
     {
         let full = try_open_db(engine, &full_dir).unwrap();
         let (_r, w) = full
             .store(
                 "pods",
-                Api::<Pod>::all(server.client()),
+                fx.pods(),
                 StreamConfig::default().drop_managed_fields(),
             )
             .unwrap();
@@ -297,9 +262,7 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
     }
     {
         let db = try_open_db(engine, &keys_dir).unwrap();
-        let (reader, w) = db
-            .store("pods", Api::<Pod>::all(server.client()), cfg())
-            .unwrap();
+        let (reader, w) = db.store("pods", fx.pods(), cfg()).unwrap();
         let mut w = drive(w);
         let evs = w.until(|e| *e == Ev::InitDone).await;
         assert_eq!(
@@ -350,9 +313,7 @@ async fn keys_only_stream_reports_exact_differences(engine: Engine) {
     updated.insert("ns-0/keys-new".to_string());
     h.compact();
     let db = try_open_db(engine, &keys_dir).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg())
-        .unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), cfg()).unwrap();
     let mut events = std::pin::pin!(watcher.stream());
     let (mut applied, mut gone) = (BTreeSet::new(), BTreeSet::new());
     // Once the expected differences arrived, a pod is created: its Apply comes through the

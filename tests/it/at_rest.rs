@@ -1,16 +1,14 @@
 //! Data at rest: directory and file permissions, the Secret opt-in, and encryption of
 //! stored objects (round trip, missing key, wrong key, a modified record on disk).
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::*;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use crate::common::*;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};
-use kube_persist_testkit::{ResourceType, TestServer};
+use kube_persist_testkit::ResourceType;
 
 fn modes(dir: &Path) -> Vec<(String, u32)> {
     let mut out = vec![(
@@ -39,8 +37,7 @@ fn assert_private(dir: &Path) {
 }
 
 async fn store_is_private_whatever_the_umask(engine: Engine) {
-    let server = TestServer::start().await;
-    server.handle().seed_pods(50, 1);
+    let fx = Fixture::with_pods(50, 1).await;
     // A permissive umask (0o000) and a restrictive one (0o077).
     for mask in [0o000, 0o077] {
         let tmp = tempfile::tempdir().unwrap();
@@ -49,18 +46,14 @@ async fn store_is_private_whatever_the_umask(engine: Engine) {
         let old = unsafe { libc::umask(mask) };
         {
             let db = try_open_db(engine, &dir).unwrap();
-            sync_pods(&server, &db).await;
+            sync_pods(&fx.server, &db).await;
             db.flush().unwrap();
         }
         assert_private(&dir);
         // The store reopens and resumes under the same umask.
         let db = try_open_db(engine, &dir).unwrap();
         let (reader, _w) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                StreamConfig::default(),
-            )
+            .store("pods", fx.pods(), StreamConfig::default())
             .unwrap();
         assert_eq!(reader.len(), 50, "umask {mask:o}");
         unsafe { libc::umask(old) };
@@ -68,13 +61,12 @@ async fn store_is_private_whatever_the_umask(engine: Engine) {
 }
 
 async fn world_readable_store_is_tightened_or_refused(engine: Engine) {
-    let server = TestServer::start().await;
-    server.handle().seed_pods(50, 1);
+    let fx = Fixture::with_pods(50, 1).await;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     {
         let db = try_open_db(engine, &dir).unwrap();
-        sync_pods(&server, &db).await;
+        sync_pods(&fx.server, &db).await;
     }
     for (p, _) in modes(&dir) {
         let mode = if Path::new(&p).is_dir() { 0o755 } else { 0o644 };
@@ -96,8 +88,8 @@ async fn world_readable_store_is_tightened_or_refused(engine: Engine) {
 }
 
 async fn secrets_need_an_explicit_opt_in(engine: Engine) {
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     let secrets = ResourceType::new("", "v1", "secrets", "Secret", true);
     h.register(&secrets);
     for i in 0..20 {
@@ -115,7 +107,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
     let err = db
         .store(
             "secrets",
-            Api::<Secret>::all(server.client()),
+            Api::<Secret>::all(fx.server.client()),
             StreamConfig::default(),
         )
         .unwrap_err();
@@ -124,7 +116,7 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
     let (meta, watcher) = db
         .metadata_store(
             "secret-meta",
-            Api::<Secret>::all(server.client()),
+            Api::<Secret>::all(fx.server.client()),
             StreamConfig::default(),
         )
         .unwrap();
@@ -135,20 +127,16 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
     let (reader, watcher) = db
         .store(
             "secrets",
-            Api::<Secret>::all(server.client()),
+            Api::<Secret>::all(fx.server.client()),
             StreamConfig::default().allow_sensitive_data(),
         )
         .unwrap();
     let mut w2 = drive(watcher);
     w2.until(|e| *e == Ev::InitDone).await;
-    assert_matches(&reader, &h, &secrets);
+    assert_matches(&reader, h, &secrets);
     // Any kind can be marked sensitive.
     let err = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default().sensitive(true),
-        )
+        .store("pods", fx.pods(), StreamConfig::default().sensitive(true))
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
 }
@@ -169,10 +157,8 @@ fn on_disk(dir: &Path, needle: &[u8]) -> bool {
 }
 
 async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 2);
+    let fx = Fixture::with_pods(300, 2).await;
+    let h = &fx.h;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     let open = |k: Option<EncryptionKey>| {
@@ -188,16 +174,8 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
     };
     {
         let db = open(Some(key(1)));
-        let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                StreamConfig::default(),
-            )
-            .unwrap();
-        let mut w = drive(watcher);
-        w.until(|e| *e == Ev::InitDone).await;
-        assert_matches(&reader, &h, &ResourceType::pods());
+        let (reader, w) = fx.synced_pods(&db, StreamConfig::default()).await;
+        assert_matches(&reader, h, &ResourceType::pods());
         w.stop().await;
         db.flush().unwrap();
     }
@@ -209,11 +187,7 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
 
     for (k, what) in [(None, "missing key"), (Some(key(2)), "wrong key")] {
         let db = open(k);
-        match db.store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        ) {
+        match db.store("pods", fx.pods(), StreamConfig::default()) {
             Err(Error::Encryption { path, .. }) => assert_eq!(path, dir, "{what}"),
             Err(e) => panic!("{what}: expected an encryption error, got {e}"),
             Ok(_) => panic!("{what}: opened an encrypted store"),
@@ -222,16 +196,9 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
     // The right key resumes without a LIST.
     h.reset_counts();
     let db = open(Some(key(1)));
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
-        .unwrap();
-    let mut w = drive(watcher);
+    let (reader, mut w) = fx.watch_pods(&db, StreamConfig::default());
     assert!(matches!(w.until(|_| true).await[0], Ev::Resumed(_)));
-    assert_matches(&reader, &h, &ResourceType::pods());
+    assert_matches(&reader, h, &ResourceType::pods());
     assert_eq!(h.counts().list, 0);
 
     let plain_dir = tmp.path().join("plain");
@@ -240,7 +207,7 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
         DbConfig::default().engine(engine).compression(false),
     )
     .unwrap();
-    sync_pods(&server, &plain).await;
+    sync_pods(&fx.server, &plain).await;
     plain.flush().unwrap();
     assert!(
         on_disk(&plain_dir, b"imagePullPolicy"),
@@ -249,9 +216,7 @@ async fn encrypted_store_round_trip_and_wrong_or_missing_key(engine: Engine) {
 }
 
 async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(20, 1);
+    let fx = Fixture::with_pods(20, 1).await;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     {
@@ -260,7 +225,7 @@ async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
             DbConfig::default().engine(engine).encryption_key(key(1)),
         )
         .unwrap();
-        sync_pods(&server, &db).await;
+        sync_pods(&fx.server, &db).await;
         db.flush().unwrap();
     }
     // Flip one byte of one stored record, through the engine itself.
@@ -276,11 +241,7 @@ async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
     )
     .unwrap();
     let (reader, _w) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
+        .store("pods", fx.pods(), StreamConfig::default())
         .unwrap();
     match reader.get_named(Some("ns-0"), "pod-3") {
         Err(Error::Corrupt { detail, .. }) => {
@@ -298,10 +259,8 @@ async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
 /// runs of one store: records written with each stay readable next to the others, and the
 /// watch resumes without a LIST.
 async fn every_codec_reads_back_and_codecs_mix_in_one_store(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(400, 4);
+    let fx = Fixture::with_pods(400, 4).await;
+    let h = &fx.h;
     let tmp = tempfile::tempdir().unwrap();
     for encrypted in [false, true] {
         let dir = tmp.path().join(format!("encrypted-{encrypted}"));
@@ -322,21 +281,17 @@ async fn every_codec_reads_back_and_codecs_mix_in_one_store(engine: Engine) {
             let db = Db::open_with(&dir, cfg).unwrap();
             h.reset_counts();
             let (reader, watcher) = db
-                .store(
-                    "pods",
-                    Api::<Pod>::all(server.client()),
-                    StreamConfig::default(),
-                )
+                .store("pods", fx.pods(), StreamConfig::default())
                 .unwrap();
             let w = drive(watcher);
-            converge(&reader, &h, &ResourceType::pods()).await;
+            converge(&reader, h, &ResourceType::pods()).await;
             if !first {
                 assert_eq!(h.counts().list, 0, "{codec:?}: resumed without LIST");
             }
             first = false;
             // Rewrite a quarter of the objects with this codec, read them all back.
             h.churn(100, 0, 0, round as u64 + 1);
-            converge(&reader, &h, &ResourceType::pods()).await;
+            converge(&reader, h, &ResourceType::pods()).await;
             w.stop().await;
         }
     }

@@ -4,13 +4,11 @@
 //! of a strict type, and counters published before the status that announces them. Each
 //! runs on both engines against the testkit server.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Ev, assert_matches, drive, eventually, init_tracing, try_open_db};
+use crate::common::{self, Ev, Fixture, assert_matches, drive, eventually, try_open_db};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta};
 use kube::core::NamespaceResourceScope;
@@ -53,10 +51,8 @@ async fn sync_within(
 /// commit. Then every object is deleted on the server: the store ends empty, its count
 /// equals its records, and a `Reader` of an earlier open does not serve a cached ghost.
 async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(400, 4);
+    let fx = Fixture::with_pods(400, 4).await;
+    let h = &fx.h;
     let cms = ResourceType::configmaps();
     let cm = |i: usize, v: u64| {
         json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -65,12 +61,11 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
     for i in 0..200 {
         h.apply(&cms, cm(i, 0));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let db = fx.open(engine);
     let (busy, busy_watcher) = db
         .store(
             "busy",
-            Api::<ConfigMap>::all(server.client()),
+            Api::<ConfigMap>::all(fx.server.client()),
             cfg().page_size(10),
         )
         .unwrap();
@@ -91,7 +86,7 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
             }
         })
     };
-    let pods = || Api::<Pod>::all(server.client());
+    let pods = || fx.pods();
     let mut first_reader = None;
     for round in 0..12u64 {
         let (reader, watcher) = db.store("pods", pods(), cfg()).unwrap();
@@ -149,7 +144,7 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
     let _ = task.await;
     busy_task.abort();
     let _ = busy_task.await;
-    let report = db.verify("pods", server.client(), 5).await.unwrap();
+    let report = db.verify("pods", fx.server.client(), 5).await.unwrap();
     assert!(report.count_consistent() && report.is_ok(), "{report:?}");
 }
 
@@ -160,13 +155,10 @@ async fn reopen_right_after_a_burst_resumes_from_the_latest_state(engine: Engine
 /// thread, where `abort` queued the aborted task on that very worker (it runs only once the
 /// reopen lets the worker's queue go), and from the test's own thread.
 async fn reopen_right_after_abort_waits_for_the_aborted_watcher(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(60, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let pods = || Api::<Pod>::all(server.client());
+    let fx = Fixture::with_pods(60, 3).await;
+    let h = &fx.h;
+    let db = fx.open(engine);
+    let pods = || fx.pods();
     let (mut reader, watcher) = db.store("pods", pods(), cfg()).unwrap();
     let mut task = tokio::spawn(watcher.run());
     reader.wait_until_ready().await.unwrap();
@@ -211,7 +203,7 @@ async fn reopen_right_after_abort_waits_for_the_aborted_watcher(engine: Engine) 
         reader.checkpoint().as_deref() == Some(last.as_str())
     })
     .await;
-    assert_matches(&reader, &h, &ResourceType::pods());
+    assert_matches(&reader, h, &ResourceType::pods());
     task.abort();
     let _ = task.await;
 }
@@ -220,15 +212,13 @@ async fn reopen_right_after_abort_waits_for_the_aborted_watcher(engine: Engine) 
 /// the initial events take) backs off and, after a few attempts, falls back to paginated
 /// LISTs: the store syncs, with a bounded number of WATCH requests.
 async fn streaming_list_cut_every_time_falls_back_to_pages(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(1000, 2);
+    let fx = Fixture::with_pods(1000, 2).await;
+    let h = &fx.h;
     h.faults().cut_every_watch_after(Some(150));
     h.reset_counts();
     let config = cfg().streaming_lists().page_size(100);
     let what = "synced through the paginated fallback";
-    sync_within(engine, &server, config, Duration::from_secs(30), what).await;
+    sync_within(engine, &fx.server, config, Duration::from_secs(30), what).await;
     let counts = h.counts();
     assert!(counts.list >= 10, "paginated fallback: {counts:?}");
     assert!(
@@ -242,19 +232,14 @@ async fn streaming_list_cut_every_time_falls_back_to_pages(engine: Engine) {
 /// started once those were waited), instead of listing from scratch as fast as the jitter
 /// allows.
 async fn relists_in_a_row_back_off(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(50, 1);
+    let fx = Fixture::with_pods(50, 1).await;
+    let h = &fx.h;
     h.faults().gone_every_watch(true);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let db = fx.open(engine);
     let config = StreamConfig::default()
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
         .relist_jitter(Duration::ZERO);
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), config)
-        .unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), config).unwrap();
     let started = Instant::now();
     let task = tokio::spawn(watcher.run());
     eventually("five relists", || reader.stats().relists >= 5).await;
@@ -269,15 +254,10 @@ async fn relists_in_a_row_back_off(engine: Engine) {
 /// A watch that fails with the same `ERROR` (500) every time it resumes from the checkpoint
 /// makes the watcher relist after a few attempts instead of resuming forever.
 async fn watch_failing_the_same_way_relists(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(100, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg())
-        .unwrap();
+    let fx = Fixture::with_pods(100, 2).await;
+    let h = &fx.h;
+    let db = fx.open(engine);
+    let (reader, watcher) = db.store("pods", fx.pods(), cfg()).unwrap();
     let task = tokio::spawn(watcher.run());
     reader.wait_until_ready().await.unwrap();
     // Every watch fails at its first event, before delivering any.
@@ -295,23 +275,21 @@ async fn watch_failing_the_same_way_relists(engine: Engine) {
     .expect("relisted after the same watch ERROR in a row");
     h.faults().error_every_watch_after(None);
     h.churn(10, 2, 2, 9);
-    common::converge(&reader, &h, &ResourceType::pods()).await;
+    common::converge(&reader, h, &ResourceType::pods()).await;
     task.abort();
 }
 
 /// A paginated list slower than its continue tokens live: each expiry in a row doubles
 /// the next attempt's page size, so the list completes instead of restarting forever.
 async fn list_slower_than_its_continue_tokens_converges(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3000, 3);
+    let fx = Fixture::with_pods(3000, 3).await;
+    let h = &fx.h;
     h.faults().page_delay(Duration::from_millis(30));
     h.faults().continue_ttl(Some(Duration::from_millis(400)));
     let what = "the list completed despite expiring continue tokens";
     sync_within(
         engine,
-        &server,
+        &fx.server,
         cfg().page_size(100),
         Duration::from_secs(40),
         what,
@@ -322,19 +300,13 @@ async fn list_slower_than_its_continue_tokens_converges(engine: Engine) {
 /// A store reopened with a narrower shard is not ready, and gives no start signal, until
 /// the objects outside the shard are pruned.
 async fn narrowed_shard_is_ready_only_after_its_prune(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(2000, 10);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(2000, 10).await;
     let half = Shard::even(ShardKey::Uid, 0, 2).unwrap();
     let eighth = Shard::even(ShardKey::Uid, 0, 8).unwrap();
     let open = |shard: &Shard| {
-        let db = try_open_db(engine, dir.path()).unwrap();
+        let db = fx.open(engine);
         let config = cfg().page_size(20).shard(shard.clone());
-        let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), config)
-            .unwrap();
+        let (reader, watcher) = db.store("pods", fx.pods(), config).unwrap();
         (db, reader, watcher)
     };
     {
@@ -344,7 +316,7 @@ async fn narrowed_shard_is_ready_only_after_its_prune(engine: Engine) {
         assert!(reader.len() > 800);
         w.stop().await;
     }
-    common::wait_unlocked(dir.path());
+    common::wait_unlocked(fx.path());
     let (_db, reader, watcher) = open(&eighth);
     assert!(
         !reader.is_ready(),
@@ -404,9 +376,8 @@ impl kube::Resource for Widget {
 /// On a keys-only stream, the deletions a relist finds carry no body that decodes into a
 /// type with required fields: they are delivered as `Event::DeleteKey`.
 async fn keys_only_relist_deletions_of_a_strict_type_are_delivered(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     let rt = ResourceType::widgets();
     let widget = |i: usize| {
         json!({"apiVersion": "example.kube-persist.dev/v1", "kind": "Widget",
@@ -415,13 +386,12 @@ async fn keys_only_relist_deletions_of_a_strict_type_are_delivered(engine: Engin
     for i in 0..50 {
         h.apply(&rt, widget(i));
     }
-    let dir = tempfile::tempdir().unwrap();
     let open = || {
-        let db = try_open_db(engine, dir.path()).unwrap();
+        let db = fx.open(engine);
         let (reader, watcher) = db
             .store(
                 "widgets",
-                Api::<Widget>::all(server.client()),
+                Api::<Widget>::all(fx.server.client()),
                 cfg().keys_only(),
             )
             .unwrap();
@@ -433,7 +403,7 @@ async fn keys_only_relist_deletions_of_a_strict_type_are_delivered(engine: Engin
         w.until(|e| *e == Ev::InitDone).await;
         w.stop().await;
     }
-    common::wait_unlocked(dir.path());
+    common::wait_unlocked(fx.path());
     let gone = ["ns/w-3", "ns/w-17", "ns/w-41"];
     for k in gone {
         h.delete(&rt, Some("ns"), k.split_once('/').unwrap().1);

@@ -12,17 +12,15 @@
 //! - bad input from the server: objects without name or resourceVersion, with a non-UTF-8
 //!   name, malformed JSON, in LIST pages and watch events; a 1.5 MiB object.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{
-    Engine, Tmpfs, child_engine, converge, diff, env_num, init_tracing, is_root, server_versions,
-    spawn_self, store_versions, try_open_db,
+use crate::common::{
+    self, Engine, Fixture, Tmpfs, child_engine, converge, diff, env_num, init_tracing, is_root,
+    server_versions, spawn_self, store_versions, try_open_db,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -509,7 +507,7 @@ fn second_process_gets_locked_naming_the_path(engine: Engine) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
     let mut child = spawn_self(
-        "lock_holder_child",
+        "faults::lock_holder_child",
         &[
             (LOCK_CHILD_ENV, path.as_os_str()),
             (common::ENGINE_ENV, engine.name().as_ref()),
@@ -739,14 +737,11 @@ async fn truncated_store_file_is_corrupt_or_a_consistent_prefix(engine: Engine) 
 /// touched: reopened with its own engine it resumes (no LIST) with every object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_other_engine_is_a_clear_error_not_a_wipe() {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(300, 3).await;
+    let h = &fx.h;
     for (wrote, other) in [(Engine::Sled, Engine::Redb), (Engine::Redb, Engine::Sled)] {
-        let path = dir.path().join(wrote.name());
-        synced_store(wrote, &server, &path).await;
+        let path = fx.path().join(wrote.name());
+        synced_store(wrote, &fx.server, &path).await;
         assert_eq!(Engine::of_store(&path).unwrap(), Some(wrote));
         match try_open_db(other, &path) {
             Err(e @ Error::EngineMismatch { .. }) => {
@@ -762,8 +757,8 @@ async fn the_other_engine_is_a_clear_error_not_a_wipe() {
             }
         }
         h.reset_counts();
-        let mut c = pods_client(wrote, &path, &server.url(), cfg().page_size(200));
-        converge(&c.reader, &h, &ResourceType::pods()).await;
+        let mut c = pods_client(wrote, &path, &fx.server.url(), cfg().page_size(200));
+        converge(&c.reader, h, &ResourceType::pods()).await;
         assert_eq!(h.counts().list, 0, "{wrote} store resumed without a LIST");
         assert_eq!(c.reader.len(), 300);
         c.until(|_| true).await;
@@ -777,14 +772,11 @@ async fn the_other_engine_is_a_clear_error_not_a_wipe() {
 /// explicit `Engine::Redb` is `EngineMismatch`, and it leaves the store as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(300, 3).await;
+    let h = &fx.h;
     let api = || {
         Api::<Pod>::all(kube_persist_testkit::client_for_opts(
-            &server.url(),
+            &fx.server.url(),
             None,
             false,
         ))
@@ -794,8 +786,8 @@ async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
     assert_eq!(Engine::default(), Engine::Redb);
     assert_eq!(DbConfig::default().selected_engine(), None);
     for (i, db) in [
-        Db::open(dir.path().join("new-0")),
-        Db::open_with(dir.path().join("new-1"), DbConfig::default()),
+        Db::open(fx.path().join("new-0")),
+        Db::open_with(fx.path().join("new-1"), DbConfig::default()),
     ]
     .into_iter()
     .enumerate()
@@ -803,24 +795,24 @@ async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
         let db = db.unwrap();
         assert_eq!(db.engine(), Engine::Redb);
         drop(db);
-        let path = dir.path().join(format!("new-{i}"));
+        let path = fx.path().join(format!("new-{i}"));
         assert_eq!(Engine::of_store(&path).unwrap(), Some(Engine::Redb));
         assert!(path.join("data.redb").is_file());
     }
     // ... and they reopen as redb with no choice or with an explicit Engine::Redb.
     assert_eq!(
-        Db::open(dir.path().join("new-0")).unwrap().engine(),
+        Db::open(fx.path().join("new-0")).unwrap().engine(),
         Engine::Redb
     );
     let redb_cfg = DbConfig::default().engine(Engine::Redb);
     assert_eq!(redb_cfg.selected_engine(), Some(Engine::Redb));
-    let db = Db::open_with(dir.path().join("new-1"), redb_cfg.clone()).unwrap();
+    let db = Db::open_with(fx.path().join("new-1"), redb_cfg.clone()).unwrap();
     assert_eq!(db.engine(), Engine::Redb);
     drop(db);
 
     // A sled store, asked for explicitly.
-    let path = dir.path().join("sled");
-    synced_store(Engine::Sled, &server, &path).await;
+    let path = fx.path().join("sled");
+    synced_store(Engine::Sled, &fx.server, &path).await;
     assert_eq!(Engine::of_store(&path).unwrap(), Some(Engine::Sled));
     let files = |p: &Path| {
         let mut names: Vec<_> = std::fs::read_dir(p)
@@ -855,7 +847,7 @@ async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
         let db = Db::open(&path).unwrap();
         assert_eq!(db.engine(), Engine::Sled);
         let mut c = client_on(db, api(), cfg().page_size(200)).unwrap();
-        converge(&c.reader, &h, &ResourceType::pods()).await;
+        converge(&c.reader, h, &ResourceType::pods()).await;
         assert_eq!(h.counts().list, 0, "the sled store resumed without a LIST");
         assert_eq!(c.reader.len(), 300);
         c.until(|_| true).await;
@@ -987,12 +979,9 @@ async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
 
 /// Root: a read-only tmpfs (chmod does not stop root). Otherwise: chmod 0500.
 async fn unwritable_directory_is_a_clear_error_naming_the_path(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
+    let fx = Fixture::with_pods(300, 2).await;
+    let h = &fx.h;
+    let mnt = fx.path().join("mnt");
     let check = |path: &Path| {
         let err = match try_open_db(engine, path) {
             Err(e) => e,
@@ -1012,20 +1001,20 @@ async fn unwritable_directory_is_a_clear_error_naming_the_path(engine: Engine) {
                 return;
             }
         };
-        synced_store(engine, &server, &existing).await;
+        synced_store(engine, &fx.server, &existing).await;
         fs.remount("ro");
         check(&existing); // an existing store on a read-only file system
         check(&mnt.join("new")); // a new store cannot be created
         fs.remount("rw");
         // Nothing was lost.
-        let mut c = pods_client(engine, &existing, &server.url(), cfg());
-        converge(&c.reader, &h, &ResourceType::pods()).await;
+        let mut c = pods_client(engine, &existing, &fx.server.url(), cfg());
+        converge(&c.reader, h, &ResourceType::pods()).await;
         assert_eq!(c.reader.stats().resumes, 1);
         c.until(|e| matches!(e, Seen::Other)).await;
         c.stop().await;
         drop(fs);
         // A read-only tmpfs from the start.
-        let ro = dir.path().join("ro");
+        let ro = fx.path().join("ro");
         let _fs = match Tmpfs::mount(&ro, "ro,size=1m") {
             Ok(m) => m,
             Err(e) => panic!("{e}"),
@@ -1065,12 +1054,8 @@ fn malformed_json(tag: &str) -> Vec<u8> {
 }
 
 async fn bad_input(engine: Engine, streaming: bool) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(600, 3);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(600, 3).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     let f = h.faults();
     // The first list: three bad objects (paginated: in the first LIST page; streaming: in
     // the initial events), plus malformed JSON in the streaming case (one line each).
@@ -1091,9 +1076,9 @@ async fn bad_input(engine: Engine, streaming: bool) {
     } else {
         cfg()
     };
-    let mut c = pods_client(engine, dir.path(), &server.url(), config.page_size(250));
+    let mut c = pods_client(engine, fx.path(), &fx.server.url(), config.page_size(250));
     c.until(|e| matches!(e, Seen::InitDone)).await;
-    converge(&c.reader, &h, &rt).await;
+    converge(&c.reader, h, &rt).await;
     let s = c.reader.stats();
     assert_eq!(s.bad_objects, expected_bad, "{s:?}");
     assert_eq!(s.errors, 0, "bad objects are skipped, not errors: {s:?}");
@@ -1118,7 +1103,7 @@ async fn bad_input(engine: Engine, streaming: bool) {
             }
             other => panic!("expected a Protocol error, got {other:?}"),
         }
-        converge(&c.reader, &h, &rt).await;
+        converge(&c.reader, h, &rt).await;
         let s = c.reader.stats();
         assert_eq!(s.relists, 1, "{s:?}");
         assert_eq!(s.bad_objects, expected_bad, "{s:?}");
@@ -1134,7 +1119,7 @@ async fn bad_input(engine: Engine, streaming: bool) {
     f.close_watches();
     c.reader.wait_until_live().await.unwrap();
     h.churn(10, 3, 3, 4);
-    converge(&c.reader, &h, &rt).await;
+    converge(&c.reader, h, &rt).await;
     let s = c.reader.stats();
     assert_eq!(s.bad_objects, expected_bad + 2, "{s:?}");
     assert_eq!(
@@ -1164,14 +1149,14 @@ async fn bad_input(engine: Engine, streaming: bool) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    converge(&c.reader, &h, &rt).await;
+    converge(&c.reader, h, &rt).await;
     let s = c.reader.stats();
     assert_eq!(s.relists, relists + 1, "{s:?}");
     assert!(s.bad_objects > bad_before, "{s:?}");
     // Nothing else was skipped: the stored keys are exactly the server's.
     assert_eq!(
         store_versions(&c.reader),
-        server_versions(&h, &rt),
+        server_versions(h, &rt),
         "store equals server"
     );
     c.stop().await;
@@ -1188,9 +1173,8 @@ async fn bad_objects_in_list_and_watch_are_skipped_and_counted_streaming(engine:
 /// A 1.5 MiB ConfigMap (listed, and then created while watching) is stored and read back
 /// intact; with `max_object_bytes` below its size it is skipped and counted instead.
 async fn huge_object_is_stored_and_read_back_intact(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     let rt = ResourceType::configmaps();
     let big = |name: &str, fill: char| {
         let value: String = std::iter::repeat_n(fill, 1536 * 1024).collect();
@@ -1231,12 +1215,10 @@ async fn huge_object_is_stored_and_read_back_intact(engine: Engine) {
             "get returns the server's object"
         );
     };
-
-    let dir = tempfile::tempdir().unwrap();
-    let client = server.client();
+    let client = fx.server.client();
     let mut c = open_client(
         engine,
-        &dir.path().join("a"),
+        &fx.path().join("a"),
         Api::<ConfigMap>::all(client.clone()),
         cfg().page_size(3),
     )
@@ -1255,7 +1237,7 @@ async fn huge_object_is_stored_and_read_back_intact(engine: Engine) {
     let small = cfg().max_object_bytes(1 << 20);
     let mut c = open_client(
         engine,
-        &dir.path().join("b"),
+        &fx.path().join("b"),
         Api::<ConfigMap>::all(client),
         small,
     )

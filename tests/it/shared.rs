@@ -3,20 +3,16 @@
 //! change; a consumer that stops taking its events is lagged after the bounded stall, and
 //! the other keeps reconciling.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, relabel_pod};
+use crate::common::{self, Fixture, eventually, relabel_pod};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::runtime::controller::Action;
 use kube_persist::controller::{Config, Controller};
 use kube_persist::{Db, SharedEvent};
-use kube_persist_testkit::TestServer;
 
 const PROMPT: Duration = Duration::from_secs(20);
 
@@ -64,14 +60,10 @@ fn error_policy(_: Arc<Pod>, _: &Never, _: Arc<Book>) -> Action {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_change() {
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(20, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(20, 2).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     let shared = watcher.shared(64);
     let books = [Arc::new(Book::default()), Arc::new(Book::default())];
     let mut tasks = Vec::new();
@@ -92,7 +84,7 @@ async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_c
         .await;
     }
     for i in 0..5 {
-        relabel_pod(&h, &format!("ns-{}", i % 2), &format!("pod-{i}"), "changed");
+        relabel_pod(h, &format!("ns-{}", i % 2), &format!("pod-{i}"), "changed");
     }
     for (i, book) in books.iter().enumerate() {
         eventually(&format!("controller {i} reconciles every change"), || {
@@ -113,14 +105,10 @@ async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(10, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(10, 1).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     let shared = watcher.shared(4).max_stall(Duration::from_millis(50));
     // Subscribed, never read while the changes come.
     let mut slow = shared.subscribe();
@@ -132,7 +120,7 @@ async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
     eventually("every pod reconciled", || book.objects() == 10).await;
     for round in 0..3 {
         for p in 0..10 {
-            relabel_pod(&h, "ns-0", &format!("pod-{p}"), &format!("round-{round}"));
+            relabel_pod(h, "ns-0", &format!("pod-{p}"), &format!("round-{round}"));
         }
     }
     eventually(
@@ -163,14 +151,10 @@ async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
     const CHANGES: usize = 20;
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(CHANGES, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (_reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(CHANGES, 1).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
+    let (_reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     let shared = watcher.shared(1).max_stall(Duration::from_secs(1));
     let mut slow = shared.subscribe();
     let mut fast = shared.subscribe();
@@ -196,7 +180,7 @@ async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
     }
     let before = taken.load(std::sync::atomic::Ordering::SeqCst);
     for p in 0..CHANGES {
-        relabel_pod(&h, "ns-0", &format!("pod-{p}"), "changed");
+        relabel_pod(h, "ns-0", &format!("pod-{p}"), "changed");
     }
     let mut changed = std::collections::HashSet::new();
     while changed.len() < CHANGES {
@@ -229,14 +213,9 @@ async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
 /// its startup pass. Before, the start signal was dropped with the other events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_lagged_before_the_start_signal_still_gets_it() {
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(10, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (_reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(10, 1).await;
+    let db = Db::open(fx.path()).unwrap();
+    let (_reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     let shared = watcher.shared(1).max_stall(Duration::from_millis(50));
     let mut late = shared.subscribe();
     let mut prompt = shared.subscribe();

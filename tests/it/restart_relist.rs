@@ -5,13 +5,12 @@
 //! change the killed relist had already stored), and every requeue that fell due while
 //! the process was down fires.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::common;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -107,7 +106,7 @@ struct Run {
 impl Run {
     fn spawn(engine: Engine, dir: &std::path::Path, url: &str, page: u32, first: bool) -> Self {
         let mut child = common::spawn_self(
-            "relist_child",
+            "restart_relist::relist_child",
             &[
                 (common::ENGINE_ENV, engine.name().as_ref()),
                 (DIR_ENV, dir.as_os_str()),

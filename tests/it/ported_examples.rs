@@ -2,16 +2,14 @@
 //! (`examples/pod_reflector.rs`, `examples/configmapgen_controller.rs`), each run against
 //! the testkit: the port builds, and it does what the original does.
 
-mod common;
-
-#[path = "../examples/configmapgen_controller.rs"]
+#[path = "../../examples/configmapgen_controller.rs"]
 mod configmapgen_controller;
-#[path = "../examples/pod_reflector.rs"]
+#[path = "../../examples/pod_reflector.rs"]
 mod pod_reflector;
 
 use std::sync::Arc;
 
-use common::eventually;
+use crate::common::eventually;
 use futures::StreamExt;
 use kube_persist::Db;
 use kube_persist_testkit::{ResourceType, TestServer};

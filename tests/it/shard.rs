@@ -3,13 +3,11 @@
 //! its slice, narrowing a shard prunes without a LIST, anything else lists again, and a
 //! selector the server refuses is a configuration error that stops the watcher.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Db, Error, Reader, Shard, ShardKey, StreamConfig};
@@ -82,27 +80,22 @@ async fn converge_shard(r: &Reader<Pod>, h: &ServerHandle, shard: &Shard) {
 /// the collection. The server filtered, so the client dropped nothing; a streaming-list
 /// replica does the same.
 async fn replicas_keep_their_half(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3000, 10);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(3000, 10).await;
+    let h = &fx.h;
     let mut readers = Vec::new();
     let mut driven = Vec::new();
     for i in 0..2u32 {
-        let db = try_open_db(engine, dir.path().join(format!("replica-{i}"))).unwrap();
+        let db = try_open_db(engine, fx.path().join(format!("replica-{i}"))).unwrap();
         let c = StreamConfig::default().page_size(200).shards(i, 2);
         let c = if i == 1 { c.streaming_lists() } else { c };
-        let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), c)
-            .unwrap();
+        let (reader, watcher) = db.store("pods", fx.pods(), c).unwrap();
         driven.push(drive(watcher));
         readers.push((reader, Shard::even(ShardKey::Uid, i, 2).unwrap(), db));
     }
     let mut total = 0;
     for (reader, shard, _) in &readers {
         reader.wait_until_ready().await.unwrap();
-        converge_shard(reader, &h, shard).await;
+        converge_shard(reader, h, shard).await;
         total += reader.len();
         assert_eq!(
             reader.stats().shard_client_filtered,
@@ -111,7 +104,7 @@ async fn replicas_keep_their_half(engine: Engine) {
         );
     }
     assert_eq!(total, 3000, "the halves partition the collection");
-    let both_halves = expected(&h, &readers[0].1).len() + expected(&h, &readers[1].1).len();
+    let both_halves = expected(h, &readers[0].1).len() + expected(h, &readers[1].1).len();
     assert_eq!(both_halves, 3000);
     assert!(
         (1000..2000).contains(&readers[0].0.len()),
@@ -121,7 +114,7 @@ async fn replicas_keep_their_half(engine: Engine) {
     // Live changes reach the replica that owns each object, and only it.
     h.churn(300, 50, 50, 11);
     for (reader, shard, _) in &readers {
-        converge_shard(reader, &h, shard).await;
+        converge_shard(reader, h, shard).await;
         assert_eq!(reader.stats().shard_client_filtered, 0);
     }
     for d in driven {
@@ -173,28 +166,25 @@ async fn without_the_server_feature_the_client_filters(engine: Engine) {
 /// Reopening with a shard inside the stored one prunes the rest from disk and resumes the
 /// watch from the same checkpoint (0 LIST calls); a shard elsewhere starts a new list.
 async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3000, 10);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(3000, 10).await;
+    let h = &fx.h;
     let half = Shard::even(ShardKey::Uid, 0, 2).unwrap();
     let quarter = Shard::even(ShardKey::Uid, 1, 4).unwrap();
     {
-        let (_db, reader, w) = open_pods(engine, dir.path(), &server, cfg(half.clone(), false));
-        converge_shard(&reader, &h, &half).await;
+        let (_db, reader, w) = open_pods(engine, fx.path(), &fx.server, cfg(half.clone(), false));
+        converge_shard(&reader, h, &half).await;
         w.stop().await;
     }
     h.churn(200, 20, 20, 3);
     h.reset_counts();
     {
         let (_db, reader, mut w) =
-            open_pods(engine, dir.path(), &server, cfg(quarter.clone(), false));
+            open_pods(engine, fx.path(), &fx.server, cfg(quarter.clone(), false));
         assert!(matches!(
             w.until(|e| matches!(e, Ev::Resumed(_))).await[..],
             [Ev::Resumed(_)]
         ));
-        converge_shard(&reader, &h, &quarter).await;
+        converge_shard(&reader, h, &quarter).await;
         assert_eq!(h.counts().list, 0, "narrowing made no LIST call");
         assert_eq!(reader.stats().identity_resets, 0);
         assert!(
@@ -202,13 +192,13 @@ async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
             "objects outside the quarter pruned"
         );
         h.churn(100, 10, 10, 4);
-        converge_shard(&reader, &h, &quarter).await;
+        converge_shard(&reader, h, &quarter).await;
         w.stop().await;
     }
     // The other half is elsewhere: a new list.
     let other = Shard::even(ShardKey::Uid, 1, 2).unwrap();
-    let (_db, reader, w) = open_pods(engine, dir.path(), &server, cfg(other.clone(), false));
-    converge_shard(&reader, &h, &other).await;
+    let (_db, reader, w) = open_pods(engine, fx.path(), &fx.server, cfg(other.clone(), false));
+    converge_shard(&reader, h, &other).await;
     assert_eq!(reader.stats().identity_resets, 1);
     assert!(h.counts().list > 0, "moving the shard lists again");
     w.stop().await;
@@ -217,13 +207,10 @@ async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
 /// An invalid shard is refused when the store opens; a selector the server refuses
 /// (HTTP 500 `invalid shard selector: ...`) is `Error::Config`, and the stream ends.
 async fn refused_shards_are_configuration_errors(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(100, 2);
-    let dir = tempfile::tempdir().unwrap();
-    let db: Db = try_open_db(engine, dir.path()).unwrap();
-    let api = || Api::<Pod>::all(server.client());
+    let fx = Fixture::with_pods(100, 2).await;
+    let h = &fx.h;
+    let db: Db = fx.open(engine);
+    let api = || fx.pods();
     for bad in [
         StreamConfig::default().shards(2, 2),
         StreamConfig::default().shard(Shard::new(ShardKey::Uid)),
@@ -313,7 +300,7 @@ struct PruneChild {
 impl PruneChild {
     fn spawn(engine: Engine, dir: &std::path::Path, url: &str, which: &str) -> PruneChild {
         let mut child = spawn_self(
-            "prune_child",
+            "shard::prune_child",
             &[
                 (ENGINE_ENV, engine.name().as_ref()),
                 (PRUNE_DIR_ENV, dir.as_os_str()),
@@ -347,28 +334,25 @@ impl PruneChild {
 /// the end state is exactly the quarter, with no LIST call after the first sync.
 async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
     use rand::{Rng, SeedableRng};
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(20_000, 10);
-    let url = server.url();
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(20_000, 10).await;
+    let h = &fx.h;
+    let url = fx.server.url();
     let (half, quarter) = (child_shard("half"), child_shard("quarter"));
-    let first = PruneChild::spawn(engine, dir.path(), &url, "half");
+    let first = PruneChild::spawn(engine, fx.path(), &url, "half");
     first
         .wait_for(&format!(
             "state count={} live=true",
-            expected(&h, &half).len()
+            expected(h, &half).len()
         ))
         .await;
     first.kill();
     h.reset_counts();
-    let want = expected(&h, &quarter).len();
+    let want = expected(h, &quarter).len();
     let seed = test_seed("KP_PRUNE_SEED", 0x7072_756e_6501);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut mid_prune = 0;
     for _ in 0..8 {
-        let c = PruneChild::spawn(engine, dir.path(), &url, "quarter");
+        let c = PruneChild::spawn(engine, fx.path(), &url, "quarter");
         // The child prints its count once the store is open: kill a few ms after that.
         eventually("the child opened the store", || !c.last().is_empty()).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..40))).await;
@@ -387,17 +371,17 @@ async fn sigkill_mid_prune_resumes_the_prune(engine: Engine) {
     // The last child finishes the prune; it is killed too, so what it wrote may be only
     // partly durable: the store is at some committed batch, from which a restart (here in
     // this process) reaches exactly the quarter, still without a LIST.
-    let last = PruneChild::spawn(engine, dir.path(), &url, "quarter");
+    let last = PruneChild::spawn(engine, fx.path(), &url, "quarter");
     last.wait_for(&format!("state count={want} live=true"))
         .await;
     last.kill();
     let (_db, reader, w) = open_pods(
         engine,
-        dir.path(),
-        &server,
+        fx.path(),
+        &fx.server,
         StreamConfig::default().page_size(50).shard(quarter.clone()),
     );
-    converge_shard(&reader, &h, &quarter).await;
+    converge_shard(&reader, h, &quarter).await;
     assert_eq!(
         h.counts().list,
         0,
@@ -413,19 +397,16 @@ async fn controller_replicas_reconcile_their_shard(engine: Engine) {
     use futures::StreamExt;
     use kube::runtime::controller::Action;
     use kube_persist::controller::{Config as ControllerConfig, Controller};
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 4);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(300, 4).await;
+    let h = &fx.h;
     let mut seen = Vec::new();
     let mut tasks = Vec::new();
     for i in 0..2u32 {
-        let db = try_open_db(engine, dir.path().join(format!("replica-{i}"))).unwrap();
+        let db = try_open_db(engine, fx.path().join(format!("replica-{i}"))).unwrap();
         let controller = Controller::for_store(
             &db,
             "pods",
-            Api::<Pod>::all(server.client()),
+            fx.pods(),
             StreamConfig::default().shards(i, 2),
             ControllerConfig::default(),
         )
@@ -456,7 +437,7 @@ async fn controller_replicas_reconcile_their_shard(engine: Engine) {
     })
     .await;
     for (keys, shard) in &seen {
-        let want: Vec<String> = expected(&h, shard).into_keys().collect();
+        let want: Vec<String> = expected(h, shard).into_keys().collect();
         let have: Vec<String> = keys.lock().unwrap().keys().cloned().collect();
         assert_eq!(have, want, "a replica reconciled exactly its shard");
     }

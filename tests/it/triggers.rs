@@ -11,12 +11,11 @@
 //! - `wait_for_resource_version` on opaque versions resolves on the awaited version, not
 //!   on an older one the store applied meanwhile.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{self, Fixture};
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::Pod;
@@ -142,18 +141,14 @@ fn relabel(h: &ServerHandle, ns: &str, name: &str, value: &str) -> String {
 /// slot frees, not skipped as "already reconciled at this version" until the requeue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_merged_into_a_pending_requeue_is_reconciled() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(2, 1); // ns-0/pod-0, ns-0/pod-1
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(2, 1).await; // ns-0/pod-0, ns-0/pod-1
+    let db = Db::open(fx.path()).unwrap();
     let (tx, rx) = unbounded::<ObjectRef<Pod>>();
     let book = Book::new();
     let run = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().concurrency(1),
     )
@@ -221,19 +216,16 @@ fn send(tx: &UnboundedSender<ObjectRef<Pod>>, r: ObjectRef<Pod>) {
 /// came after the reconcile began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_beside_a_pending_same_generation_update_is_reconciled() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(1, 1); // ns-0/pod-0
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(1, 1).await; // ns-0/pod-0
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
     let (tx, rx) = unbounded::<ObjectRef<Pod>>();
     let book = Book::new();
     let written: Arc<Mutex<Option<String>>> = Arc::default();
     let controller = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().skip_unchanged_generation(true),
     )
@@ -313,14 +305,13 @@ fn create_pod(h: &ServerHandle, ns: &str, name: &str) {
 async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() {
     common::init_tracing();
     const NAME: &str = "pass";
-    let server = TestServer::start().await;
-    let h = server.handle();
+    let fx = Fixture::new().await;
+    let h = &fx.h;
     for name in ["a", "b1", "b2", "c", "d"] {
-        create_pod(&h, "t", name);
+        create_pod(h, "t", name);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let api = || Api::<Pod>::all(server.client());
+    let db = Db::open(fx.path()).unwrap();
+    let api = || fx.pods();
     let run_controller = |book: Arc<Book>, gated: Option<&'static str>, client: kube::Client| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let controller = Controller::for_store(
@@ -356,7 +347,7 @@ async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() 
 
     // First run: every object reconciled and recorded; a graceful stop writes the state.
     let book = Book::new();
-    let (task, stop, _) = run_controller(book.clone(), None, server.client());
+    let (task, stop, _) = run_controller(book.clone(), None, fx.server.client());
     common::eventually("five objects reconciled", || {
         ["a", "b1", "b2", "c", "d"]
             .iter()
@@ -378,14 +369,14 @@ async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() 
         sync.abort();
         let _ = sync.await;
     }
-    relabel(&h, "t", "a", "while-down");
+    relabel(h, "t", "a", "while-down");
 
     // Restart: a's update is reconciled and held; the pass waits behind it. The store's
     // target read (`LIST limit=1`) fails, so it catches up at the first bookmark (a second
     // after connecting), long after a's update came: the pass, which waits for caught up,
     // finds a running. The client has no retry layer, so the store sees the 503.
     h.faults().fail_next(Verb::List, 503, 1);
-    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
+    let client = kube_persist_testkit::client_for_opts(&fx.server.url(), None, false);
     let book = Book::new();
     let (task, stop, reader) = run_controller(book.clone(), Some("a"), client);
     common::eventually("a's update reconciled (held)", || book.started("a") == 1).await;
@@ -395,7 +386,7 @@ async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() 
     .await;
     // Let the pass read its first pages and block behind a.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    create_pod(&h, "t", "b5");
+    create_pod(h, "t", "b5");
     common::eventually("b5 reconciled and recorded", || {
         recorded(&db, NAME).contains(&"b5".to_string())
     })
@@ -485,35 +476,26 @@ async fn read_your_writes_on_opaque_versions_waits_for_the_awaited_version() {
 async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
     common::init_tracing();
     const NAME: &str = "early-tick";
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(3, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(3, 1).await;
+    let db = Db::open(fx.path()).unwrap();
     let run = |book: Arc<Book>, cfg: kube_persist::StreamConfig, ticks| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let run = Controller::for_store(
-            &db,
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg,
-            Config::default(),
-        )
-        .unwrap()
-        .durable_state(&db, NAME)
-        .unwrap()
-        .reconcile_all_on(ticks)
-        .graceful_shutdown_on(async move {
-            let _ = stop_rx.await;
-        })
-        .run(
-            |pod: Arc<Pod>, book: Arc<Book>| async move {
-                book.start(&name_of(&pod));
-                Ok::<_, Never>(Action::await_change())
-            },
-            |_, _, _| Action::await_change(),
-            book,
-        );
+        let run = Controller::for_store(&db, "pods", fx.pods(), cfg, Config::default())
+            .unwrap()
+            .durable_state(&db, NAME)
+            .unwrap()
+            .reconcile_all_on(ticks)
+            .graceful_shutdown_on(async move {
+                let _ = stop_rx.await;
+            })
+            .run(
+                |pod: Arc<Pod>, book: Arc<Book>| async move {
+                    book.start(&name_of(&pod));
+                    Ok::<_, Never>(Action::await_change())
+                },
+                |_, _, _| Action::await_change(),
+                book,
+            );
         (spawn_run(run), stop_tx)
     };
     let pods = ["pod-0", "pod-1", "pod-2"];
@@ -552,17 +534,14 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
 async fn ticks_faster_than_a_sweep_reach_every_object() {
     common::init_tracing();
     const PODS: usize = 40;
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(PODS, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
+    let fx = Fixture::with_pods(PODS, 1).await;
+    let db = Db::open(fx.path()).unwrap();
     let (tick_tx, ticks) = unbounded::<()>();
     let book = Book::new();
     let run = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         store_cfg(),
         Config::default().concurrency(1).pass_chunk(4),
     )
@@ -639,10 +618,7 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
 /// and its "must run" mark with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_object_read_is_retried_not_consumed() {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(5, 1);
+    let fx = Fixture::with_pods(5, 1).await;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
     let config = || {
@@ -652,7 +628,7 @@ async fn a_failed_object_read_is_retried_not_consumed() {
     };
     {
         let db = Db::open_with(&dir, config()).unwrap();
-        common::sync_pods(&server, &db).await;
+        common::sync_pods(&fx.server, &db).await;
         db.flush().unwrap();
     }
     common::raw_edit(
@@ -674,7 +650,7 @@ async fn a_failed_object_read_is_retried_not_consumed() {
     let run = Controller::for_store(
         &db,
         "pods",
-        Api::<Pod>::all(server.client()),
+        fx.pods(),
         kube_persist::StreamConfig::default(),
         Config::default().startup(kube_persist::controller::StartupMode::Nothing),
     )

@@ -1,15 +1,13 @@
 //! The `metrics` feature: after a sync and churn, a scrape of the prometheus-client
 //! registry finds every stream's counters with the values the store counted.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Db, DbConfig, StreamConfig, metrics::Metrics};
-use kube_persist_testkit::{ResourceType, TestServer};
+use kube_persist_testkit::ResourceType;
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 /// Every sample of an OpenMetrics text, as `name{labels}` → value.
@@ -37,26 +35,20 @@ fn scrape(registry: &Registry) -> BTreeMap<String, f64> {
 }
 
 async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(600, 3);
+    let fx = Fixture::with_pods(600, 3).await;
+    let h = &fx.h;
     let tmp = tempfile::tempdir().unwrap();
     let db = Db::open_with(tmp.path().join("cache"), DbConfig::default().engine(engine)).unwrap();
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
 
     let (all, w_all) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default().page_size(250),
-        )
+        .store("pods", fx.pods(), StreamConfig::default().page_size(250))
         .unwrap();
     let (ns0, w_ns0) = db
         .store(
             "ns-0",
-            Api::<Pod>::namespaced(server.client(), "ns-0"),
+            Api::<Pod>::namespaced(fx.server.client(), "ns-0"),
             StreamConfig::default(),
         )
         .unwrap();
@@ -82,9 +74,9 @@ async fn scrape_after_sync_has_the_store_counters(engine: Engine) {
     );
 
     let (w_all, w_ns0) = (drive(w_all), drive(w_ns0));
-    converge(&all, &h, &ResourceType::pods()).await;
+    converge(&all, h, &ResourceType::pods()).await;
     h.churn(40, 10, 5, 7);
-    converge(&all, &h, &ResourceType::pods()).await;
+    converge(&all, h, &ResourceType::pods()).await;
     let server_objects = h.resource_versions(&ResourceType::pods()).len();
     eventually("the ns-0 stream has the namespace's objects", || {
         ns0.len()
@@ -190,17 +182,11 @@ async fn controller_metrics_count_reconciles_queue_and_startup_pass() {
     use futures::StreamExt;
     use kube_persist::controller::{Action, Config, Controller};
 
-    init_tracing();
-    let server = TestServer::start().await;
-    server.handle().seed_pods(30, 1);
+    let fx = Fixture::with_pods(30, 1).await;
     let tmp = tempfile::tempdir().unwrap();
     let db = Db::open(tmp.path()).unwrap();
     let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
+        .store("pods", fx.pods(), StreamConfig::default())
         .unwrap();
     let controller = Controller::new(reader, watcher, Config::default().concurrency(1))
         .durable_state(&db, "labeler")

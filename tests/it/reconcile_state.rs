@@ -12,13 +12,12 @@
 //! holds what a full reconcile gives, and after the last round (a graceful stop) the state
 //! tracks exactly the objects that exist, at their current versions.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::common;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -169,7 +168,7 @@ impl Running {
         stop_on: &str,
     ) -> Self {
         let mut child = common::spawn_self(
-            "state_child",
+            "reconcile_state::state_child",
             &[
                 (common::ENGINE_ENV, engine.name().as_ref()),
                 (DIR_ENV, dir.as_os_str()),

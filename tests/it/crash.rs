@@ -12,19 +12,17 @@
 //! resourceVersions are compared as the strings the server rendered, never parsed.
 //!
 //! The test runs once per storage engine (`sled::` and `redb::`).
-//! `cargo test --release --test crash -- --nocapture` prints
+//! `cargo test --release --test it crash:: -- --nocapture` prints
 //! `crash: <K> kill points, <D> divergences` for each. The schedule is seeded with a fixed
 //! seed; `KP_CRASH_SEED=<n>` replays a run, `KP_CRASH_SEED=random` picks a new seed (printed,
 //! and printed again on failure). `KP_CRASH_KILLS` sets the number of kill points (default 60).
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Engine, last_line, try_open_db};
+use crate::common::{self, Engine, last_line, try_open_db};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, VersionMatch};
@@ -108,7 +106,7 @@ fn spawn_child(
     let streaming = if streaming { "1" } else { "0" };
     let flush = if flush { "1" } else { "0" };
     let mut child = common::spawn_self(
-        "crash_child",
+        "crash::crash_child",
         &[
             (common::ENGINE_ENV, engine.name().as_ref()),
             ("KP_CRASH_STREAMING", streaming.as_ref()),

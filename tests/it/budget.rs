@@ -1,17 +1,14 @@
 //! The page budget of a store directory, shared by its streams' lists: a stream whose
 //! consumer stops polling in the middle of its list keeps no place of it.
 
-mod common;
-
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube_persist::{Event, StreamConfig};
-use kube_persist_testkit::TestServer;
 
-use common::{Engine, init_tracing, try_open_db};
+use crate::common::{self, Engine, Fixture};
 
 /// Places in a directory's page budget: CPU threads (one per core, at most 8) + 2.
 fn budget() -> usize {
@@ -26,21 +23,17 @@ fn budget() -> usize {
 /// must still list to the end. Before, each idle stream kept the permit of the page it
 /// had fetched ahead, and the last stream waited for a place forever.
 async fn idle_consumers_do_not_starve_other_lists(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
+    let fx = Fixture::new().await;
     let idle = budget();
     let per_namespace = 60;
-    server
-        .handle()
-        .seed_pods(per_namespace * (idle + 1), idle + 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    fx.h.seed_pods(per_namespace * (idle + 1), idle + 1);
+    let db = fx.open(engine);
     let cfg = || StreamConfig::default().page_size(10);
     // Each idle stream is polled (on its own task, all at once) until its first object,
     // then handed back and kept, not polled.
     let mut tasks = Vec::new();
     for ns in 0..idle {
-        let api = Api::<Pod>::namespaced(server.client(), &format!("ns-{ns}"));
+        let api = Api::<Pod>::namespaced(fx.server.client(), &format!("ns-{ns}"));
         let (_reader, watcher) = db.store(&format!("idle-{ns}"), api, cfg()).unwrap();
         tasks.push(tokio::spawn(async move {
             let mut events = Box::pin(watcher.stream());
@@ -61,7 +54,7 @@ async fn idle_consumers_do_not_starve_other_lists(engine: Engine) {
             .unwrap();
         idle_streams.push(events);
     }
-    let api = Api::<Pod>::namespaced(server.client(), &format!("ns-{idle}"));
+    let api = Api::<Pod>::namespaced(fx.server.client(), &format!("ns-{idle}"));
     let (reader, watcher) = db.store("last", api, cfg()).unwrap();
     let task = tokio::spawn(watcher.run());
     tokio::time::timeout(Duration::from_secs(30), reader.wait_until_ready())

@@ -8,16 +8,11 @@
 //! full disk (root: a tmpfs): `/livez` asks for a restart once space is back, not before,
 //! and the restarted operator recovers.
 
-mod common;
-
-#[path = "../examples/operator.rs"]
-#[allow(dead_code)]
-mod operator;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::{common, operator};
 use k8s_openapi::api::core::v1::Pod;
 use kube_persist::Db;
 use kube_persist_testkit::{ResourceType, ServerHandle};
@@ -59,7 +54,7 @@ struct Operator {
 impl Operator {
     fn spawn(dir: &std::path::Path, url: &str) -> Operator {
         let mut child = common::spawn_self(
-            "cluster_child",
+            "sigterm::cluster_child",
             &[(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())],
         );
         // libtest may print `test cluster_child ... ` in front of the first line.

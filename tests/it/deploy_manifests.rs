@@ -8,11 +8,7 @@
 //! its own StatefulSet. What the
 //! API server says of them is `tests/e2e/deploy.rs`.
 
-#[path = "e2e/deploy.rs"]
-#[allow(dead_code)]
-mod deploy;
-
-use deploy::operator;
+use crate::deploy::{self, operator};
 
 use clap::Parser;
 use serde_json::Value;

@@ -1,16 +1,14 @@
 //! The core store and watcher against the testkit API server over real HTTP, with a real
 //! store in a temporary directory, once per storage engine.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::{self, *};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube_persist::{Error, StreamConfig, SyncPhase};
-use kube_persist_testkit::{ResourceType, TestServer, Verb, make_pod};
+use kube_persist_testkit::{ResourceType, Verb, make_pod};
 
 fn cfg(streaming: bool) -> StreamConfig {
     let c = StreamConfig::default()
@@ -43,19 +41,13 @@ fn change_pods(h: &kube_persist_testkit::ServerHandle, n: usize, tag: &str) -> V
 }
 
 async fn cold_then_warm(engine: Engine, streaming: bool) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(5000, 10);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(5000, 10).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
 
     // Cold sync.
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
-            .unwrap();
+        let db = fx.open(engine);
+        let (reader, watcher) = db.store("pods", fx.pods(), cfg(streaming)).unwrap();
         assert!(!reader.is_ready());
         let mut w = drive(watcher);
         let evs = w.until(|e| *e == Ev::InitDone).await;
@@ -63,7 +55,7 @@ async fn cold_then_warm(engine: Engine, streaming: bool) {
         let applies = evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count();
         assert_eq!(applies, 5000, "{}", summary(&evs));
         reader.wait_until_ready().await.unwrap();
-        assert_matches(&reader, &h, &rt);
+        assert_matches(&reader, h, &rt);
         let counts = h.counts();
         if streaming {
             assert_eq!(counts.list, 0, "streaming lists make no LIST call");
@@ -77,14 +69,12 @@ async fn cold_then_warm(engine: Engine, streaming: bool) {
     }
 
     // Changes while the process is down.
-    let deleted = change_pods(&h, 20, "down");
+    let deleted = change_pods(h, 20, "down");
     h.reset_counts();
 
     // Warm restart: no LIST, one WATCH from the checkpoint.
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
-        .unwrap();
+    let db = fx.open(engine);
+    let (reader, watcher) = db.store("pods", fx.pods(), cfg(streaming)).unwrap();
     assert!(reader.is_ready(), "ready at once on a warm open");
     assert_eq!(reader.len(), 5000);
     let mut w = drive(watcher);
@@ -104,7 +94,7 @@ async fn cold_then_warm(engine: Engine, streaming: bool) {
         assert!(evs.contains(&Ev::Delete(d.clone())), "missing Delete({d})");
     }
     reader.wait_until_live().await.unwrap();
-    assert_matches(&reader, &h, &rt);
+    assert_matches(&reader, h, &rt);
     // The last event was the last change: the checkpoint is the server's current version.
     assert_eq!(reader.checkpoint(), Some(h.resource_version()));
     let counts = h.counts();
@@ -129,35 +119,24 @@ async fn cold_sync_then_warm_restart_streaming(engine: Engine) {
 /// Changes made while the process is down, then history compacted: the resumed watch gets
 /// 410, the relist rewrites only what changed and reports exact deletions.
 async fn relist_after_gone(engine: Engine, streaming: bool) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(1200, 4);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(1200, 4).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (_reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
-            .unwrap();
-        let mut w = drive(watcher);
-        w.until(|e| *e == Ev::InitDone).await;
+        let db = fx.open(engine);
+        let (_reader, w) = fx.synced_pods(&db, cfg(streaming)).await;
         w.stop().await;
     }
-    let deleted = change_pods(&h, 7, "gone");
+    let deleted = change_pods(h, 7, "gone");
     h.compact();
     h.reset_counts();
 
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg(streaming))
-        .unwrap();
-    let mut w = drive(watcher);
+    let db = fx.open(engine);
+    let (reader, mut w) = fx.watch_pods(&db, cfg(streaming));
     let mut evs = Vec::new();
     while evs.iter().filter(|e| matches!(e, Ev::Delete(_))).count() < 7 {
         evs.extend(w.until(|e| matches!(e, Ev::Delete(_))).await);
     }
-    converge(&reader, &h, &rt).await;
+    converge(&reader, h, &rt).await;
     // Positive end of the relist's events: a pod created after convergence reaches us as a
     // watch event, after everything the relist reported; nothing more is awaited.
     h.apply(&rt, make_pod("ns-0", "sentinel", 77_777));
@@ -201,22 +180,10 @@ async fn relist_after_410_on_resume_streaming(engine: Engine) {
 
 /// A live watch that gets an ERROR 410 relists and converges; the store is never emptied.
 async fn live_watch_410_relists_without_emptying(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(2000, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg(false).page_size(200),
-        )
-        .unwrap();
-    let mut w = drive(watcher);
-    w.until(|e| *e == Ev::InitDone).await;
+    let fx = Fixture::with_pods(2000, 4).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
+    let db = fx.open(engine);
+    let (reader, mut w) = fx.synced_pods(&db, cfg(false).page_size(200)).await;
     reader.wait_until_live().await.unwrap();
 
     h.faults().page_delay(Duration::from_millis(30));
@@ -250,7 +217,7 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
         watch_len.await.unwrap() >= 2000,
         "store shrank during the relist"
     );
-    converge(&reader, &h, &rt).await;
+    converge(&reader, h, &rt).await;
     let stats = reader.stats();
     assert_eq!(stats.relists, 1, "{stats:?} {}", summary(&evs));
     assert_eq!(
@@ -270,18 +237,11 @@ async fn live_watch_410_relists_without_emptying(engine: Engine) {
 /// The continue token expires mid-list: the list restarts with a new epoch, objects deleted
 /// meanwhile are swept and reported.
 async fn expired_continue_token_restarts_the_list(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(2000, 1);
+    let fx = Fixture::with_pods(2000, 1).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     h.faults().page_delay(Duration::from_millis(200));
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
-        .unwrap();
-    let mut w = drive(watcher);
+    let db = fx.open(engine);
+    let (reader, mut w) = fx.watch_pods(&db, cfg(false));
     // First page (500 objects) is on disk.
     let mut evs = Vec::new();
     while evs.iter().filter(|e| matches!(e, Ev::InitApply(_))).count() < 500 {
@@ -303,7 +263,7 @@ async fn expired_continue_token_restarts_the_list(engine: Engine) {
     h.compact();
     h.faults().page_delay(Duration::ZERO);
     evs.extend(w.until(|e| *e == Ev::InitDone).await);
-    assert_matches(&reader, &h, &rt);
+    assert_matches(&reader, h, &rt);
     for k in &first {
         assert!(
             evs.contains(&Ev::Delete(k.clone())),
@@ -316,10 +276,8 @@ async fn expired_continue_token_restarts_the_list(engine: Engine) {
 
 /// A widget custom resource through `DynamicObject`.
 async fn dynamic_object_cold_warm_and_relist(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::widgets();
+    let fx = Fixture::new().await;
+    let (h, rt) = (&fx.h, ResourceType::widgets());
     for i in 0..300 {
         h.apply(
             &rt,
@@ -332,16 +290,15 @@ async fn dynamic_object_cold_warm_and_relist(engine: Engine) {
     }
     let gvk = GroupVersionKind::gvk("example.kube-persist.dev", "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
-    let dir = tempfile::tempdir().unwrap();
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let api = Api::<DynamicObject>::all_with(server.client(), &ar);
+        let db = fx.open(engine);
+        let api = Api::<DynamicObject>::all_with(fx.server.client(), &ar);
         let (reader, watcher) = db
             .store_with("widgets", api, cfg(false).page_size(64), &ar)
             .unwrap();
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
-        assert_matches(&reader, &h, &rt);
+        assert_matches(&reader, h, &rt);
         assert_eq!(reader.iter_namespace("ns-1").count(), 100);
         h.delete(&rt, Some("ns-2"), "w-2").unwrap();
         w.until(|e| *e == Ev::Delete("ns-2/w-2".into())).await;
@@ -349,35 +306,31 @@ async fn dynamic_object_cold_warm_and_relist(engine: Engine) {
     }
     h.delete(&rt, Some("ns-0"), "w-0").unwrap();
     h.compact();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let api = Api::<DynamicObject>::all_with(server.client(), &ar);
+    let db = fx.open(engine);
+    let api = Api::<DynamicObject>::all_with(fx.server.client(), &ar);
     let (reader, watcher) = db
         .store_with("widgets", api, cfg(false).page_size(64), &ar)
         .unwrap();
     let mut w = drive(watcher);
     w.until(|e| *e == Ev::Delete("ns-0/w-0".into())).await;
-    converge(&reader, &h, &rt).await;
+    converge(&reader, h, &rt).await;
 }
 
 /// Metadata-only streams store `PartialObjectMeta<Pod>`: cold sync, changes, warm restart
 /// without LIST, and a relist after 410 with exact deletions.
 async fn metadata_only_store(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(700, 2);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(700, 2).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
+        let db = fx.open(engine);
         let (reader, watcher) = db
-            .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
+            .metadata_store("pods-meta", fx.pods(), cfg(false))
             .unwrap();
         let mut w = drive(watcher);
         w.until(|e| *e == Ev::InitDone).await;
-        assert_matches(&reader, &h, &rt);
-        change_pods(&h, 5, "meta");
-        converge(&reader, &h, &rt).await;
+        assert_matches(&reader, h, &rt);
+        change_pods(h, 5, "meta");
+        converge(&reader, h, &rt).await;
         let one = reader.iter().next().unwrap().unwrap();
         assert!(
             one.metadata.labels.is_some(),
@@ -385,12 +338,12 @@ async fn metadata_only_store(engine: Engine) {
         );
         w.stop().await;
     }
-    let deleted = change_pods(&h, 3, "meta2");
+    let deleted = change_pods(h, 3, "meta2");
     h.compact();
     h.reset_counts();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let db = fx.open(engine);
     let (reader, watcher) = db
-        .metadata_store("pods-meta", Api::<Pod>::all(server.client()), cfg(false))
+        .metadata_store("pods-meta", fx.pods(), cfg(false))
         .unwrap();
     assert!(reader.is_ready());
     let mut w = drive(watcher);
@@ -405,30 +358,19 @@ async fn metadata_only_store(engine: Engine) {
             summary(&evs)
         );
     }
-    converge(&reader, &h, &rt).await;
+    converge(&reader, h, &rt).await;
     assert_eq!(reader.stats().relists, 1);
 }
 
 /// A transform runs before writing, and its name is part of the identity.
 async fn transform_drops_managed_fields_before_writing(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(300, 1);
+    let fx = Fixture::with_pods(300, 1).await;
+    let h = &fx.h;
     assert!(h.list(&ResourceType::pods())[0]["metadata"]["managedFields"].is_array());
-    let dir = tempfile::tempdir().unwrap();
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store(
-                "pods",
-                Api::<Pod>::all(server.client()),
-                cfg(false).drop_managed_fields(),
-            )
-            .unwrap();
-        let mut w = drive(watcher);
-        w.until(|e| *e == Ev::InitDone).await;
-        assert_matches(&reader, &h, &ResourceType::pods());
+        let db = fx.open(engine);
+        let (reader, w) = fx.synced_pods(&db, cfg(false).drop_managed_fields()).await;
+        assert_matches(&reader, h, &ResourceType::pods());
         for p in reader.iter() {
             assert!(
                 p.unwrap().metadata.managed_fields.is_none(),
@@ -438,36 +380,27 @@ async fn transform_drops_managed_fields_before_writing(engine: Engine) {
         w.stop().await;
     }
     // Without the transform the stored data would be wrong for the new identity: reset.
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, _watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
-        .unwrap();
+    let db = fx.open(engine);
+    let (reader, _watcher) = db.store("pods", fx.pods(), cfg(false)).unwrap();
     assert_eq!(reader.stats().identity_resets, 1);
     assert_eq!(reader.len(), 0);
 }
 
 /// A store opened with other selectors does not resume: it starts clean and relists.
 async fn changed_selector_does_not_resume(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(600, 2);
-    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::with_pods(600, 2).await;
+    let h = &fx.h;
     {
-        let db = try_open_db(engine, dir.path()).unwrap();
-        let (_r, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), cfg(false))
-            .unwrap();
-        let mut w = drive(watcher);
-        w.until(|e| *e == Ev::InitDone).await;
+        let db = fx.open(engine);
+        let (_r, w) = fx.synced_pods(&db, cfg(false)).await;
         w.stop().await;
     }
     h.reset_counts();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let db = fx.open(engine);
     let (reader, watcher) = db
         .store(
             "pods",
-            Api::<Pod>::namespaced(server.client(), "ns-1"),
+            Api::<Pod>::namespaced(fx.server.client(), "ns-1"),
             cfg(false).labels("app"),
         )
         .unwrap();
@@ -492,40 +425,28 @@ async fn changed_selector_does_not_resume(engine: Engine) {
 
 /// Malformed objects in a page and in a watch event are skipped and counted; nothing else is lost.
 async fn bad_objects_are_skipped_and_counted(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(800, 2);
+    let fx = Fixture::with_pods(800, 2).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     h.faults().malformed_next_list();
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), cfg(false))
-        .unwrap();
-    let mut w = drive(watcher);
-    w.until(|e| *e == Ev::InitDone).await;
-    assert_matches(&reader, &h, &rt);
+    let db = fx.open(engine);
+    let (reader, _w) = fx.synced_pods(&db, cfg(false)).await;
+    assert_matches(&reader, h, &rt);
     assert_eq!(reader.stats().bad_objects, 1);
     h.faults().malformed_next_watch();
     h.faults().close_watches();
-    change_pods(&h, 3, "bad");
-    converge(&reader, &h, &rt).await;
+    change_pods(h, 3, "bad");
+    converge(&reader, h, &rt).await;
     assert_eq!(reader.stats().bad_objects, 2);
 }
 
 /// 5xx answers and `ResourceVersionTooLarge` are retried with backoff, without a relist.
 async fn server_errors_are_retried(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(1000, 2);
+    let fx = Fixture::with_pods(1000, 2).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
     h.faults().fail_next(Verb::List, 503, 2);
     // Without kube's own retry layer, so that the watcher's backoff is what recovers.
-    let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let client = kube_persist_testkit::client_for_opts(&fx.server.url(), None, false);
+    let db = fx.open(engine);
     let (reader, watcher) = db
         .store("pods", Api::<Pod>::all(client), cfg(false))
         .unwrap();
@@ -540,8 +461,8 @@ async fn server_errors_are_retried(engine: Engine) {
     reader.wait_until_live().await.unwrap();
     h.faults().fail_next(Verb::Watch, 504, 2);
     h.faults().close_watches();
-    change_pods(&h, 4, "err");
-    converge(&reader, &h, &rt).await;
+    change_pods(h, 4, "err");
+    converge(&reader, h, &rt).await;
     let stats = reader.stats();
     assert_eq!(stats.relists, 0, "{stats:?}");
     assert!(stats.errors >= 3, "{stats:?}");
@@ -549,26 +470,17 @@ async fn server_errors_are_retried(engine: Engine) {
 
 /// A second open of the same directory names it; the stream name is exclusive too.
 async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) {
-    let server = TestServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    match try_open_db(engine, dir.path()) {
-        Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+    let fx = Fixture::new().await;
+    let db = fx.open(engine);
+    match try_open_db(engine, fx.path()) {
+        Err(Error::Locked { path }) => assert_eq!(path, fx.path()),
         other => panic!("expected Locked, got {other:?}"),
     }
     let _pair = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
+        .store("pods", fx.pods(), StreamConfig::default())
         .unwrap();
     let err = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            StreamConfig::default(),
-        )
+        .store("pods", fx.pods(), StreamConfig::default())
         .unwrap_err();
     assert!(err.to_string().contains("already open"), "{err}");
 }
@@ -578,11 +490,10 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) 
 /// or redb's final flush on a loaded disk can. The reopen waits for that release, not for a
 /// fixed time (it was 2 s, and CI once saw `Locked` on a reopen after a watcher stopped).
 async fn reopen_waits_for_the_last_handle_of_a_closed_store(engine: Engine) {
-    let server = TestServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
+    let fx = Fixture::new().await;
+    let db = fx.open(engine);
     let (reader, watcher) = db
-        .store::<Pod>("pods", Api::all(server.client()), StreamConfig::default())
+        .store("pods", fx.pods(), StreamConfig::default())
         .unwrap();
     drop((watcher, db));
     let held = Duration::from_secs(3);
@@ -590,7 +501,7 @@ async fn reopen_waits_for_the_last_handle_of_a_closed_store(engine: Engine) {
         std::thread::sleep(held);
         drop(reader);
     });
-    let path = dir.path().to_path_buf();
+    let path = fx.path().to_path_buf();
     let t0 = std::time::Instant::now();
     let reopened = tokio::task::spawn_blocking(move || try_open_db(engine, &path))
         .await
@@ -607,22 +518,10 @@ async fn reopen_waits_for_the_last_handle_of_a_closed_store(engine: Engine) {
 /// Readers on many tasks never see an object older than one they already saw, while the
 /// watcher applies updates (the hot cache is invalidated in the same step as the write).
 async fn hot_cache_never_goes_back_in_time(engine: Engine) {
-    init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    let rt = ResourceType::pods();
-    h.seed_pods(200, 1);
-    let dir = tempfile::tempdir().unwrap();
-    let db = try_open_db(engine, dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store(
-            "pods",
-            Api::<Pod>::all(server.client()),
-            cfg(false).hot_cache(64 << 20),
-        )
-        .unwrap();
-    let mut w = drive(watcher);
-    w.until(|e| *e == Ev::InitDone).await;
+    let fx = Fixture::with_pods(200, 1).await;
+    let (h, rt) = (&fx.h, ResourceType::pods());
+    let db = fx.open(engine);
+    let (reader, _w) = fx.synced_pods(&db, cfg(false).hot_cache(64 << 20)).await;
     let names: Vec<String> = (0..20).map(|i| format!("pod-{i}")).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut readers = Vec::new();
@@ -662,7 +561,7 @@ async fn hot_cache_never_goes_back_in_time(engine: Engine) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    converge(&reader, &h, &rt).await;
+    converge(&reader, h, &rt).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut total = 0;
     for r in readers {
@@ -709,7 +608,7 @@ impl ReaderChild {
     fn start(path: &std::path::Path) -> ReaderChild {
         use std::io::BufRead;
         let mut child = spawn_self(
-            "read_only_holder_child",
+            "store::read_only_holder_child",
             &[(READER_CHILD_ENV, path.as_os_str())],
         );
         let out = child.stdout.take().unwrap();

@@ -6,22 +6,18 @@
 //! keeps driving the scheduler and the watch while one reconcile blocks its worker. The
 //! async reads (`iter_stream`, `get_async`) give the same objects as the blocking ones.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, relabel_pod};
+use crate::common::{Fixture, eventually, relabel_pod};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::{Config, Controller};
 use kube_persist::{Db, Reader, resource_version};
-use kube_persist_testkit::TestServer;
 use tokio::sync::Notify;
 
 const OBJECTS: usize = 20_000;
@@ -77,14 +73,10 @@ fn error_policy(_: Arc<Pod>, _: &Never, _: Arc<Ctx>) -> Action {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_watch() {
-    let server = TestServer::start().await;
-    let h = server.handle();
-    h.seed_pods(OBJECTS, 20);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(OBJECTS, 20).await;
+    let h = &fx.h;
+    let db = Db::open(fx.path()).unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     let (release_tx, release_rx) = std::sync::mpsc::channel();
     let ctx = Arc::new(Ctx {
         reader: reader.clone(),
@@ -108,7 +100,7 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
     // The scanner's change: its reconcile scans the store and holds in the middle.
     ctx.armed.store(true, Ordering::SeqCst);
     let mid = ctx.mid_scan.notified();
-    relabel_pod(&h, "ns-0", "pod-0", "scan");
+    relabel_pod(h, "ns-0", "pod-0", "scan");
     tokio::time::timeout(PROMPT, mid)
         .await
         .expect("the scanning reconcile reaches its middle");
@@ -116,7 +108,7 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
     let before = reader.checkpoint().expect("synced");
 
     // Another object changes while the scan holds its worker.
-    relabel_pod(&h, "ns-1", "pod-1", "during-scan");
+    relabel_pod(h, "ns-1", "pod-1", "during-scan");
     eventually("pod-1's reconcile starts while the scan holds", || {
         ctx.started.lock().unwrap().contains("pod-1")
     })
@@ -147,13 +139,9 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_async_reads_give_what_the_blocking_ones_give() {
-    let server = TestServer::start().await;
-    server.handle().seed_pods(600, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path()).unwrap();
-    let (reader, watcher) = db
-        .store("pods", Api::<Pod>::all(server.client()), Default::default())
-        .unwrap();
+    let fx = Fixture::with_pods(600, 3).await;
+    let db = Db::open(fx.path()).unwrap();
+    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
     tokio::spawn(watcher.run());
     reader.wait_until_ready().await.unwrap();
     let names = |pods: Vec<Arc<Pod>>| -> Vec<String> {
@@ -205,13 +193,9 @@ fn kept_but_unpolled_scans_leave_the_blocking_pool_free() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let server = TestServer::start().await;
-        server.handle().seed_pods(PODS, 3);
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(dir.path()).unwrap();
-        let (reader, watcher) = db
-            .store("pods", Api::<Pod>::all(server.client()), Default::default())
-            .unwrap();
+        let fx = Fixture::with_pods(PODS, 3).await;
+        let db = Db::open(fx.path()).unwrap();
+        let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
         let task = tokio::spawn(watcher.run());
         reader.wait_until_ready().await.unwrap();
         let mut kept = Vec::new();

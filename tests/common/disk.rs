@@ -1,0 +1,130 @@
+//! Behind kube-persist's back: raw edits with an engine's own API, the engines' file locks,
+//! and tmpfs mounts (a full or read-only disk).
+
+use std::time::Duration;
+
+use kube_persist::Engine;
+
+/// Replace (or, with `None`, delete) the value at `key` in keyspace `table` of a closed
+/// store, with the engine's own API: `edit` gets the current value, if any. For tests that
+/// damage or change a store behind kube-persist's back.
+pub fn raw_edit(
+    engine: Engine,
+    dir: &std::path::Path,
+    table: &str,
+    key: &[u8],
+    edit: impl FnOnce(Option<Vec<u8>>) -> Option<Vec<u8>>,
+) {
+    match engine {
+        Engine::Sled => {
+            // sled releases its file lock a moment after the store's last handle is dropped
+            // (deferred destructors): wait for it, as `Db::open` does.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let raw = loop {
+                match ::sled::open(dir) {
+                    Ok(raw) => break raw,
+                    Err(e)
+                        if e.to_string().contains("could not acquire lock")
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("opening the sled store: {e}"),
+                }
+            };
+            let tree = raw.open_tree(table).unwrap();
+            match edit(tree.get(key).unwrap().map(|v| v.to_vec())) {
+                Some(v) => drop(tree.insert(key, v).unwrap()),
+                None => drop(tree.remove(key).unwrap()),
+            }
+            raw.flush().unwrap();
+        }
+        Engine::Redb => {
+            use ::redb::ReadableTable;
+            let def = ::redb::TableDefinition::<&[u8], &[u8]>::new(table);
+            let raw = ::redb::Database::open(dir.join("data.redb")).unwrap();
+            let txn = raw.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(def).unwrap();
+                let old = t.get(key).unwrap().map(|v| v.value().to_vec());
+                match edit(old) {
+                    Some(v) => drop(t.insert(key, v.as_slice()).unwrap()),
+                    None => drop(t.remove(key).unwrap()),
+                }
+            }
+            txn.commit().unwrap();
+        }
+        other => panic!("no raw access to the {other} engine in this test"),
+    }
+}
+
+/// Wait until no process holds the engine's file lock on the store at `dir` (sled frees it
+/// a moment after the last handle is dropped): before another process opens the store.
+pub fn wait_unlocked(dir: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for file in ["db", "data.redb"] {
+        let Ok(f) = std::fs::File::open(dir.join(file)) else {
+            continue;
+        };
+        // flock on our own open file: it fails while the store's handle holds the lock,
+        // and closing `f` drops ours at once.
+        // SAFETY: flock on a valid descriptor owned by `f`.
+        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} stays locked",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Whether this process runs as root (tmpfs mounts need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn run_cmd(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A tmpfs mounted for the test; unmounted when dropped (lazily if busy).
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &std::path::Path, opts: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).unwrap();
+        let d = dir.to_str().unwrap();
+        run_cmd("mount", &["-t", "tmpfs", "-o", opts, "tmpfs", d])?;
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Mount it again with `opts` (e.g. a new size), keeping its files.
+    pub fn remount(&self, opts: &str) {
+        let o = format!("remount,{opts}");
+        run_cmd("mount", &["-o", &o, self.0.to_str().unwrap()]).expect("remount");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let d = self.0.to_str().unwrap();
+        if run_cmd("umount", &[d]).is_err() {
+            let _ = run_cmd("umount", &["-l", d]);
+        }
+    }
+}
