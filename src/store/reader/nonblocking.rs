@@ -8,7 +8,7 @@
 //! chunk ahead of the consumer and holds no blocking-pool thread between chunks. A stream
 //! that is kept but not polled (or dropped) costs its thread at most the one chunk read
 //! under way, not the life of the stream, so many idle scans cannot exhaust the pool and
-//! starve other blocking reads (`tests/nonblocking.rs`). The streams are boxed (`Unpin`):
+//! starve other blocking reads (`tests/it/nonblocking.rs`). The streams are boxed (`Unpin`):
 //! `next()` needs no pinning.
 
 use std::sync::Arc;
