@@ -350,7 +350,7 @@ impl ControllerKeyspace {
     }
 }
 
-/// A durable controller's reconcile state, as [`Db::controller_states`] describes it.
+/// A durable controller's reconcile state, as [`Db::controller_states`](crate::Db::controller_states) describes it.
 ///
 /// ```
 /// # fn main() -> Result<(), kube_persist::Error> {
@@ -377,7 +377,7 @@ pub struct ControllerStateInfo {
     pub oldest_due: Option<SystemTime>,
 }
 
-/// One object's reconcile record, as [`Db::reconcile_states`] yields it.
+/// One object's reconcile record, as [`Db::reconcile_states`](crate::Db::reconcile_states) yields it.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), kube_persist::Error> {
@@ -405,7 +405,7 @@ pub struct ReconcileStateInfo {
     pub due: Option<SystemTime>,
 }
 
-/// Records of one controller, read lazily from disk; see [`Db::reconcile_states`].
+/// Records of one controller, read lazily from disk; see [`Db::reconcile_states`](crate::Db::reconcile_states).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), kube_persist::Error> {

@@ -70,7 +70,7 @@ pub struct StreamInfo {
 /// A stream's keyspace and the cipher for its bodies.
 type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 
-/// Objects of a stream as JSON, in key order; see [`Db::raw_objects`].
+/// Objects of a stream as JSON, in key order; see [`Db::raw_objects`](crate::Db::raw_objects).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

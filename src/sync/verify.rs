@@ -1,4 +1,4 @@
-//! Compare a stored stream with the collection on the server: [`Db::verify`].
+//! Compare a stored stream with the collection on the server: [`Db::verify`](crate::Db::verify).
 //!
 //! The store claims to equal the server's collection at its checkpoint. To check that
 //! claim the collection is listed (paginated, metadata only, with the stream's own
@@ -107,7 +107,7 @@ impl std::fmt::Display for Difference {
     }
 }
 
-/// What [`Db::verify`] concluded.
+/// What [`Db::verify`](crate::Db::verify) concluded.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -151,7 +151,7 @@ pub enum Verdict {
     },
 }
 
-/// The result of [`Db::verify`].
+/// The result of [`Db::verify`](crate::Db::verify).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
