@@ -102,6 +102,8 @@ fn server_binary() -> PathBuf {
             "kube-persist-testkit",
             "--bin",
             "testkit-server",
+            "--features",
+            "kube-persist-testkit/server",
         ]);
         if release {
             cmd.arg("--release");
