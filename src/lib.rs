@@ -23,7 +23,10 @@
 //!
 //! The code map, its entry points and its invariants are in [`architecture`], the
 //! repository's `ARCHITECTURE.md`; the design (data flow, the watcher's state machine, the
-//! on-disk layout) is in the repository's `docs/design.md`.
+//! on-disk layout) is in the repository's
+//! [`docs/design.md`](https://github.com/kube-persist/kube-persist/blob/main/docs/design.md),
+//! and the manual's topics are in its
+//! [`docs/`](https://github.com/kube-persist/kube-persist/tree/main/docs).
 //!
 //! ```no_run
 //! use futures::StreamExt;
@@ -61,10 +64,13 @@
 //!   `DbConfig::engine(Engine::Sled)` is [`Error::Config`]; redb is always built.
 //! - `encryption` (default): encryption at rest ([`DbConfig::encryption_key`]). Without it,
 //!   a key is [`Error::Config`].
-//! - `metrics`: Prometheus metrics for streams (`kube_persist::metrics`, with prometheus-client).
+//! - `metrics`: Prometheus metrics of streams and controllers (`kube_persist::metrics`, with
+//!   prometheus-client).
 //!
-//! The crate enables no Kubernetes version of k8s-openapi: the binary that uses it picks one
-//! (as with kube itself).
+//! The crate enables no Kubernetes version of k8s-openapi, and no TLS stack of kube (it
+//! depends on kube with `default-features = false, features = ["client", "runtime"]`): the
+//! binary that uses it picks both, as the README's
+//! [*Installation*](https://github.com/kube-persist/kube-persist#installation) shows.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -16,9 +16,11 @@
 //! policy, triggers from related objects (which may live in persistent stores too),
 //! graceful shutdown, and a stream of results.
 //!
-//! What the persistent store adds: a restarted controller resumes its watch without a LIST.
-//! Without more, it then reconciles every stored object once, because the reconciles that
-//! were queued, running or scheduled for later when it died are lost. With
+//! What the persistent store adds: a restarted controller resumes its watch from the
+//! checkpoint on disk, with no paginated LIST (one `LIST limit=1` reads the server's
+//! resourceVersion, to know when the store has caught up). Without more, it then
+//! reconciles every stored object once, because the reconciles that were queued, running
+//! or scheduled for later when it died are lost. With
 //! [`Controller::durable_state`] it remembers, per object, the version last reconciled and
 //! the requeue pending, and a restart reconciles only the objects changed since (or never
 //! reconciled) and the requeues that fell due ([`StartupMode`]). Both read the store from

@@ -20,8 +20,10 @@ pub enum Compression {
     /// LZ4 (the default): the fastest to write and read; Pod JSON shrinks about 1.9x.
     #[default]
     Lz4,
-    /// zstd level 1: Pod JSON shrinks about 2.6x, for 2.3x the compression time and 3.4x
-    /// the decompression time of LZ4 (BENCHMARKS.md). With redb's 4 KiB pages two such
+    /// zstd level 1: Pod JSON shrinks about 2.6x, for 2.3x the compression time and 5x the
+    /// decompression time of LZ4
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply),
+    /// the body codec table). With redb's 4 KiB pages two such
     /// records of a ~5 KB Pod share a page: earlier zstd runs measured about 2.9 KB per
     /// Pod on disk, against 4.2 KB with LZ4 at 1M Pods.
     Zstd,
@@ -212,7 +214,8 @@ impl DbConfig {
     }
 
     /// Compress stored object bodies with LZ4 (default on: Pod JSON shrinks about 2x, and
-    /// the engine keeps less in memory; see BENCHMARKS.md). Each record says how its body
+    /// the engine keeps less in memory; see
+    /// [BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). Each record says how its body
     /// is packed, so this can change between runs, and bodies written with zstd by format 2
     /// stores stay readable.
     ///

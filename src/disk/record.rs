@@ -1,6 +1,7 @@
 //! How records are stored: the object envelope and the bincode codec of every value (the
 //! store layer's state and identity records among them, which it defines). Values are
-//! bincode-encoded; object bodies are the server's JSON bytes, untouched.
+//! bincode-encoded; an object body is the server's JSON (after the stream's transforms),
+//! packed by its `Codec` and sealed when the store is encrypted.
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -33,8 +34,9 @@ pub(crate) enum Codec {
     Plain = 0,
     /// zstd frame, level 1 (what format 2 wrote; written with `Compression::Zstd`).
     Zstd = 1,
-    /// LZ4 block with its size in front: ~2x smaller Pod JSON, 2-3x faster than zstd level
-    /// 1 to compress and 3-4x faster to decompress (see BENCHMARKS.md).
+    /// LZ4 block with its size in front: ~2x smaller Pod JSON, about 2x faster than zstd
+    /// level 1 to compress and 5x faster to decompress
+    /// ([BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply), the body codec table).
     Lz4 = 2,
 }
 

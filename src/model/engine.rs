@@ -5,10 +5,13 @@ use crate::model::{Error, Result};
 
 /// The embedded database a store directory is kept in.
 ///
-/// Both engines are always built and keep the same invariants (one atomic batch per page or
-/// event burst, the checkpoint in the same batch, one process per directory, corruption
-/// reported as [`Error::Corrupt`]); they differ in memory, speed and disk use (see
-/// BENCHMARKS.md). New stores use [`Engine::Redb`] ([`Engine::default`]) unless
+/// redb is always built; sled is built with the `sled` cargo feature (on by default), and a
+/// build without it refuses a sled store, or [`Engine::Sled`], with [`Error::Config`]. Both
+/// keep the same invariants (one atomic batch per page or event burst, the checkpoint in
+/// the same batch, one process per directory, corruption reported as [`Error::Corrupt`]);
+/// they differ in memory, speed and disk use
+/// ([BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#storage-engines-why-redb-is-the-default)).
+/// New stores use [`Engine::Redb`] ([`Engine::default`]) unless
 /// [`DbConfig::engine`](crate::DbConfig::engine) chooses otherwise.
 ///
 /// A directory remembers which engine wrote it, and [`Db::open`](crate::Db::open) reopens it
@@ -29,18 +32,20 @@ use crate::model::{Error, Result};
 pub enum Engine {
     /// [redb](https://docs.rs/redb) 4: the default for new stores. Its memory stays flat under
     /// reads where sled's grows with what was read, it syncs at less than half of sled's
-    /// peak, and a warm restart is ready sooner (the figures: BENCHMARKS.md in the
-    /// repository, section "Storage engines: why redb is the default").
+    /// peak, and a warm restart is ready sooner (the figures:
+    /// [BENCHMARKS.md, *Storage engines: why redb is the default*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#storage-engines-why-redb-is-the-default)).
     #[default]
     Redb,
-    /// [sled](https://docs.rs/sled) 0.34: chosen with `DbConfig::engine(Engine::Sled)`, and
-    /// used for every store sled wrote. Its page cache grows with what was read, regardless
-    /// of [`DbConfig::cache_capacity`](crate::DbConfig::cache_capacity).
+    /// [sled](https://docs.rs/sled) 0.34 (the `sled` feature): chosen with
+    /// `DbConfig::engine(Engine::Sled)`, and used for every store sled wrote. Its page
+    /// cache grows with what was read, regardless of
+    /// [`DbConfig::cache_capacity`](crate::DbConfig::cache_capacity).
     Sled,
 }
 
 impl Engine {
-    /// Every engine (both are always built).
+    /// Every engine this crate knows, whether or not this build has it (sled needs the
+    /// `sled` feature).
     ///
     /// ```
     /// use kube_persist::Engine;

@@ -27,7 +27,8 @@ pub struct Stats {
     pub bookmarks: u64,
     /// Lists started after the store had been complete once (410 Gone, expired continue token).
     pub relists: u64,
-    /// Starts that resumed from a stored checkpoint without listing.
+    /// Starts that resumed from a stored checkpoint without listing the collection again
+    /// (no paginated LIST; the catch-up read is [`Stats::server_version_reads`]).
     pub resumes: u64,
     /// Objects or events from the server that were skipped because they could not be decoded.
     pub bad_objects: u64,
@@ -39,7 +40,7 @@ pub struct Stats {
     pub hot_cache_hits: u64,
     /// `Reader::get` calls that read from disk while the hot cache was enabled.
     pub hot_cache_misses: u64,
-    /// Objects of a sharded store ([`Config::shard`](crate::StreamConfig::shard)) that the
+    /// Objects of a sharded store ([`StreamConfig::shard`](crate::StreamConfig::shard)) that the
     /// server sent although they are outside the shard, dropped by the store: the server
     /// ignores `shardSelector` (no `ShardedListAndWatch`), which costs bandwidth.
     pub shard_client_filtered: u64,
@@ -48,7 +49,7 @@ pub struct Stats {
     /// up; none on a cold start or a routine reconnect). Not counted in `list_pages`.
     pub server_version_reads: u64,
     /// Objects decoded from JSON by the store: once per incoming object when it is
-    /// validated or indexed ([`Config::validate`](crate::StreamConfig::validate)), and once per
+    /// validated or indexed ([`StreamConfig::validate`](crate::StreamConfig::validate)), and once per
     /// read that decodes a stored body (a `get` that missed the hot cache, each object of
     /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
     /// to a reconcile) from the hot cache costs one decode in all.

@@ -63,7 +63,7 @@ pub struct StreamInfo {
     pub format_version: u32,
     /// Whether only keys, uids and resourceVersions are stored (no bodies).
     pub keys_only: bool,
-    /// The shard the stream keeps ([`Config::shard`](crate::StreamConfig::shard)), if sharded.
+    /// The shard the stream keeps ([`StreamConfig::shard`](crate::StreamConfig::shard)), if sharded.
     pub shard: Option<Shard>,
 }
 

@@ -79,13 +79,14 @@ pub enum Event<K> {
     /// The start signal of a store that was synced before: given once per watcher, when
     /// the store is consistent. Reopened synced, that is at once (after the prune of a
     /// narrowed shard and the build of new indexes, if any), and the watch resumes from the
-    /// checkpoint without LIST; reopened in the middle of a relist or its sweep (a crash
-    /// or a stop during a relist), it is when that relist completes (its changes come
-    /// first, as `Apply`/`Delete`). The stored objects are the state at
-    /// `resource_version`; changes since then follow. Consistent is not caught up: the
-    /// events missed while the process was down (or a relist after `410 Gone`) may still
-    /// come; [`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up) waits
-    /// for them.
+    /// checkpoint with no paginated LIST (one `LIST limit=1` reads the server's
+    /// resourceVersion, to know when the store has caught up); reopened in the middle of a
+    /// relist or its sweep (a crash or a stop during a relist), it is when that relist
+    /// completes (its changes come first, as `Apply`/`Delete`). The stored objects are the
+    /// state at `resource_version`; changes since then follow. Consistent is not caught
+    /// up: the events missed while the process was down (or a relist after `410 Gone`) may
+    /// still come; [`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up)
+    /// waits for them.
     Resumed {
         /// The checkpoint the store is consistent at.
         resource_version: String,

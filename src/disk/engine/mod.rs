@@ -3,8 +3,9 @@
 //! atomic batch, point get, ordered range scan, clear). Everything above this module
 //! (writer, reader, indexes, hot cache) is engine-agnostic.
 //!
-//! redb 4 is the default engine for new stores; sled 0.34 is the other. Both are always
-//! built. A store directory records which engine wrote it in its `engine` file, and is
+//! redb 4 is the default engine for new stores, always built; sled 0.34 is the other, built
+//! with the `sled` feature (a build without it recognises a sled store and refuses it). A
+//! store directory records which engine wrote it in its `engine` file, and is
 //! reopened with that engine unless the caller asks for another one.
 
 mod held;

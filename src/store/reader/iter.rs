@@ -25,10 +25,11 @@ where
     ///
     /// Read-ahead is not the default because its gain depends on the allocator: the objects
     /// are allocated on a CPU thread and freed on the caller's, and glibc's malloc pays for
-    /// every such free. On the project's 2-core machine (BENCHMARKS.md, *Lookups, iteration
-    /// and apply*) `iter()` over 100,000 Pods with glibc ran at about 18,000 objects/s with
-    /// read-ahead against 29,000 without; with mimalloc, 34,600 against 30,700. With an
-    /// allocator whose cross-thread frees are cheap and more idle cores, ask for it.
+    /// every such free. On the project's 2-core machine with glibc, `iter()` over 100,000
+    /// Pods was slower with read-ahead than without
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply), the `read_threads(0)` row;
+    /// the `lookup_mimalloc` bench measures it with mimalloc). With an allocator whose
+    /// cross-thread frees are cheap and more idle cores, ask for it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -55,9 +56,10 @@ where
     /// [`Reader::read_threads`]), handed out in key order; memory is bounded by a few
     /// chunks of 64 objects.
     ///
-    /// Blocking: each `next()` reads the disk and decodes on the calling thread, about 27,000
-    /// Pods/s (100,000 Pods take about 3.7 s; BENCHMARKS.md, *Lookups, iteration and apply*).
-    /// In async code use [`Reader::iter_stream`].
+    /// Blocking: each `next()` reads the disk and decodes on the calling thread: tens of
+    /// thousands of Pods per second
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::iter_stream`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -190,12 +192,13 @@ where
     }
 
     /// The objects found under `value` in the secondary index `index` (see
-    /// [`Config::index`](crate::StreamConfig::index)), read lazily from disk without a scan,
+    /// [`StreamConfig::index`](crate::StreamConfig::index)), read lazily from disk without a scan,
     /// in chunks read in parallel like [`Reader::iter`].
     /// Fails if the index is not configured or still being built.
     ///
-    /// Blocking: each `next()` reads and decodes on the calling thread (about 21,000 Pods/s,
-    /// BENCHMARKS.md). In async code use [`Reader::by_index_stream`].
+    /// Blocking: each `next()` reads and decodes on the calling thread (tens of thousands
+    /// of Pods per second: [BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::by_index_stream`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -116,7 +116,7 @@ where
         }
     }
 
-    /// This reader's stream stores no bodies ([`Config::keys_only`](crate::StreamConfig::keys_only)).
+    /// This reader's stream stores no bodies ([`StreamConfig::keys_only`](crate::StreamConfig::keys_only)).
     pub(crate) fn keys_only(mut self) -> Self {
         self.keys_only = true;
         self
@@ -174,9 +174,10 @@ where
 
     /// The stored object for `obj_ref`, if any.
     ///
-    /// Blocking: a point read of the disk and a JSON decode on the calling thread, about 30 µs
-    /// (p50; 80 µs p99) for a Pod that misses the hot cache, under 1 µs for a hit (BENCHMARKS.md,
-    /// *Lookups, iteration and apply*). In async code use [`Reader::get_async`].
+    /// Blocking: a point read of the disk and a JSON decode on the calling thread, tens of
+    /// µs for a Pod that misses the hot cache, under 1 µs for a hit
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::get_async`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -200,9 +201,10 @@ where
 
     /// The stored object with this namespace (`None` for cluster-scoped kinds) and name.
     ///
-    /// Blocking: a point read of the disk and a JSON decode on the calling thread, about 30 µs
-    /// (p50; 80 µs p99) for a Pod that misses the hot cache, under 1 µs for a hit (BENCHMARKS.md,
-    /// *Lookups, iteration and apply*). In async code use [`Reader::get_named_async`].
+    /// Blocking: a point read of the disk and a JSON decode on the calling thread, tens of
+    /// µs for a Pod that misses the hot cache, under 1 µs for a hit
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::get_named_async`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -364,11 +366,12 @@ where
     }
 
     /// The objects whose labels match `selector`, streamed from disk. Uses a label index
-    /// ([`Config::label_index`](crate::StreamConfig::label_index)) for a `key=value` or
+    /// ([`StreamConfig::label_index`](crate::StreamConfig::label_index)) for a `key=value` or
     /// `key in (..)` term when one exists; otherwise scans the store.
     ///
-    /// Blocking: each `next()` reads and decodes on the calling thread (about 25,000 Pods/s,
-    /// BENCHMARKS.md). In async code use [`Reader::select_stream`].
+    /// Blocking: each `next()` reads and decodes on the calling thread (without a label
+    /// index, every object, as [`Reader::iter`] does). In async code use
+    /// [`Reader::select_stream`].
     ///
     /// ```no_run
     /// # fn demo(reader: kube_persist::Reader<k8s_openapi::api::core::v1::Pod>) -> Result<(), kube_persist::Error> {

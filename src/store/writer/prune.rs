@@ -1,7 +1,7 @@
 //! Narrowing a sharded store: when a store is reopened with a shard inside its stored one,
 //! the objects outside the new shard are removed chunk by chunk, each chunk one atomic
 //! batch with the prune cursor, so a crash resumes the prune where it stopped. The watch
-//! resumes from the same checkpoint: no LIST.
+//! resumes from the same checkpoint: no paginated LIST.
 
 use std::collections::HashMap;
 
