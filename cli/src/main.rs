@@ -12,7 +12,8 @@
 //! ```
 //! Every command takes `-o json` (one JSON document; `dump` prints JSON lines either way).
 //! Exit status: 0 yes/done, 1 the answer is no (an object not found, differences found, a
-//! removal not confirmed), 2 an error.
+//! removal not confirmed), 2 an error (a usage error too: clap's status). `--help` lists
+//! them (`EXIT_STATUS`, and per command where one has its own meaning of 1).
 //!
 //! Encrypted stores need their key: `--key-file PATH` or the `KUBE_PERSIST_KEY` environment
 //! variable (64 hex characters). Stores of either engine (redb or sled) are opened with the
@@ -37,9 +38,51 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use kube_persist::{Db, DbConfig, EncryptionKey, Engine};
 
+/// The exit statuses, in the top-level `--help` (`-h` too). They are the statuses `main`
+/// returns for [`Failure`] (and clap's for a usage error); tests/cli.rs checks the text
+/// against the tool.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  done, or the answer is yes (also after --help or --version, and when the reader of
+     stdout goes away, as with `| head`)
+  1  the answer is no: `get` found no such object, `verify` found the store different
+     from the cluster or could not tell, a removal was not confirmed (nothing removed)
+  2  an error (reported on stderr), a usage error (bad arguments) included, and a store
+     locked by a controller";
+
+/// `get`'s exit statuses.
+const GET_EXIT_STATUS: &str = "\
+Exit status:
+  0  the object was printed
+  1  the object is not in the stream (a line on stderr, nothing on stdout)
+  2  an error";
+
+/// `verify`'s exit statuses (see `verify::passed`).
+const VERIFY_EXIT_STATUS: &str = "\
+Exit status:
+  0  the store equals the server at its checkpoint, or is behind it only by changes newer
+     than the checkpoint (the output says which)
+  1  the store differs from the server at its checkpoint; or the server no longer has the
+     checkpoint (compacted) to tell; or the stream's object count differs from its records
+  2  an error, a store locked by a controller (\"locked\") included";
+
+/// The exit statuses of the commands that remove after a confirmation.
+const REMOVE_EXIT_STATUS: &str = "\
+Exit status:
+  0  removed
+  1  not confirmed (an answer other than `yes`): nothing removed
+  2  an error";
+
+/// `controller-states`' exit statuses: those of a removal with `--drop`.
+const CONTROLLER_STATES_EXIT_STATUS: &str = "\
+Exit status:
+  0  listed, or removed (--drop)
+  1  a removal (--drop) not confirmed (an answer other than `yes`): nothing removed
+  2  an error";
+
 /// Look inside, check, measure and remove kube-persist store directories.
 #[derive(Parser)]
-#[command(name = "kube-persist", version, about, long_about = None)]
+#[command(name = "kube-persist", version, about, long_about = None, after_help = EXIT_STATUS)]
 struct Cli {
     /// File holding the store's encryption key (64 hex characters). Without it, the key
     /// comes from the KUBE_PERSIST_KEY environment variable, if set.
@@ -83,6 +126,7 @@ enum Command {
         json: bool,
     },
     /// Print one stored object as JSON.
+    #[command(after_help = GET_EXIT_STATUS)]
     Get {
         /// The store directory.
         dir: PathBuf,
@@ -111,13 +155,10 @@ enum Command {
     /// server's current state, the collection is listed again at the store's checkpoint
     /// (resourceVersionMatch=Exact) to tell a store that is behind from one that is wrong.
     ///
-    /// Exit status: 0 when the store equals the server at its checkpoint, or is behind only
-    /// by changes newer than it (the output says which); 1 when it differs, or when the
-    /// server no longer has the checkpoint (compacted) to tell; 2 on errors.
-    ///
     /// A redb store is opened read-only for each page's lookups and closed during the
     /// LISTs, so a controller can start meanwhile; one that needs the store to itself
     /// (periodic durability) then ends the verification with exit status 2 ("locked").
+    #[command(after_help = VERIFY_EXIT_STATUS)]
     Verify {
         /// The store directory.
         dir: PathBuf,
@@ -134,6 +175,7 @@ enum Command {
     ///
     /// Per controller: its kinds, objects tracked, pending requeues, the oldest due time. A
     /// removed state makes the controller's next start a cold one.
+    #[command(after_help = CONTROLLER_STATES_EXIT_STATUS)]
     ControllerStates {
         /// The store directory.
         dir: PathBuf,
@@ -148,6 +190,7 @@ enum Command {
     ///
     /// Its space is freed for the store's other streams; a controller that opens the stream
     /// again lists it from scratch.
+    #[command(after_help = REMOVE_EXIT_STATUS)]
     DropStream {
         /// The store directory.
         dir: PathBuf,
@@ -161,6 +204,7 @@ enum Command {
     ///
     /// The next start of its controller lists from scratch. Refuses a directory that is not
     /// a store, or a store that is open (in this or another process).
+    #[command(after_help = REMOVE_EXIT_STATUS)]
     Destroy {
         /// The store directory.
         dir: PathBuf,

@@ -740,6 +740,78 @@ fn every_command_has_help() {
     assert_eq!(run.code, Some(2));
 }
 
+/// The status that the line containing `text` under the help's "Exit status:" gives (the
+/// line's first word).
+fn documented_status(help: &str, text: &str) -> i32 {
+    let (_, statuses) = help
+        .split_once("\nExit status:\n")
+        .unwrap_or_else(|| panic!("no exit statuses in the help:\n{help}"));
+    let line = statuses
+        .lines()
+        .find(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("no line with {text:?} in the help:\n{help}"));
+    line.split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?} does not start with a status"))
+}
+
+/// `--help` (and `-h`) lists the exit statuses, and the tool exits with them: a usage error,
+/// an error and a removal not confirmed each with the status the help gives it.
+#[test]
+fn help_lists_exit_statuses() {
+    let help = tool(&["--help"], &[], None);
+    assert_eq!(help.code, Some(0), "{}", help.err);
+    let help = help.out;
+    assert!(help.contains("\nExit status:\n"), "{help}");
+    assert_eq!(documented_status(&help, "done, or the answer is yes"), 0);
+    assert_eq!(documented_status(&help, "the answer is no:"), 1);
+    assert_eq!(documented_status(&help, "a usage error (bad arguments)"), 2);
+    assert!(tool(&["-h"], &[], None).out.contains("\nExit status:\n"));
+
+    // A usage error: clap's status, as the help says.
+    let run = tool(&["get", "--no-such-flag"], &[], None);
+    let usage = documented_status(&help, "a usage error");
+    assert_eq!(run.code, Some(usage), "{}", run.err);
+    assert!(run.err.contains("Usage: kube-persist get"), "{}", run.err);
+
+    // An error: a directory that is not a store.
+    let tmp = tempfile::tempdir().unwrap();
+    let notes = tmp.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    let run = tool(&["inspect", notes.to_str().unwrap()], &[], None);
+    assert_eq!(run.code, Some(documented_status(&help, "an error")));
+    assert!(run.err.contains("no kube-persist store"), "{}", run.err);
+
+    // The answer no: a removal not confirmed, per the top-level help and `destroy`'s own.
+    let dir = tmp.path().join("cache");
+    drop(Db::open(&dir).unwrap());
+    let d = dir.to_str().unwrap();
+    let destroy_help = tool(&["destroy", "--help"], &[], None).out;
+    let no = documented_status(&destroy_help, "not confirmed");
+    assert_eq!(no, documented_status(&help, "the answer is no:"));
+    let run = tool(&["destroy", d], &[], Some("no\n"));
+    assert_eq!(run.code, Some(no), "{}", run.err);
+    assert!(dir.exists());
+
+    // The commands with their own meaning of 1 list it in their help.
+    for (command, text) in [
+        ("get", "the object is not in the stream"),
+        ("verify", "the store differs from the server"),
+        ("controller-states", "a removal (--drop) not confirmed"),
+        ("drop-stream", "not confirmed"),
+    ] {
+        let run = tool(&[command, "--help"], &[], None);
+        assert_eq!(
+            documented_status(&run.out, text),
+            1,
+            "{command}: {}",
+            run.out
+        );
+        assert_eq!(documented_status(&run.out, "an error"), 2, "{command}");
+    }
+}
+
 engine_tests! {
     async: verify_equal_stale_compacted_and_damaged_stores,
         stats_text_and_json,
