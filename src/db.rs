@@ -266,8 +266,13 @@ impl Db {
     /// Open the persistent stream `name` for the collection of `api`, returning its
     /// [`Reader`] and the [`Watcher`] that fills it.
     ///
-    /// If the stream was stored before with the same identity (kind, URL, selectors,
-    /// transform, format), it resumes from its checkpoint; otherwise it starts clean.
+    /// If the stream was stored before with the same identity (kind, URL, selectors, shard,
+    /// metadata-only and keys-only modes, transforms, format, encryption key), it resumes
+    /// from its checkpoint; otherwise it is wiped and starts clean. Except: a shard inside
+    /// the stored one of a synced stream is pruned and resumed; a stream of an older
+    /// format this release reads is resumed; and an encrypted stream opened without its
+    /// key or with another one is [`Error::Encryption`](crate::Error::Encryption), with
+    /// nothing wiped.
     ///
     /// Opening reads the stream's metadata from disk on the calling thread. A stream is
     /// open once per process: while its `Watcher` lives, opening it again is
@@ -379,8 +384,8 @@ impl Db {
     /// differences are returned; all are counted.
     ///
     /// The stream must be synced (it equals the server at its checkpoint), and should not
-    /// be written while it is verified: a running watcher moves it on (the `kube-persist
-    /// verify` tool opens the store, so it cannot run beside the watcher's process).
+    /// be written while it is verified: a running watcher moves it on. (The `kube-persist
+    /// verify` tool uses [`Db::verify_at`], which holds the store only while it reads.)
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
