@@ -159,7 +159,7 @@ pub enum Error {
     },
     /// Two resourceVersions were to be ordered but at least one is not of the form
     /// KEP-5504 makes comparable (a positive decimal integer without leading zeros); see
-    /// [`resource_version::compare`](crate::model::resource_version::compare).
+    /// [`resource_version::compare`](crate::resource_version::compare).
     #[error("resourceVersions {a:?} and {b:?} are not comparable (KEP-5504): {reason}")]
     IncomparableResourceVersions {
         /// The first resourceVersion.
