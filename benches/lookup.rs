@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench lookup [-- --pods 100000] [--engine sled|redb]
+//! cargo bench --bench lookup -- --apply-only [--durability every-batch|periodic]
 //! cargo bench --bench lookup_mimalloc [-- ...]   # the same, mimalloc as the allocator
 //! ```
 //! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g> allocator=<glibc|mimalloc>`
@@ -211,7 +212,9 @@ async fn measure_persist(
         "kube-persist"
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut db_config = kube_persist::DbConfig::default().engine(engine);
+    let mut db_config = kube_persist::DbConfig::default()
+        .engine(engine)
+        .durability(support::durability_arg());
     if let Some(k) = key {
         db_config = db_config.encryption_key(k);
     }

@@ -216,6 +216,12 @@ pub struct Args {
     /// seconds (kube-apiserver sends a bookmark about every minute).
     #[arg(long, default_value_t = 300)]
     pub stale_after_secs: u64,
+    /// With `--cluster`: when the store's commits are durable. `every-batch` (fsync each
+    /// batch) lets the `kube-persist` tool read the store while the operator runs
+    /// (`kubectl exec`); `periodic` (the library's default: every 500 ms) is faster and
+    /// holds the store exclusively, so the tool is refused (`Error::Locked`) meanwhile.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::EveryBatch)]
+    pub durability: DurabilityArg,
     /// Internal: run as a measured operator process (`persist` or `runtime`).
     #[arg(long, hide = true)]
     pub role: Option<String>,
@@ -225,6 +231,27 @@ pub struct Args {
     /// Internal: the Pods a measured process waits for.
     #[arg(long, hide = true)]
     pub expect: Option<usize>,
+}
+
+/// `--durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DurabilityArg {
+    /// Every batch durable (fsync): the tool may read the live store.
+    EveryBatch,
+    /// Durable every 500 ms, in the background: the store is the operator's alone.
+    Periodic,
+}
+
+impl DurabilityArg {
+    /// The store's setting.
+    pub fn durability(self) -> kube_persist::Durability {
+        match self {
+            DurabilityArg::EveryBatch => kube_persist::Durability::EveryBatch,
+            DurabilityArg::Periodic => {
+                kube_persist::Durability::Periodic(Duration::from_millis(500))
+            }
+        }
+    }
 }
 
 impl Args {
@@ -242,6 +269,7 @@ impl Args {
             shards_poll: Duration::from_secs(self.shards_poll_secs.max(1)),
             labels: self.labels.clone(),
             stale_after: Duration::from_secs(self.stale_after_secs),
+            durability: self.durability.durability(),
         }
     }
 }

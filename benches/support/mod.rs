@@ -23,6 +23,22 @@ use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::{Deserialize, Serialize};
 
+/// `--durability every-batch|periodic` (default `periodic`, the library's default: 500 ms).
+pub fn durability_arg() -> kube_persist::Durability {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--durability") else {
+        return kube_persist::Durability::Periodic(Duration::from_millis(500));
+    };
+    match args.get(i + 1).map(String::as_str) {
+        Some("every-batch") => kube_persist::Durability::EveryBatch,
+        Some("periodic") => kube_persist::Durability::Periodic(Duration::from_millis(500)),
+        other => {
+            eprintln!("--durability takes every-batch or periodic, not {other:?}");
+            std::process::exit(2)
+        }
+    }
+}
+
 /// The value of `--engine sled|redb`: default redb, the engine new stores get (see
 /// BENCHMARKS.md for why); exits with a message for an unknown engine.
 pub fn engine_arg() -> kube_persist::Engine {

@@ -69,6 +69,13 @@ pub struct ClusterOpts {
     pub labels: Option<String>,
     /// `/livez` fails once the connected watch has been quiet this long.
     pub stale_after: Duration,
+    /// When the store's commits become durable. [`Durability::EveryBatch`] (the example's
+    /// `--cluster` default) lets the `kube-persist` tool read the store while the operator
+    /// runs (`kubectl exec <pod> -- kube-persist stats <dir>`); `Periodic` holds it
+    /// exclusively (BENCHMARKS.md, "Durability and the tool beside the operator").
+    ///
+    /// [`Durability::EveryBatch`]: kube_persist::Durability::EveryBatch
+    pub durability: kube_persist::Durability,
 }
 
 /// `replicas` of the StatefulSet `NAMESPACE/NAME`.
@@ -274,7 +281,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         return ExitCode::from(2);
     }
     // Encrypted at rest when the key is given (deploy/: from an optional Secret).
-    let mut config = kube_persist::DbConfig::default();
+    let mut config = kube_persist::DbConfig::default().durability(opts.durability);
     if std::env::var_os(KEY_ENV).is_some_and(|k| !k.is_empty()) {
         match kube_persist::EncryptionKey::from_env(KEY_ENV) {
             Ok(key) => config = config.encryption_key(key),

@@ -35,6 +35,8 @@ const PAGE: u32 = 500;
 
 /// How often a list of the current state is started again when its continue token expires.
 const LIST_ATTEMPTS: u32 = 3;
+/// Verifications of a store that its writer changed meanwhile, before giving up.
+const MOVING_ATTEMPTS: u32 = 5;
 
 /// How one object differs between the store and the server.
 ///
@@ -292,7 +294,7 @@ struct VerifyTarget {
 /// Where a verification reads the stored stream.
 enum Source {
     /// A store held for the whole verification.
-    Held(StoredVersions),
+    Held { dir: Dir, stream: String },
     /// The store at `path`, opened with `config` for each read and closed after it.
     Reopened {
         path: PathBuf,
@@ -302,20 +304,31 @@ enum Source {
 }
 
 impl Source {
-    /// Run `f` on the stream's stored versions. Blocking: opens the store for a reopened
-    /// source.
-    fn read<T>(&self, f: impl FnOnce(&StoredVersions) -> Result<T>) -> Result<T> {
+    /// Run `f` on the store. Blocking: opens the store for a reopened source.
+    fn with_dir<T>(&self, f: impl FnOnce(&Dir, &str) -> Result<T>) -> Result<T> {
         match self {
-            Source::Held(versions) => f(versions),
+            Source::Held { dir, stream } => f(dir, stream),
             Source::Reopened {
                 path,
                 config,
                 stream,
-            } => {
-                let db = Dir::open(path, config.clone())?;
-                f(&db.stored_versions(stream)?)
-            }
+            } => f(&Dir::open(path, config.clone())?, stream),
         }
+    }
+
+    /// Run `f` on the stream's stored versions. Blocking.
+    fn read<T>(&self, f: impl FnOnce(&StoredVersions) -> Result<T>) -> Result<T> {
+        self.with_dir(|dir, stream| f(&dir.stored_versions(stream)?))
+    }
+
+    /// The stream's info (its checkpoint) as stored now; an error names a stream that is
+    /// not there. Blocking.
+    fn info(&self) -> Result<Option<StreamInfo>> {
+        self.with_dir(|dir, stream| {
+            let info = dir.streams()?.into_iter().find(|s| s.name == stream);
+            drop(dir.stored_versions(stream)?);
+            Ok(info)
+        })
     }
 }
 
@@ -326,13 +339,11 @@ pub(crate) async fn verify(
     client: Client,
     max_differences: usize,
 ) -> Result<Verification> {
-    let db = dir.clone();
-    let name = stream.to_string();
-    let read = move || {
-        let info = db.streams()?.into_iter().find(|s| s.name == name);
-        Ok::<_, Error>((info, Source::Held(db.stored_versions(&name)?)))
+    let source = Source::Held {
+        dir: dir.clone(),
+        stream: stream.to_string(),
     };
-    verify_with(read, stream, client, max_differences).await
+    verify_with(source, stream, client, max_differences).await
 }
 
 /// The work of [`Db::verify_at`](crate::Db::verify_at).
@@ -343,26 +354,22 @@ pub(crate) async fn verify_at(
     client: Client,
     max_differences: usize,
 ) -> Result<Verification> {
-    let (dir, name) = (path.to_path_buf(), stream.to_string());
-    let read = move || {
-        let db = Dir::open(&dir, config.clone())?;
-        let info = db.streams()?.into_iter().find(|s| s.name == name);
-        // As for a held store: a stream that is not there is named in the error.
-        drop(db.stored_versions(&name)?);
-        drop(db);
-        let source = Source::Reopened {
-            path: dir,
-            config,
-            stream: name,
-        };
-        Ok::<_, Error>((info, source))
+    let source = Source::Reopened {
+        path: path.to_path_buf(),
+        config,
+        stream: stream.to_string(),
     };
-    verify_with(read, stream, client, max_differences).await
+    verify_with(source, stream, client, max_differences).await
 }
 
-/// Verify `stream`, whose info and source `read` gives (on the blocking pool).
+/// Verify `stream` from `source`. A store whose writer runs (a controller beside the
+/// `kube-persist` tool) may change during the comparison, which then finds differences
+/// that are only the store moving on: a [`Verdict::Differs`] stands only when the stream's
+/// checkpoint is the same after the comparison as before it (every batch that changes
+/// objects moves the checkpoint with them); otherwise the stream is verified again, up to
+/// [`MOVING_ATTEMPTS`] times.
 async fn verify_with(
-    read: impl FnOnce() -> Result<(Option<StreamInfo>, Source)> + Send + 'static,
+    source: Source,
     stream: &str,
     client: Client,
     max_differences: usize,
@@ -371,10 +378,48 @@ async fn verify_with(
         stream: stream.to_string(),
         detail,
     };
-    let (info, source) = tokio::task::spawn_blocking(read)
-        .await
-        .map_err(|e| not(format!("reading the store failed: {e}")))??;
-    let info = info.ok_or_else(|| not("the store holds no such stream".into()))?;
+    let source = Arc::new(source);
+    let info = |source: &Arc<Source>| {
+        let source = source.clone();
+        blocking(move || source.info())
+    };
+    for attempt in 1..=MOVING_ATTEMPTS {
+        let stored = info(&source)
+            .await?
+            .ok_or_else(|| not("the store holds no such stream".into()))?;
+        let report = verify_once(stored, source.clone(), stream, &client, max_differences).await?;
+        if report.verdict != Verdict::Differs {
+            return Ok(report);
+        }
+        let now = info(&source).await?.and_then(|i| i.checkpoint);
+        if now.as_deref() == Some(report.checkpoint.as_str()) {
+            return Ok(report);
+        }
+        tracing::info!(
+            stream,
+            attempt,
+            checkpoint = %report.checkpoint,
+            "the store changed during the verification (its writer runs); verifying again"
+        );
+    }
+    Err(not(format!(
+        "its writer changed it during each of {MOVING_ATTEMPTS} verifications in a row: \
+         verify again when it is quieter, or with its writer stopped"
+    )))
+}
+
+/// One verification of `stream` at the checkpoint `info` names.
+async fn verify_once(
+    info: StreamInfo,
+    source: Arc<Source>,
+    stream: &str,
+    client: &Client,
+    max_differences: usize,
+) -> Result<Verification> {
+    let not = |detail: String| Error::NotVerifiable {
+        stream: stream.to_string(),
+        detail,
+    };
     let checkpoint = match (info.phase, info.checkpoint) {
         (SyncPhase::Synced, Some(cp)) => cp,
         (phase, _) => {
@@ -387,8 +432,8 @@ async fn verify_with(
     let resource = api_resource(&info.url, &info.api_version, &info.kind)
         .ok_or_else(|| not(format!("its collection URL {:?} does not parse", info.url)))?;
     let api = match &resource.1 {
-        Some(ns) => Api::namespaced_with(client, ns, &resource.0),
-        None => Api::all_with(client, &resource.0),
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource.0),
+        None => Api::all_with(client.clone(), &resource.0),
     };
     let target = VerifyTarget {
         api,
@@ -396,7 +441,7 @@ async fn verify_with(
         labels: info.label_selector,
         fields: info.field_selector,
         shard: info.shard,
-        source: Arc::new(source),
+        source,
         max: max_differences,
     };
     tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, "verifying");

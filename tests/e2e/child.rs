@@ -91,6 +91,8 @@ fn operator(dir: std::path::PathBuf, kubeconfig: std::path::PathBuf) {
             shards_poll: Duration::from_secs(1),
             labels: Some(labels),
             stale_after: Duration::from_secs(300),
+            // What the deploy/ manifests run (the example's `--cluster` default).
+            durability: kube_persist::Durability::EveryBatch,
         };
         crate::deploy::operator::cluster::run(client, opts).await
     });

@@ -41,4 +41,5 @@ mod shard;
 mod shared;
 mod sigterm;
 mod store;
+mod tool_live;
 mod triggers;

@@ -40,19 +40,22 @@ fn cluster_child() {
             shards_poll: Duration::from_secs(10),
             labels: None,
             stale_after: Duration::from_secs(300),
+            // What the deploy/ manifests run (the example's `--cluster` default).
+            durability: kube_persist::Durability::EveryBatch,
         };
         operator::cluster::run(kube_persist_testkit::client_for(&url, None), opts).await
     });
     assert_eq!(code, std::process::ExitCode::SUCCESS, "the operator failed");
 }
 
-struct Operator {
+/// The example operator's `--cluster` mode as a child process (also `tool_live`'s).
+pub(crate) struct Operator {
     child: std::process::Child,
     lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl Operator {
-    fn spawn(dir: &std::path::Path, url: &str) -> Operator {
+    pub(crate) fn spawn(dir: &std::path::Path, url: &str) -> Operator {
         let mut child = common::spawn_self(
             "sigterm::cluster_child",
             &[(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())],
@@ -65,7 +68,7 @@ impl Operator {
     }
 
     /// The probe port, once the operator printed it (its signal handler is installed).
-    async fn addr(&self) -> String {
+    pub(crate) async fn addr(&self) -> String {
         let mut addr = None;
         common::eventually("the operator's probe port", || {
             addr = self.lines.lock().unwrap().iter().find_map(|l| {
@@ -78,8 +81,31 @@ impl Operator {
         addr.unwrap()
     }
 
+    /// The probe port once `/readyz` answers 200 (the store is synced and the watch is up).
+    pub(crate) async fn ready(&self) -> String {
+        let addr = self.addr().await;
+        let deadline = Instant::now() + common::WAIT;
+        loop {
+            let (code, body) = common::http_get(&addr, "/readyz").await;
+            if code == 200 {
+                return addr;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the operator is not ready: {code} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL (a crash, an OOM kill), then reaps the process.
+    pub(crate) fn kill(mut self) {
+        self.child.kill().expect("SIGKILL the operator");
+        self.child.wait().expect("reap the operator");
+    }
+
     /// SIGTERM, then waits for the exit: (success, time from the signal to the exit).
-    fn terminate(mut self) -> (bool, Duration, String) {
+    pub(crate) fn terminate(mut self) -> (bool, Duration, String) {
         let sent = Instant::now();
         // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
         let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
