@@ -10,7 +10,8 @@
 //! middle of a relist, a sweep, a prune or a reconcile batch, and between runs: streaming
 //! lists on or off, the shard narrowed (or widened again), a label index added or dropped,
 //! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
-//! then loses the last commits and the store reopens in an older phase). Triggers at random
+//! then loses the last commits and the store reopens in an older phase), and a read-only
+//! handle opened beside the live run with a verify through it (the tool's). Triggers at random
 //! moments, also right after a restart (during the startup pass and the catch-up wait):
 //! `reconcile_on` requests, changes of related objects (a `watches_store` stream),
 //! `reconcile_all_on` ticks, and storms of ticks that come faster than one sweep takes (sweeps
@@ -34,12 +35,15 @@
 //! sweeps and a margin, so no tick is starved by the ones after it), never at a later
 //! requeue's due time; no consumer of the shared stream holds the watch beyond its stall
 //! bound (the store reaches the server's version soon after a churn); every consumer gets
-//! its start signal, also one lagged before it came; no reconcile record is forgotten for a stored object, none is kept
+//! its start signal, also one lagged before it came; a read-only handle (the `kube-persist`
+//! tool's) opens beside a redb writer that makes every batch durable, and its verify never
+//! reports a difference, while beside any other writer it is `Locked` at once; no reconcile record is forgotten for a stored object, none is kept
 //! for an object the store does not hold, and `controller_states()` counts the stored objects.
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`
-//! sets the steps per engine, `KP_LIFECYCLE_ENGINE` runs one engine only. Each broken invariant is printed with the engine, seed, step and
+//! sets the steps per engine, `KP_LIFECYCLE_ENGINE` runs one engine only, `KP_LIFECYCLE_HISTORY`
+//! prints every engine's history (it is printed after a violation anyway). Each broken invariant is printed with the engine, seed, step and
 //! the operations since the last restart; the last line is exactly
 //! `lifecycle: <S> steps, <R> restarts, <V> violations`, and the test fails unless V is 0.
 

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use crate::app::{self, NS, RunCfg};
 use crate::checks::{self, Found, Log, Rec, RunChecks, Trig};
 
+mod beside;
 mod kill;
 mod poke;
 mod writes;
@@ -84,6 +85,9 @@ enum Op {
     WriteRead,
     /// A trigger sent to the live run.
     Poke(Poke),
+    /// A read-only handle opened beside the live run (the `kube-persist` tool's), and a
+    /// verify through it.
+    ReadBeside,
 }
 
 struct Live {
@@ -220,7 +224,7 @@ impl Model {
             slowest.1,
             slowest.0.as_secs_f64()
         );
-        if m.violations > 0 {
+        if m.violations > 0 || std::env::var_os("KP_LIFECYCLE_HISTORY").is_some() {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
         }
         Outcome {
@@ -271,7 +275,8 @@ impl Model {
                 }
             };
         }
-        match r.random_range(0..14) {
+        match r.random_range(0..15) {
+            14 => Op::ReadBeside,
             11..=13 => Op::Poke(Poke::draw(r)),
             0..=4 => Op::Churn {
                 creates: r.random_range(0..6),
@@ -317,6 +322,7 @@ impl Model {
                 faults.close_watches();
             }
             Op::WriteRead => self.write_read(step).await,
+            Op::ReadBeside => self.read_beside(step).await,
             Op::Poke(poke) => self.poke(poke).await,
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
