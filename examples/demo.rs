@@ -5,7 +5,7 @@
 //! ```
 //! Starts `testkit-server` (a Kubernetes API server for tests) with N realistic Pods as a
 //! child process, cold-syncs them into a kube-persist store in a client process, changes
-//! Pods on the server, restarts the client on the same directory (warm restart: no LIST),
+//! Pods on the server, restarts the client on the same directory (warm restart: no paginated LIST),
 //! does the same with kube-runtime's in-memory reflector, and prints a side-by-side table.
 //!
 //! The store uses redb, the default engine for new stores (flat memory under reads, less
@@ -23,7 +23,7 @@ use clap::Parser;
 use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_server};
 
 /// The kube-persist demo, no cluster needed: syncs N Pods from a local API server
-/// (testkit-server) into a store, restarts warm (no LIST), and compares with kube-runtime's
+/// (testkit-server) into a store, restarts warm (no paginated LIST), and compares with kube-runtime's
 /// in-memory reflector.
 #[derive(Parser)]
 struct Args {

@@ -9,10 +9,10 @@
 //! that their union equals the server. Then:
 //!
 //! - SIGKILLs one replica, changes Pods on the server while it is down, and restarts it on
-//!   the same store: it resumes from its checkpoint with 0 LIST calls;
+//!   the same store: it resumes from its checkpoint with 0 paginated LIST calls;
 //! - stops every replica, changes Pods again, and re-shards S -> 2S: the store of shard `i`
 //!   of S is reopened as shard `2i` of 2S (a narrower shard: pruned on disk, resumed with
-//!   0 LIST calls) and shard `2i + 1` of 2S starts on a new, empty store (it lists).
+//!   0 paginated LIST calls) and shard `2i + 1` of 2S starts on a new, empty store (it lists).
 //!
 //! LIST calls are the API server's own request counters, read around each start (the
 //! replicas that list are started one at a time, so each count is that replica's). Bytes
@@ -47,7 +47,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Sharded replicas against a local API server (testkit-server): disjoint shards whose
-/// union is the server, a SIGKILLed replica resuming without LIST, and a re-shard S -> 2S.
+/// union is the server, a SIGKILLed replica resuming without a paginated LIST, and a re-shard S -> 2S.
 #[derive(Parser)]
 struct Args {
     /// Replicas (shards of the uid hash space) to start with; the re-shard doubles them.

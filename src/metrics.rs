@@ -129,7 +129,7 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
     ),
     (
         "resumes",
-        "Starts that resumed from a stored checkpoint without listing.",
+        "Starts that resumed from a stored checkpoint without a paginated LIST.",
         |s| s.resumes,
     ),
     (

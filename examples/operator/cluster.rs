@@ -21,7 +21,7 @@
 //!   scrape time).
 //! - SIGTERM (or SIGINT) stops the controller gracefully (no new reconcile, running ones
 //!   finish, the last reconcile-state batch is written), then the store is flushed and
-//!   closed and the process exits 0. The next start resumes the watch: no LIST.
+//!   closed and the process exits 0. The next start resumes the watch: no paginated LIST.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

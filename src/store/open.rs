@@ -125,7 +125,7 @@ impl Dir {
                 let mut b = WriteBatch::default();
                 if let (true, Some(new)) = (narrow, shard) {
                     tracing::info!(stream = name, path = %path.display(), shard = %new.selector(),
-                        "shard narrowed: pruning the objects outside it, resuming without LIST");
+                        "shard narrowed: pruning the objects outside it, resuming without a paginated LIST");
                     b.put(keys::SHARD_KEY.to_vec(), record::encode(new));
                     b.put(keys::PRUNE_KEY.to_vec(), record::encode(&None::<Vec<u8>>));
                 }

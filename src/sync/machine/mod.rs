@@ -453,7 +453,7 @@ impl Machine {
             Phase::Synced { resource_version } => {
                 Counters::add(&self.stats.resumes, 1);
                 tracing::info!(stream = %self.stream, url = %self.url(), resource_version = %resource_version, objects = state.count,
-                    prune, "resuming from checkpoint without LIST");
+                    prune, "resuming from checkpoint without a paginated LIST");
             }
             Phase::Listing {
                 continue_token: Some(_),
