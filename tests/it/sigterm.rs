@@ -136,6 +136,16 @@ impl Operator {
     }
 }
 
+/// A test that fails (panics) must not leave its operator running.
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// One HTTP/1.1 GET: (status code, body).
 async fn get(addr: &str, path: &str) -> (u16, String) {
     let (code, body) = common::http_get(addr, path).await;
@@ -333,9 +343,7 @@ async fn livez_asks_for_a_restart_once_space_is_back() {
     }
     assert!(livez.1.contains("restart"), "{livez:?}");
     // The kubelet restarts the container: SIGKILL after the grace period at worst.
-    let mut child = op.child;
-    child.kill().unwrap();
-    child.wait().unwrap();
+    op.kill();
     let op = Operator::spawn(&dir, &server.url());
     let addr = op.addr().await;
     let deadline = Instant::now() + common::WAIT;
