@@ -96,8 +96,8 @@ pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
 };
 pub use sync::{
-    DeletedKey, Event, Pair, SharedEvent, SharedWatcher, StreamConfig, Subscriber, Transform,
-    Watcher,
+    DeletedKey, Event, Pair, RelistMode, SharedEvent, SharedWatcher, StreamConfig, Subscriber,
+    Transform, Watcher,
 };
 pub use sync::{Difference, Verdict, Verification};
 

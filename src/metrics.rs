@@ -172,6 +172,21 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
         "Objects decoded from JSON by the store (validation, and reads that missed the hot cache).",
         |s| s.decodes,
     ),
+    (
+        "metadata_pages",
+        "Metadata-only LIST pages of delta relists.",
+        |s| s.metadata_pages,
+    ),
+    (
+        "bodies_fetched",
+        "Object bodies a delta relist fetched (one GET each) because they were new or changed.",
+        |s| s.bodies_fetched,
+    ),
+    (
+        "stale_events_skipped",
+        "Watch events skipped because the store held a newer version (the replay after a delta relist).",
+        |s| s.stale_events_skipped,
+    ),
 ];
 
 const PHASES: [(SyncPhase, &str); 4] = [

@@ -54,6 +54,14 @@ pub struct Stats {
     /// an iteration, `get_as`). A watch event whose object is then read by `get` (or handed
     /// to a reconcile) from the hot cache costs one decode in all.
     pub decodes: u64,
+    /// Metadata-only LIST pages of delta relists ([`RelistMode`](crate::RelistMode)).
+    pub metadata_pages: u64,
+    /// Object bodies a delta relist fetched (one GET each): the objects new or changed
+    /// since the store last saw them.
+    pub bodies_fetched: u64,
+    /// Watch events skipped because the store already held a newer version of their
+    /// object (the replay after a delta relist, which fetched bodies newer than the list).
+    pub stale_events_skipped: u64,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +81,9 @@ pub(crate) struct Counters {
     pub(crate) shard_client_filtered: AtomicU64,
     pub(crate) server_version_reads: AtomicU64,
     pub(crate) decodes: AtomicU64,
+    pub(crate) metadata_pages: AtomicU64,
+    pub(crate) bodies_fetched: AtomicU64,
+    pub(crate) stale_events_skipped: AtomicU64,
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
     pub(crate) last_watch_activity_ms: AtomicU64,
@@ -118,6 +129,9 @@ impl Counters {
             shard_client_filtered: self.shard_client_filtered.load(Relaxed),
             server_version_reads: self.server_version_reads.load(Relaxed),
             decodes: self.decodes.load(Relaxed),
+            metadata_pages: self.metadata_pages.load(Relaxed),
+            bodies_fetched: self.bodies_fetched.load(Relaxed),
+            stale_events_skipped: self.stale_events_skipped.load(Relaxed),
         }
     }
 }

@@ -65,6 +65,7 @@ pub struct StreamConfig {
     pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
     /// The shard kept, or why the requested one is invalid (reported by `check`).
     pub(crate) shard: Option<std::result::Result<Shard, String>>,
+    pub(crate) relist_mode: super::relist::RelistMode,
 }
 
 impl Default for StreamConfig {
@@ -90,6 +91,7 @@ impl Default for StreamConfig {
             transform: None,
             indexes: Vec::new(),
             shard: None,
+            relist_mode: super::relist::RelistMode::Auto,
         }
     }
 }
@@ -105,6 +107,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("validate", &self.validate)
             .field("transform", &self.transform.as_ref().map(|t| &t.0))
             .field("shard", &self.shard)
+            .field("relist_mode", &self.relist_mode)
             .finish_non_exhaustive()
     }
 }

@@ -17,6 +17,7 @@ mod machine;
 mod pacing;
 mod parse;
 mod raw;
+mod relist;
 mod shared;
 mod touched;
 mod verify;
@@ -34,6 +35,7 @@ use serde::de::DeserializeOwned;
 
 pub use config::{StreamConfig, Transform};
 use machine::{Machine, RawEvent};
+pub use relist::RelistMode;
 pub use shared::{SharedEvent, SharedWatcher, Subscriber};
 pub use touched::to_watcher_error;
 pub use verify::{Difference, Verdict, Verification};

@@ -81,11 +81,16 @@ impl Ingest {
     /// Whether an object belongs to the stream's shard (always, unsharded). One outside it
     /// means the server ignores `shardSelector`: counted, and warned about once.
     fn in_shard(&self, o: &Incoming) -> bool {
+        self.in_shard_of(&o.suffix, Some(&o.uid))
+    }
+
+    /// [`Ingest::in_shard`] of an object known by its key suffix and uid.
+    pub(crate) fn in_shard_of(&self, suffix: &[u8], uid: Option<&str>) -> bool {
         let Some(shard) = self.cfg.get_shard() else {
             return true;
         };
-        let ns = crate::disk::keys::suffix_namespace(&o.suffix);
-        if shard.contains(Some(&o.uid), Some(&ns)) {
+        let ns = crate::disk::keys::suffix_namespace(suffix);
+        if shard.contains(uid, Some(&ns)) {
             return true;
         }
         Counters::add(&self.stats.shard_client_filtered, 1);
@@ -142,6 +147,13 @@ impl Ingest {
                     )
                 })
             })
+    }
+
+    /// Reduce one object as a list page's are; a bad one is counted, logged, and returned
+    /// as its rejection when identified.
+    pub(crate) fn reduce(&self, raw: &RawValue) -> std::result::Result<Incoming, Option<Rejected>> {
+        self.object(raw, false, false)
+            .map_err(|r| r.map(|(_, r)| r))
     }
 
     /// Parse one LIST response body; gives its buffer back (emptied) for the next page.
@@ -308,13 +320,15 @@ impl Ingest {
                 "DELETED" => match raw::deleted_suffix(ev.object) {
                     Ok(suffix) if !initial => {
                         p.delivered += 1;
-                        if let Some((rv, _)) = raw::bookmark(ev.object) {
-                            p.last_rv = Some(rv);
+                        let resource_version = raw::bookmark(ev.object).map(|(rv, _)| rv);
+                        if let Some(rv) = &resource_version {
+                            p.last_rv = Some(rv.clone());
                         }
                         events += 1;
                         p.ops.push(Op::Delete {
                             suffix,
                             body: ev.object.get().as_bytes().to_vec(),
+                            resource_version,
                         });
                     }
                     Ok(_) => tracing::warn!(

@@ -290,6 +290,60 @@ pub(crate) fn incoming(
     })
 }
 
+/// An object of a metadata-only LIST page: what a delta relist compares with the store.
+#[derive(Debug)]
+pub(crate) struct Listed {
+    pub(crate) suffix: Vec<u8>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: String,
+    pub(crate) uid: Option<String>,
+    pub(crate) resource_version: String,
+}
+
+/// The identity and resourceVersion of an object (of a `PartialObjectMetadataList`).
+pub(crate) fn listed(raw: &RawValue) -> Result<Listed, BadObject> {
+    let json = raw.get();
+    let head: Head = serde_json::from_str(json).map_err(|e| {
+        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+    })?;
+    let m = head.metadata;
+    let name = match m.name {
+        Some(n) if !n.is_empty() && !n.contains('\0') && !n.contains('/') => n,
+        _ => {
+            return Err(BadObject::anonymous(
+                snippet(json),
+                "missing or invalid metadata.name".into(),
+            ));
+        }
+    };
+    let namespace = m.namespace.filter(|ns| !ns.is_empty());
+    if namespace
+        .as_deref()
+        .is_some_and(|ns| ns.contains('\0') || ns.contains('/'))
+    {
+        return Err(BadObject::anonymous(
+            snippet(json),
+            "invalid metadata.namespace".into(),
+        ));
+    }
+    let suffix = object_suffix(namespace.as_deref(), &name);
+    let Some(resource_version) = m.resource_version.filter(|rv| !rv.is_empty()) else {
+        return Err(BadObject {
+            what: snippet(json),
+            why: "missing metadata.resourceVersion".into(),
+            key: Some(suffix),
+            resource_version: None,
+        });
+    };
+    Ok(Listed {
+        suffix,
+        namespace,
+        name,
+        uid: m.uid,
+        resource_version,
+    })
+}
+
 /// The key suffix of a deleted object (only name and namespace are needed).
 pub(crate) fn deleted_suffix(raw: &RawValue) -> Result<Vec<u8>, BadObject> {
     let json = raw.get();

@@ -25,6 +25,7 @@ mod at_rest;
 mod budget;
 mod controller;
 mod crash;
+mod delta_relist;
 mod deploy_manifests;
 mod faults;
 mod indexes;

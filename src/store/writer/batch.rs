@@ -11,7 +11,7 @@ use super::{Body, Change, Op, Tally, Writer};
 use crate::disk::WriteBatch;
 use crate::disk::keys::{self, OBJECT, SEEN};
 use crate::disk::record::{self, Record};
-use crate::model::Result;
+use crate::model::{Result, resource_version};
 use crate::store::{Phase, State};
 
 impl Writer {
@@ -24,6 +24,11 @@ impl Writer {
     ) -> Result<Vec<Change>> {
         // Unchanged objects of an older epoch get a mark so the sweep keeps them.
         let mark_unchanged = matches!(self.state.phase, Phase::Listing { sweep: true, .. });
+        // A watch never replaces a stored version with an older one: after a delta relist,
+        // the store may hold bodies fetched after the list's resourceVersion, and the watch
+        // from that resourceVersion replays the events that led to them (KEP-5504 order;
+        // opaque versions are not ordered, and a list's pages always write).
+        let newest_kept = matches!(self.state.phase, Phase::Synced { .. });
         let epoch = next.epoch;
         let mut batch = WriteBatch::default();
         let mut changes = Vec::new();
@@ -32,7 +37,7 @@ impl Writer {
         let mut pending_entries: HashMap<Vec<u8>, IndexEntries> = HashMap::new();
         // Objects written with their decoded form (watch events): cached once committed.
         let mut fresh: HashMap<Vec<u8>, (Arc<dyn Any + Send + Sync>, usize)> = HashMap::new();
-        let (mut written, mut unchanged, mut removed) = (0u64, 0u64, 0u64);
+        let (mut written, mut unchanged, mut removed, mut stale) = (0u64, 0u64, 0u64, 0u64);
         let stored = self.stored_heads(&ops)?;
         for op in ops {
             let existing = match pending.get(op.suffix()) {
@@ -40,7 +45,25 @@ impl Writer {
                 None => stored.get(op.suffix()).cloned(),
             };
             let key = keys::tagged(OBJECT, op.suffix());
+            if newest_kept && older_than_stored(&op, existing.as_ref()) {
+                stale += 1;
+                continue;
+            }
             match op {
+                Op::Seen {
+                    suffix,
+                    resource_version,
+                } => {
+                    if let Some((rv, rec_epoch)) = &existing {
+                        if *rv == resource_version {
+                            unchanged += 1;
+                            if mark_unchanged && *rec_epoch != epoch {
+                                batch
+                                    .put(keys::tagged(SEEN, &suffix), epoch.to_be_bytes().to_vec());
+                            }
+                        }
+                    }
+                }
                 Op::Put(o) => {
                     if let Some((rv, rec_epoch)) = &existing {
                         if *rv == o.resource_version {
@@ -121,10 +144,17 @@ impl Writer {
                 }
             }
         }
+        if stale > 0 {
+            tracing::debug!(
+                stale,
+                "watch events older than the stored versions skipped (replay after a delta relist)"
+            );
+        }
         let tally = Tally {
             written,
             unchanged,
             deleted: removed,
+            stale,
         };
         self.write(batch, next, tally)?;
         // After the write's cache invalidation, before the next write: each is the newest.
@@ -153,4 +183,23 @@ impl Writer {
         })?;
         Ok(heads)
     }
+}
+
+/// Whether a watch event's version is older than the stored one (both comparable).
+fn older_than_stored(op: &Op, stored: Option<&(String, u64)>) -> bool {
+    let Some((stored, _)) = stored else {
+        return false;
+    };
+    let incoming = match op {
+        Op::Put(o) => &o.resource_version,
+        Op::Delete {
+            resource_version: Some(rv),
+            ..
+        } => rv,
+        _ => return false,
+    };
+    matches!(
+        resource_version::compare(incoming, stored),
+        Ok(std::cmp::Ordering::Less)
+    )
 }

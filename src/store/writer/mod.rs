@@ -44,8 +44,20 @@ pub(crate) struct Incoming {
 pub(crate) enum Op {
     /// Create or update (skipped when the stored resourceVersion is the same).
     Put(Incoming),
-    /// Remove; `body` is the last state as the server sent it.
-    Delete { suffix: Vec<u8>, body: Vec<u8> },
+    /// Remove; `body` is the last state as the server sent it, `resource_version` that of
+    /// the deletion (a watch event's), when the server gave one.
+    Delete {
+        suffix: Vec<u8>,
+        body: Vec<u8>,
+        resource_version: Option<String>,
+    },
+    /// A delta relist saw the object at this resourceVersion in a metadata-only page: keep
+    /// it (mark it seen in this epoch) when the stored version is the same; otherwise
+    /// nothing (its body is fetched and written as a `Put`, or it is swept).
+    Seen {
+        suffix: Vec<u8>,
+        resource_version: String,
+    },
     /// The server has a newer version that the store refused (see `Stats::bad_objects`):
     /// remove the stored one, which is no longer current. No `Delete` event.
     Reject { suffix: Vec<u8> },
@@ -56,15 +68,15 @@ impl Op {
     fn suffix(&self) -> &[u8] {
         match self {
             Op::Put(o) => &o.suffix,
-            Op::Delete { suffix, .. } | Op::Reject { suffix } => suffix,
+            Op::Delete { suffix, .. } | Op::Reject { suffix } | Op::Seen { suffix, .. } => suffix,
         }
     }
 
     /// The key and (for a server deletion) the last body of a removal.
     fn into_removal(self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
         match self {
-            Op::Put(_) => None,
-            Op::Delete { suffix, body } => Some((suffix, Some(body))),
+            Op::Put(_) | Op::Seen { .. } => None,
+            Op::Delete { suffix, body, .. } => Some((suffix, Some(body))),
             Op::Reject { suffix } => Some((suffix, None)),
         }
     }
@@ -93,6 +105,8 @@ pub(crate) struct Tally {
     pub(crate) written: u64,
     pub(crate) unchanged: u64,
     pub(crate) deleted: u64,
+    /// Watch events skipped as older than the stored version.
+    pub(crate) stale: u64,
 }
 
 /// How far a list has got after a page.
@@ -117,6 +131,8 @@ pub(crate) struct Writer {
     compress: Compression,
     /// Keys-only mode: no bodies stored; (apiVersion, kind) to describe swept objects.
     keys_only: Option<(String, String)>,
+    /// What the last committed batch did (a delta relist's choice of its next page).
+    last_tally: Tally,
     /// A narrowed shard's prune is pending: the store holds objects it no longer owns and
     /// is not reported ready until the prune completes.
     pruning: bool,
@@ -149,6 +165,7 @@ impl Writer {
             compress: Compression::Lz4,
             keys_only: None,
             pruning: false,
+            last_tally: Tally::default(),
             _lease: lease,
         }
     }
@@ -225,6 +242,16 @@ impl Writer {
         progress: ListProgress,
         emit: bool,
     ) -> Result<Vec<Change>> {
+        self.list_ops(objects.into_iter().map(Op::Put).collect(), progress, emit)
+    }
+
+    /// A list page's writes with the list's progress, in one atomic batch.
+    fn list_ops(
+        &mut self,
+        ops: Vec<Op>,
+        progress: ListProgress,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
         let sweep = match &self.state.phase {
             Phase::Listing { sweep, .. } => *sweep,
             other => {
@@ -249,8 +276,49 @@ impl Writer {
                 Phase::Synced { resource_version }
             }
         };
-        let ops = objects.into_iter().map(Op::Put).collect();
         self.commit(ops, next, emit)
+    }
+
+    /// Write one page of a delta relist in one atomic batch: `seen`, the objects of a
+    /// metadata-only page whose stored version is current (marked), and `fetched`, the
+    /// bodies fetched for the others (written whatever is stored: the server's current
+    /// state is authoritative, as in a full list).
+    pub(crate) fn delta_page(
+        &mut self,
+        seen: Vec<(Vec<u8>, String)>,
+        fetched: Vec<Incoming>,
+        progress: ListProgress,
+        emit: bool,
+    ) -> Result<Vec<Change>> {
+        let mut ops: Vec<Op> = seen
+            .into_iter()
+            .map(|(suffix, resource_version)| Op::Seen {
+                suffix,
+                resource_version,
+            })
+            .collect();
+        ops.extend(fetched.into_iter().map(Op::Put));
+        self.list_ops(ops, progress, emit)
+    }
+
+    /// The stored resourceVersion of each object of `suffixes` (`None`: not stored), read
+    /// from the records' heads in one pass.
+    pub(crate) fn stored_versions(&self, suffixes: &[Vec<u8>]) -> Result<Vec<Option<String>>> {
+        let keys: Vec<Vec<u8>> = suffixes.iter().map(|s| keys::tagged(OBJECT, s)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut out = vec![None; keys.len()];
+        self.backend.get_each(&refs, &mut |i, value| {
+            let r =
+                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
+            out[i] = Some(r.resource_version);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// What the last committed batch did to objects.
+    pub(crate) fn last_tally(&self) -> Tally {
+        self.last_tally
     }
 
     /// Apply a burst of watch events and move the checkpoint to `resource_version`.
@@ -282,8 +350,10 @@ impl Writer {
         Counters::add(&self.stats.objects_written, tally.written);
         Counters::add(&self.stats.objects_unchanged, tally.unchanged);
         Counters::add(&self.stats.objects_deleted, tally.deleted);
+        Counters::add(&self.stats.stale_events_skipped, tally.stale);
         Counters::add(&self.stats.batches, 1);
         tracing::trace!(ops, phase = ?next.phase, "batch committed");
+        self.last_tally = tally;
         self.state = next;
         self.publish();
         Ok(())

@@ -42,7 +42,7 @@ impl std::fmt::Debug for Committing {
 impl Machine {
     /// What a LIST needs, borrowed from the machine (without the watch connection, which
     /// is not `Sync`), so that a page can be fetched while another is being committed.
-    fn lister(&self) -> Lister<'_> {
+    pub(super) fn lister(&self) -> Lister<'_> {
         Lister {
             stream: &self.stream,
             client: &self.client,
@@ -60,7 +60,7 @@ impl Machine {
 
     /// Parse a LIST page on the CPU threads (CPU only, no disk).
     /// Its buffer goes back to `worker` for the next page.
-    async fn parse_page(
+    pub(super) async fn parse_page(
         ingest: Ingest,
         worker: DiskWorker,
         bytes: Vec<u8>,
@@ -106,7 +106,10 @@ impl Machine {
             if !fetch_next {
                 return Ok(None);
             }
-            match lister.fetch_page(continue_token.as_deref()).await? {
+            let from = continue_token
+                .as_deref()
+                .map_or(list::From::Now, list::From::Continue);
+            match lister.fetch_page(from, lister.metadata_only).await? {
                 Some((bytes, permit)) => {
                     let page = Self::parse_page(ingest, worker, bytes, page_context).await?;
                     Ok(Some(Some((page, permit))))
@@ -310,7 +313,7 @@ impl Machine {
 }
 
 /// See [`Machine::lister`].
-struct Lister<'a> {
+pub(super) struct Lister<'a> {
     /// The stream's name, for errors.
     stream: &'a str,
     client: &'a kube::Client,
@@ -339,21 +342,24 @@ impl Lister<'_> {
 
     /// GET one LIST page (network only) with its place in the directory's page budget,
     /// taken once the response arrives (a LIST the server has not answered holds none);
-    /// `None` when its continue token expired (410).
-    async fn fetch_page(
+    /// `None` when its continue token expired (410). `metadata`: as a
+    /// `PartialObjectMetadataList`.
+    pub(super) async fn fetch_page(
         &self,
-        continue_token: Option<&str>,
+        from: list::From<'_>,
+        metadata: bool,
     ) -> Result<Option<(Vec<u8>, PagePermit)>> {
-        let from = continue_token.map_or(list::From::Now, list::From::Continue);
         let lp = list::params(self.cfg.selectors(), self.page_size, from);
         let context = || {
-            format!(
-                "LIST {} (continue: {})",
-                self.described(),
-                continue_token.is_some()
-            )
+            let at = match from {
+                list::From::Now => "continue: false".to_string(),
+                list::From::Continue(_) => "continue: true".to_string(),
+                list::From::Exactly(rv) => format!("resourceVersion {rv}"),
+            };
+            let shape = if metadata { ", metadata only" } else { "" };
+            format!("LIST {} ({at}{shape})", self.described())
         };
-        let req = if self.metadata_only {
+        let req = if metadata {
             self.request.list_metadata(&lp)
         } else {
             self.request.list(&lp)
@@ -388,6 +394,9 @@ impl Lister<'_> {
                 detail: format!("reading the list body: {e}"),
             })?;
         Counters::add(&self.stats.list_pages, 1);
+        if metadata && !self.metadata_only {
+            Counters::add(&self.stats.metadata_pages, 1);
+        }
         self.last_page_bytes.store(bytes.len(), Ordering::Relaxed);
         Ok(Some((bytes, permit)))
     }

@@ -31,6 +31,7 @@ use super::indexers::Inspector;
 use super::pacing::Pacing;
 use super::parse::{Ingest, Parsed, Rejected};
 
+mod delta;
 mod listing;
 mod watching;
 use crate::exec::{DiskWorker, ListingGuard};
@@ -39,6 +40,7 @@ use crate::model::{Error, Result};
 use crate::store::StatusTx;
 use crate::store::{Change, Writer};
 use crate::store::{Phase, State};
+use delta::PageShape;
 
 /// How long a live watch burst waits for more events after its first one: events that
 /// arrive together are committed in one batch (up to `page_size`), for a few ms of latency.
@@ -78,6 +80,12 @@ pub(crate) enum Stage {
     Listing {
         continue_token: Option<String>,
         committing: Option<listing::Committing>,
+    },
+    /// A delta relist (see `sync/relist.rs`): the next page continues from
+    /// `continue_token`, in `shape`.
+    DeltaListing {
+        continue_token: Option<String>,
+        shape: PageShape,
     },
     /// A streaming list (`sendInitialEvents=true`): reading initial events from `conn`
     /// (`None`: connect next). `received`: initial events seen on this connection.
@@ -153,6 +161,7 @@ impl Stage {
             Stage::Pruning { .. } => "pruning",
             Stage::Resume => "resume",
             Stage::Listing { .. } => "listing",
+            Stage::DeltaListing { .. } => "delta-listing",
             Stage::StreamingInitial { .. } => "streaming-initial",
             Stage::Sweeping { .. } => "sweeping",
             Stage::Watching { .. } => "watching",
@@ -244,6 +253,8 @@ pub(crate) struct Machine {
     catch_up: CatchUp,
     /// A configuration error the server will not accept ended the watcher.
     pub(crate) fatal: bool,
+    /// The server's resourceVersions were not comparable: no delta relist in this process.
+    delta_refused: bool,
     /// Held while the persisted phase is a list: the directory keeps list-page buffers
     /// for reuse only while some stream lists (see [`DiskWorker::listing`]).
     listing: Option<ListingGuard>,
@@ -300,6 +311,7 @@ impl Machine {
             last_page_bytes: Default::default(),
             catch_up,
             fatal: false,
+            delta_refused: false,
             listing: None,
         }
     }
@@ -415,6 +427,10 @@ impl Machine {
                 continue_token,
                 committing,
             } => self.list_page(continue_token, committing).await,
+            Stage::DeltaListing {
+                continue_token,
+                shape,
+            } => self.delta_page(continue_token, shape).await,
             Stage::StreamingInitial { conn: None, .. } => self.connect_initial().await,
             Stage::StreamingInitial {
                 conn: Some(conn),
@@ -522,8 +538,16 @@ impl Machine {
     /// The next stage from the persisted phase alone (see [`resume_plan`]).
     async fn resume(&mut self) -> Result<Stage> {
         Ok(
-            match resume_plan(&self.writer.state.phase, self.streaming) {
+            // A delta relist continues from its token even where lists stream.
+            match resume_plan(
+                &self.writer.state.phase,
+                self.streaming && !self.delta_relist(),
+            ) {
                 ResumePlan::BeginList => return self.begin_list().await,
+                ResumePlan::ContinueList(token) if self.delta_relist() => Stage::DeltaListing {
+                    continue_token: Some(token),
+                    shape: PageShape::Metadata,
+                },
                 ResumePlan::ContinueList(token) => Stage::Listing {
                     continue_token: Some(token),
                     committing: None,
@@ -549,7 +573,14 @@ impl Machine {
     }
 
     fn list_stage(&self) -> Stage {
-        if self.streaming {
+        if self.delta_relist() {
+            tracing::info!(stream = %self.stream, url = %self.url(), mode = ?self.cfg.relist_mode,
+                "delta relist: metadata pages, bodies of the new or changed objects only");
+            Stage::DeltaListing {
+                continue_token: None,
+                shape: PageShape::Metadata,
+            }
+        } else if self.streaming {
             Stage::StreamingInitial {
                 conn: None,
                 received: 0,

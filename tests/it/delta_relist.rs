@@ -1,0 +1,233 @@
+//! The delta relist (issue 42): a store past the watch history lists metadata only and
+//! fetches the bodies of the new or changed objects. Against the testkit server on both
+//! engines: the store equals the server after it, deletions are exact, a GET is made for
+//! each new or changed object and none for the others, `Auto` lists a page in full when
+//! most of it changed, `Full` makes no GET, and a body fetched newer than the list is not
+//! replaced by the older events the watch replays.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::common::{Ev, Fixture, assert_matches, deleted_keys, eventually, server_versions};
+
+use kube_persist::{Engine, RelistMode, StreamConfig};
+use kube_persist_testkit::ResourceType;
+
+const PODS: usize = 600;
+const PAGE: u32 = 100;
+
+fn cfg(mode: RelistMode) -> StreamConfig {
+    StreamConfig::default()
+        .page_size(PAGE)
+        .relist_mode(mode)
+        .backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .relist_jitter(Duration::ZERO)
+}
+
+/// The keys whose version differs between `before` and `after` or that are new, and the
+/// keys deleted.
+fn changes(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let changed = after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let deleted = before
+        .keys()
+        .filter(|k| !after.contains_key(*k))
+        .cloned()
+        .collect();
+    (changed, deleted)
+}
+
+/// Sync a store, stop it, change the server (`updates`, `creates`, `deletes`) and forget
+/// its history, then reopen the store in `mode` and wait for its resume. Returns the
+/// fixture's view: (changed keys, deleted keys, events after the reopen, stats, GETs).
+async fn relist_after(
+    engine: Engine,
+    mode: RelistMode,
+    updates: usize,
+    creates: usize,
+    deletes: usize,
+) -> Outcome {
+    let fx = Fixture::with_pods(PODS, 3).await;
+    let pods = ResourceType::pods();
+    let db = fx.open(engine);
+    let (_, w) = fx.synced_pods(&db, cfg(mode)).await;
+    w.stop().await;
+    let before = server_versions(&fx.h, &pods);
+    fx.h.churn(updates, creates, deletes, 42);
+    let after = server_versions(&fx.h, &pods);
+    fx.h.compact();
+    fx.h.reset_counts();
+    let (reader, mut w) = fx.watch_pods(&db, cfg(mode));
+    let events = relisted(&fx, &reader, &mut w).await;
+    assert_matches(&reader, &fx.h, &pods);
+    let (changed, deleted) = changes(&before, &after);
+    Outcome {
+        changed,
+        deleted,
+        events,
+        stats: reader.stats(),
+        gets: fx.h.counts().get,
+    }
+}
+
+/// Wait until the reopened store has relisted and is synced again, and return the events
+/// it gave meanwhile. (A store reopened from a `Synced` checkpoint announces `Resumed` at
+/// once; the 410 and the relist come after.) The end is proven by an event: a new sentinel
+/// Pod is created once the relist is over, and its `Apply` is awaited.
+async fn relisted(
+    fx: &Fixture,
+    reader: &kube_persist::Reader<k8s_openapi::api::core::v1::Pod>,
+    w: &mut crate::common::Driven,
+) -> Vec<Ev> {
+    eventually("the relist completes", || {
+        reader.stats().relists >= 1 && reader.phase() == kube_persist::SyncPhase::Synced
+    })
+    .await;
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sentinel", "namespace": "ns-0"},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    fx.h.apply(&ResourceType::pods(), pod);
+    let mut events = crate::common::until_apply(w, "ns-0/sentinel").await;
+    events.pop();
+    events
+}
+
+struct Outcome {
+    changed: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+    events: Vec<Ev>,
+    stats: kube_persist::Stats,
+    gets: u64,
+}
+
+impl Outcome {
+    fn applied(&self) -> BTreeSet<String> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Apply(k) => Some(k.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A delta relist of a store stopped while 5% of the objects changed: one GET per new or
+/// changed object, metadata pages only, exact deletions and changes.
+async fn delta_relist_fetches_only_what_changed(engine: Engine) {
+    let o = relist_after(engine, RelistMode::Delta, 20, 5, 5).await;
+    assert_eq!(
+        o.gets,
+        o.changed.len() as u64,
+        "one GET per new or changed object"
+    );
+    assert_eq!(o.stats.bodies_fetched, o.changed.len() as u64);
+    assert!(o.stats.metadata_pages >= (PODS as u64).div_ceil(PAGE as u64));
+    assert_eq!(
+        o.stats.list_pages, o.stats.metadata_pages,
+        "no page listed in full"
+    );
+    assert_eq!(o.applied(), o.changed, "Apply events: exactly the changes");
+    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
+    assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
+}
+
+/// `Full` lists full pages and makes no GET.
+async fn full_relist_makes_no_get(engine: Engine) {
+    let o = relist_after(engine, RelistMode::Full, 20, 5, 5).await;
+    assert_eq!(
+        (o.gets, o.stats.bodies_fetched, o.stats.metadata_pages),
+        (0, 0, 0)
+    );
+    assert_eq!(o.applied(), o.changed);
+    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
+    assert_eq!(deleted, o.deleted);
+}
+
+/// `Auto` with half of the objects changed lists pages in full (the same snapshot) and
+/// still ends equal to the server, with exact deletions.
+async fn auto_lists_pages_in_full_when_most_changed(engine: Engine) {
+    let o = relist_after(engine, RelistMode::Auto, 400, 10, 10).await;
+    assert!(
+        o.stats.list_pages > o.stats.metadata_pages,
+        "some pages in full: {:?}",
+        o.stats
+    );
+    assert!(
+        o.stats.bodies_fetched < o.changed.len() as u64,
+        "fewer GETs than changes: {:?}",
+        o.stats
+    );
+    assert_eq!(o.applied(), o.changed);
+    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
+    assert_eq!(deleted, o.deleted);
+}
+
+/// An object changed twice while the delta relist runs, after the list's snapshot and
+/// before its GET: the store holds the newer body, and the watch from the list's
+/// resourceVersion replays the older change, which must not replace it (one `Apply` of the
+/// object, not three).
+async fn replayed_events_never_replace_a_newer_fetched_body(engine: Engine) {
+    let fx = Fixture::with_pods(PODS, 3).await;
+    let pods = ResourceType::pods();
+    let db = fx.open(engine);
+    let (_, w) = fx.synced_pods(&db, cfg(RelistMode::Delta)).await;
+    w.stop().await;
+    // The last Pod in key order (on the last page): changed while the store is down.
+    let key = server_versions(&fx.h, &pods)
+        .keys()
+        .next_back()
+        .unwrap()
+        .clone();
+    let (ns, name) = key.split_once('/').unwrap();
+    crate::common::relabel_pod(&fx.h, ns, name, "down");
+    fx.h.compact();
+    fx.h.reset_counts();
+    fx.h.faults().page_delay(Duration::from_millis(400));
+    let (reader, mut w) = fx.watch_pods(&db, cfg(RelistMode::Delta));
+    // The first page fixed the list's snapshot (the second is asked for with its continue
+    // token): change the Pod twice before its own page, the last.
+    let h = fx.h.clone();
+    eventually("the second metadata page was asked for", || {
+        h.counts().list >= 2
+    })
+    .await;
+    crate::common::relabel_pod(&fx.h, ns, name, "during-1");
+    crate::common::relabel_pod(&fx.h, ns, name, "during-2");
+    fx.h.faults().page_delay(Duration::ZERO);
+    let events = relisted(&fx, &reader, &mut w).await;
+    assert!(
+        reader.stats().stale_events_skipped >= 1,
+        "the older replayed change was skipped: {:?}",
+        reader.stats()
+    );
+    assert_matches(&reader, &fx.h, &pods);
+    let applies = events
+        .iter()
+        .filter(|e| **e == Ev::Apply(key.clone()))
+        .count();
+    assert_eq!(applies, 1, "{key}: one Apply, the fetched body: {events:?}");
+    let pod = reader.get_named(Some(ns), name).unwrap().unwrap();
+    assert_eq!(
+        pod.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("touched")
+            .map(String::as_str),
+        Some("during-2")
+    );
+}
+
+engine_tests!(async:
+    delta_relist_fetches_only_what_changed,
+    full_relist_makes_no_get,
+    auto_lists_pages_in_full_when_most_changed,
+    replayed_events_never_replace_a_newer_fetched_body,
+);
