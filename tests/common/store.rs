@@ -115,3 +115,48 @@ pub fn diff(
         want.len()
     )
 }
+
+/// The differences between a store and the server's state at the store's checkpoint that a
+/// delta relist does not explain (empty: none). A delta relist fetches the bodies of changed
+/// objects after its list's resourceVersion, so until its watch has replayed past them the
+/// store may hold, at its checkpoint, an object at a NEWER version than the server had there
+/// (one the server had since: at most its version `now`, or deleted since), or lack one the
+/// server has deleted or replaced since. Anything else is a divergence. Versions are ordered
+/// only through `kube_persist::resource_version`.
+pub fn unexplained_by_delta(
+    store: &BTreeMap<String, String>,
+    at_checkpoint: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+    checkpoint: &str,
+) -> Vec<String> {
+    use kube_persist::resource_version::compare;
+    use std::cmp::Ordering::Greater;
+    let newer_than_checkpoint = |v: &str| compare(v, checkpoint).ok() == Some(Greater);
+    let mut out = Vec::new();
+    let keys: std::collections::BTreeSet<&String> =
+        store.keys().chain(at_checkpoint.keys()).collect();
+    for k in keys {
+        let (have, want) = (store.get(k), at_checkpoint.get(k));
+        if have == want {
+            continue;
+        }
+        let explained = match have {
+            // Fetched after the checkpoint: a version the server had since.
+            Some(v) => {
+                newer_than_checkpoint(v)
+                    && now
+                        .get(k)
+                        .is_none_or(|n| compare(v, n).is_ok_and(|o| o != Greater))
+            }
+            // Gone before its GET: deleted (or replaced) on the server since.
+            None => now.get(k).is_none_or(|n| newer_than_checkpoint(n)),
+        };
+        if !explained {
+            out.push(format!(
+                "{k}: store {have:?}, server at checkpoint {want:?}, now {:?}",
+                now.get(k)
+            ));
+        }
+    }
+    out
+}
