@@ -1,7 +1,7 @@
 //! LIST/WATCH option validation (apimachinery's `ValidateListOptions`), watch-list semantics
 //! and the [`StreamingLists`] modes, over real HTTP.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

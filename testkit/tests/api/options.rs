@@ -1,6 +1,6 @@
 //! Opaque resourceVersions, short pages, gzip and the `testkit-server` flags, over real HTTP.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};

@@ -1,7 +1,7 @@
 //! Errors after a WATCH is accepted (ERROR events on HTTP 200), too large resourceVersions,
 //! generic timeouts and bookmark timing, over real HTTP.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! WATCH semantics over real HTTP with kube's `Api<Pod>::watch`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
