@@ -125,7 +125,11 @@ fn words(seed: &mut u64, len: usize) -> String {
         *seed ^= *seed << 17;
         out.push_str(SYLLABLES[(*seed & 63) as usize]);
         out.push_str(SYLLABLES[((*seed >> 6) & 63) as usize]);
-        out.push(if (*seed >> 12) % 8 == 0 { '\n' } else { ' ' });
+        out.push(if (*seed >> 12).is_multiple_of(8) {
+            '\n'
+        } else {
+            ' '
+        });
     }
     out.truncate(len);
     out

@@ -23,11 +23,21 @@ use super::raw::{self, BadObject, ListPage, Listed};
 use crate::model::{Counters, Error, Result};
 use crate::store::Incoming;
 
-/// How a store that already holds objects lists the collection again.
+/// How a store that already holds objects lists the collection again (after `410 Gone`:
+/// its checkpoint is past the API server's watch history).
+///
+/// A delta relist lists metadata only and fetches, one GET each, the objects that are new or
+/// changed since the store saw them: against kube-apiserver it moves a fraction of a full
+/// relist's bytes, in less time, when few objects changed, most for kinds whose bodies
+/// dwarf their metadata
+/// ([BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#relist-past-the-watch-history)).
+/// With kube's `gzip` feature the API server compresses LIST pages but not single objects
+/// (under its 128 KiB threshold), so for a kind whose pages compress well (Pods) full pages
+/// move fewer bytes: choose [`RelistMode::Full`] there.
 ///
 /// The first list of an empty store is always a full one, and so is any relist of a
 /// metadata-only store ([`Db::metadata_store`](crate::Db::metadata_store): its objects are
-/// the metadata) or of a stream with [`StreamConfig::streaming_lists`].
+/// the metadata) or of a server whose resourceVersions are not comparable (KEP-5504).
 ///
 /// ```
 /// use kube_persist::{RelistMode, StreamConfig};
@@ -53,8 +63,11 @@ pub enum RelistMode {
 
 impl RelistMode {
     /// The share of a page's objects that, when new or changed, makes [`RelistMode::Auto`]
-    /// list that page in full rather than fetch them one by one.
-    pub const AUTO_FULL_PAGE_ABOVE: f64 = 0.25;
+    /// list that page in full rather than fetch them one by one: where the times to caught up
+    /// of the two relists meet for Pods, measured against kube-apiserver (ConfigMaps of
+    /// 20 KB, whose bodies weigh more against their metadata, meet later). See
+    /// [BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#relist-past-the-watch-history).
+    pub const AUTO_FULL_PAGE_ABOVE: f64 = 0.06;
 }
 
 /// Bodies a delta relist fetches at once (GETs in flight).

@@ -421,6 +421,11 @@ where
 
     /// The resourceVersion at which the store was last complete, if it ever was.
     ///
+    /// Every object the server had at this resourceVersion is stored at that version or a
+    /// newer one: after a delta relist ([`RelistMode`](crate::RelistMode)), until its watch
+    /// has replayed past them, the objects it fetched are stored as the server had them
+    /// when fetched (newer than the list), and those deleted before their fetch are gone.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -54,13 +54,12 @@ impl Writer {
                     suffix,
                     resource_version,
                 } => {
-                    if let Some((rv, rec_epoch)) = &existing {
-                        if *rv == resource_version {
-                            unchanged += 1;
-                            if mark_unchanged && *rec_epoch != epoch {
-                                batch
-                                    .put(keys::tagged(SEEN, &suffix), epoch.to_be_bytes().to_vec());
-                            }
+                    if let Some((rv, rec_epoch)) = &existing
+                        && *rv == resource_version
+                    {
+                        unchanged += 1;
+                        if mark_unchanged && *rec_epoch != epoch {
+                            batch.put(keys::tagged(SEEN, &suffix), epoch.to_be_bytes().to_vec());
                         }
                     }
                 }
