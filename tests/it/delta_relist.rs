@@ -225,9 +225,132 @@ async fn replayed_events_never_replace_a_newer_fetched_body(engine: Engine) {
     );
 }
 
+/// A delta relist of a sharded store (the server filtering by `shardSelector`, or ignoring it
+/// so that the store filters), with a transform and an index, and of a keys-only store:
+/// each ends with exactly its objects, fetched only where they changed in its shard, the
+/// transform applied to the fetched bodies, and the index equal to the stored objects.
+async fn delta_relist_of_sharded_transformed_indexed_and_keys_only_stores(engine: Engine) {
+    use kube_persist::{Shard, ShardKey};
+    use kube_persist_testkit::{ServerOptions, TestServer};
+    for server_side in [true, false] {
+        let server = TestServer::start_with(ServerOptions {
+            sharded_list_and_watch: server_side,
+            ..Default::default()
+        })
+        .await;
+        let fx = Fixture::on(server);
+        fx.h.seed_pods(PODS, 3);
+        let pods = ResourceType::pods();
+        let shard = Shard::even(ShardKey::Uid, 0, 2).unwrap();
+        let sharded = || {
+            cfg(RelistMode::Delta)
+                .shard(shard.clone())
+                .drop_managed_fields()
+                .index("ns", |p: &k8s_openapi::api::core::v1::Pod| {
+                    p.metadata.namespace.clone().into_iter().collect()
+                })
+        };
+        let keys_only = || cfg(RelistMode::Delta).keys_only();
+        let db = fx.open(engine);
+        let open = |name: &str, c: StreamConfig| {
+            let (reader, watcher) = db.store(name, fx.pods(), c).unwrap();
+            (reader, crate::common::drive(watcher))
+        };
+        for (name, c) in [("sharded", sharded()), ("keys", keys_only())] {
+            let (_, mut w) = open(name, c);
+            w.until(|e| *e == Ev::InitDone).await;
+            w.stop().await;
+        }
+        let in_shard = |v: &serde_json::Value| {
+            let m = &v["metadata"];
+            shard.contains(m["uid"].as_str(), m["namespace"].as_str())
+        };
+        let key_of = |v: &serde_json::Value| {
+            let m = &v["metadata"];
+            format!(
+                "{}/{}",
+                m["namespace"].as_str().unwrap(),
+                m["name"].as_str().unwrap()
+            )
+        };
+        let before: BTreeMap<String, String> = server_versions(&fx.h, &pods);
+        fx.h.churn(30, 6, 6, 7);
+        fx.h.compact();
+        let after_objects = fx.h.list(&pods);
+        let (changed, _) = changes(&before, &server_versions(&fx.h, &pods));
+        let changed_in_shard = after_objects
+            .iter()
+            .filter(|o| in_shard(o) && changed.contains(&key_of(o)))
+            .count() as u64;
+        let want: BTreeMap<String, String> = after_objects
+            .iter()
+            .filter(|o| in_shard(o))
+            .map(|o| {
+                (
+                    key_of(o),
+                    o["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        // Caught up after the relist: the store holds what the server had at the watch's
+        // (re)connect, and nothing changed since.
+        let caught_up = |r: &kube_persist::Reader<k8s_openapi::api::core::v1::Pod>| {
+            r.stats().relists >= 1
+                && r.phase() == kube_persist::SyncPhase::Synced
+                && r.is_caught_up()
+        };
+        let (reader, w) = open("sharded", sharded());
+        eventually("the sharded store relists and catches up", || {
+            caught_up(&reader)
+        })
+        .await;
+        let store = crate::common::store_versions(&reader);
+        assert_eq!(store, want, "server-side shards: {server_side}");
+        assert_eq!(
+            reader.stats().bodies_fetched,
+            changed_in_shard,
+            "GETs only for the shard's changes (server-side shards: {server_side})"
+        );
+        for ns in ["ns-0", "ns-1", "ns-2"] {
+            let indexed: BTreeSet<String> = reader
+                .by_index("ns", ns)
+                .unwrap()
+                .map(|p| crate::common::key(&*p.unwrap()))
+                .collect();
+            let stored: BTreeSet<String> = reader
+                .iter()
+                .map(Result::unwrap)
+                .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+                .map(|p| crate::common::key(&*p))
+                .collect();
+            assert_eq!(indexed, stored, "index {ns}");
+        }
+        for p in reader.iter() {
+            let p = p.unwrap();
+            assert!(p.metadata.managed_fields.is_none(), "transform applied");
+        }
+        drop(w);
+        let (keys, _w) = open("keys", keys_only());
+        eventually("the keys-only store relists and catches up", || {
+            caught_up(&keys)
+        })
+        .await;
+        assert_eq!(keys.len(), fx.h.list(&pods).len(), "keys-only store");
+        assert_eq!(
+            keys.stats().bodies_fetched,
+            changed.len() as u64,
+            "keys-only: one GET per change"
+        );
+    }
+}
+
 engine_tests!(async:
     delta_relist_fetches_only_what_changed,
     full_relist_makes_no_get,
     auto_lists_pages_in_full_when_most_changed,
     replayed_events_never_replace_a_newer_fetched_body,
+    delta_relist_of_sharded_transformed_indexed_and_keys_only_stores,
 );
