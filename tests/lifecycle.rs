@@ -11,7 +11,10 @@
 //! lists on or off, the shard narrowed (or widened again), a label index added or dropped,
 //! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
 //! then loses the last commits and the store reopens in an older phase), and a read-only
-//! handle opened beside the live run with a verify through it (the tool's). Triggers at random
+//! handle opened beside the live run with a verify through it (the tool's); every reopen in a
+//! `RelistMode` of its own (Auto, Full or Delta), a relist of the live store while the objects
+//! it fetches change again under it, and SIGKILLs in the middle of a delta relist (mid
+//! fetches, and as soon as it is synced). Triggers at random
 //! moments, also right after a restart (during the startup pass and the catch-up wait):
 //! `reconcile_on` requests, changes of related objects (a `watches_store` stream),
 //! `reconcile_all_on` ticks, and storms of ticks that come faster than one sweep takes (sweeps
@@ -38,7 +41,12 @@
 //! its start signal, also one lagged before it came; a read-only handle (the `kube-persist`
 //! tool's) opens beside a redb writer that makes every batch durable, and its verify never
 //! reports a difference, while beside any other writer it is `Locked` at once; no reconcile record is forgotten for a stored object, none is kept
-//! for an object the store does not hold, and `controller_states()` counts the stored objects.
+//! for an object the store does not hold, and `controller_states()` counts the stored objects;
+//! a run in `RelistMode::Full` fetches no body and lists no metadata page, one in `Delta` on a
+//! store that was synced lists no page in full; no reader and no consumer of the shared
+//! stream is given an object older than the one stored before; a killed child's store, when
+//! `Synced`, equals the server at its checkpoint up to what a delta relist explains
+//! (`unexplained_by_delta`).
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`

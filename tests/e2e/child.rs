@@ -1,6 +1,7 @@
 //! Child processes for the SIGKILL scenarios: this test binary started again with
 //! `KP_E2E_CHILD=store` (a Pod store that reports its state and events on stdout) or
-//! `KP_E2E_CHILD=controller` (a durable controller over Pods that prints each reconcile).
+//! `KP_E2E_CHILD=controller` (a durable controller over Pods that prints each reconcile), and
+//! the roles of other scenarios (`delta::CHILD_ROLE`), all started by [`spawn_role`].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
-use kube_persist::{Event, StreamConfig};
+use kube_persist::{Db, DbConfig, Durability, Event, StreamConfig};
 use kube_persist_testkit::realk8s::RealK8s;
 
 use crate::common;
@@ -57,10 +58,16 @@ pub fn run(role: &str) {
             .client()
             .await
             .expect("child client");
-        let db = common::try_open_db(common::child_engine(), &dir).expect("child opens the store");
+        let mut config = DbConfig::default().engine(common::child_engine());
+        if role == crate::delta::CHILD_ROLE {
+            // Its store on disk is inspected after each kill: every batch durable.
+            config = config.durability(Durability::EveryBatch);
+        }
+        let db = Db::open_with(&dir, config).expect("child opens the store");
         match role {
             "store" => store(db, client).await,
             "controller" => controller(db, client).await,
+            crate::delta::CHILD_ROLE => crate::delta::child(db, client).await,
             other => panic!("unknown child role {other}"),
         }
     });
@@ -214,6 +221,26 @@ pub fn flush_request(dir: &std::path::Path) -> std::path::PathBuf {
     dir.with_extension("flush")
 }
 
+/// This binary started again as the child `role` on the store at `dir` (with the child
+/// engine), with `env` besides, and the lines it prints (collected on a thread).
+pub fn spawn_role(
+    role: &str,
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, Arc<Mutex<Vec<String>>>) {
+    let mut vars: Vec<(&str, &std::ffi::OsStr)> = vec![
+        (CHILD_ENV, role.as_ref()),
+        (common::ENGINE_ENV, common::child_engine().name().as_ref()),
+        (DIR_ENV, dir.as_os_str()),
+        (KUBECONFIG_ENV, kubeconfig.as_os_str()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.as_ref())));
+    let mut child = common::spawn_self(role, &vars);
+    let lines = common::collect_stdout(&mut child, |_| true);
+    (child, lines)
+}
+
 /// A running child process and the lines it printed.
 pub struct Child {
     child: std::process::Child,
@@ -227,17 +254,8 @@ impl Child {
         kubeconfig: &std::path::Path,
         streaming: bool,
     ) -> Child {
-        let mut child = common::spawn_self(
-            role,
-            &[
-                (CHILD_ENV, role.as_ref()),
-                (common::ENGINE_ENV, common::child_engine().name().as_ref()),
-                (DIR_ENV, dir.as_os_str()),
-                (KUBECONFIG_ENV, kubeconfig.as_os_str()),
-                (STREAMING_ENV, if streaming { "1" } else { "0" }.as_ref()),
-            ],
-        );
-        let lines = common::collect_stdout(&mut child, |_| true);
+        let streaming = if streaming { "1" } else { "0" };
+        let (child, lines) = spawn_role(role, dir, kubeconfig, &[(STREAMING_ENV, streaming)]);
         Child { child, lines }
     }
 

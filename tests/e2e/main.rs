@@ -18,6 +18,7 @@ mod common;
 mod child;
 mod cli;
 mod crd;
+mod delta;
 mod deploy;
 mod fresh;
 mod kill;
@@ -179,6 +180,8 @@ const NO_WATCH_CACHE: &[&str] = &[
     "compaction",
     "fresh-after-compaction",
     "fresh-quiet-no-bookmarks",
+    "delta-relist",
+    "delta-relist-kill",
 ];
 
 /// Whether [`ONLY_ENV`] (when set) names a scenario for which `on` holds: a server no
@@ -229,9 +232,11 @@ async fn run(target: Target) -> Suite {
         suite
             .run(
                 "fresh-quiet-no-bookmarks",
-                fresh::quiet_without_bookmarks(c),
+                fresh::quiet_without_bookmarks(c.clone()),
             )
             .await;
+        suite.run("delta-relist", delta::relist(c.clone())).await;
+        suite.run("delta-relist-kill", delta::relist_kill(c)).await;
     }
     suite
 }

@@ -9,8 +9,9 @@
 //! takes an event every [`SLOW_TAKE`] (never longer than the stall bound for one event,
 //! always behind the watch) and one first polled [`LATE_POLL`] after the run starts.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,8 +23,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::Controller;
 use kube_persist::{
-    Db, DbConfig, Durability, Engine, Event, Reader, Shard, ShardKey, SharedEvent, SharedWatcher,
-    Subscriber,
+    Db, DbConfig, Durability, Engine, Event, Reader, RelistMode, Shard, ShardKey, SharedEvent,
+    SharedWatcher, Subscriber,
 };
 
 /// Namespace of the ConfigMaps the controller reconciles.
@@ -73,6 +74,8 @@ pub struct RunCfg {
     pub page: u32,
     /// The `Db`'s durability: fsync every batch (0) or a background flush every that many ms.
     pub flush_ms: u64,
+    /// How the store lists again after a 410 (`RelistMode`).
+    pub relist: RelistMode,
 }
 
 impl RunCfg {
@@ -83,7 +86,12 @@ impl RunCfg {
             None => "all".into(),
         };
         let (s, i, p, f) = (self.streaming, self.index, self.page, self.flush_ms);
-        format!("{s} {shard} {i} {p} {f}")
+        let r = match self.relist {
+            RelistMode::Full => "full",
+            RelistMode::Delta => "delta",
+            _ => "auto",
+        };
+        format!("{s} {shard} {i} {p} {f} {r}")
     }
 
     pub fn decode(s: &str) -> RunCfg {
@@ -97,6 +105,11 @@ impl RunCfg {
             index: f[2] == "true",
             page: f[3].parse().unwrap(),
             flush_ms: f[4].parse().unwrap(),
+            relist: match f[5] {
+                "full" => RelistMode::Full,
+                "delta" => RelistMode::Delta,
+                _ => RelistMode::Auto,
+            },
         }
     }
 
@@ -125,6 +138,7 @@ impl RunCfg {
     pub fn store_config(&self) -> kube_persist::StreamConfig {
         let mut c = kube_persist::StreamConfig::default()
             .page_size(self.page)
+            .relist_mode(self.relist)
             .backoff(Duration::from_millis(20), Duration::from_millis(300))
             .relist_jitter(Duration::from_millis(20));
         if self.streaming {
@@ -318,6 +332,33 @@ pub struct Consumed {
     pub started: [AtomicUsize; 2],
     /// `Lagged` each received.
     pub lagged: [AtomicUsize; 2],
+    /// Per consumer, `name -> resourceVersion` of the newest version it was given (from the
+    /// store's contents when the run opened it on).
+    pub newest: [Mutex<HashMap<String, String>>; 2],
+    /// Objects a consumer was given older than a version it (or the store) had before.
+    pub older: Mutex<Vec<String>>,
+}
+
+impl Consumed {
+    /// Consumer `i` is given `cm`: never older than what it had of that object.
+    fn given(&self, i: usize, cm: &ConfigMap) {
+        use kube_persist::resource_version::compare;
+        let m = &cm.metadata;
+        let (name, rv) = (
+            m.name.clone().unwrap_or_default(),
+            m.resource_version.clone(),
+        );
+        let Some(rv) = rv else { return };
+        let mut newest = self.newest[i].lock().unwrap();
+        if let Some(had) = newest.get(&name)
+            && compare(&rv, had).is_ok_and(|o| o.is_lt())
+        {
+            let what = format!("consumer {i}: {name} at {rv} after {had}");
+            self.older.lock().unwrap().push(what);
+            return;
+        }
+        newest.insert(name, rv);
+    }
 }
 
 impl Consumers {
@@ -338,6 +379,11 @@ impl Consumers {
                             if matches!(*ev, Event::InitDone | Event::Resumed { .. }) =>
                         {
                             seen.started[i].fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(SharedEvent::Event(ev)) => {
+                            if let Event::Apply(cm) | Event::InitApply(cm) = &*ev {
+                                seen.given(i, cm);
+                            }
                         }
                         _ => {}
                     }
@@ -393,12 +439,14 @@ pub const CHILD_DIR_ENV: &str = "KP_LIFECYCLE_CHILD_DIR";
 pub const CHILD_URL_ENV: &str = "KP_LIFECYCLE_CHILD_URL";
 pub const CHILD_CFG_ENV: &str = "KP_LIFECYCLE_CHILD_CFG";
 /// `phase:<SyncPhase>`: the child SIGKILLs itself as soon as it sees the store in that
-/// phase; `after:<ms>`: that long after it opened the store.
+/// phase; `after:<ms>`: that long after it opened the store; `delta:<n>`: in `Listing` once
+/// it has read `n` metadata pages of a delta relist; `delta-synced`: in `Synced` after one
+/// (flushed first).
 pub const CHILD_KILL_ENV: &str = "KP_LIFECYCLE_CHILD_KILL";
 
 /// The child process: the controller on the store at `dir`, printing `child-started`,
-/// `phase <phase>` and `len <n>` at each change of the store's phase and length (watched on
-/// a thread, every 200 µs), `ready-outside <n>` once ready, and `reconciled <name> <rv>
+/// `phase <phase>`, `len <n>` and `delta <metadata pages> <bodies fetched>` at each change
+/// of the store's phase, length and delta relist counters (watched on a thread, every 200 µs), `ready-outside <n>` once ready, and `reconciled <name> <rv>
 /// <uid>` (and `wrote ...`), until it is killed (by the test, or by itself as `CHILD_KILL_ENV` says).
 pub fn child_main(dir: String) {
     let url = std::env::var(CHILD_URL_ENV).expect("the server's URL");
@@ -415,7 +463,8 @@ pub fn child_main(dir: String) {
         let reader = c.0.reader();
         println!("child-started");
         let watched = reader.clone();
-        std::thread::spawn(move || watch_phases(watched, &kill));
+        let flushed = db.clone();
+        std::thread::spawn(move || watch_phases(watched, &kill, flushed));
         let ready = tokio::spawn(outside_at_ready(reader, cfg));
         tokio::spawn(async move {
             if let Ok(Some(n)) = ready.await {
@@ -428,11 +477,13 @@ pub fn child_main(dir: String) {
     });
 }
 
-fn watch_phases(reader: Reader<ConfigMap>, kill: &str) {
+fn watch_phases(reader: Reader<ConfigMap>, kill: &str, db: Db) {
     let start = std::time::Instant::now();
     let kill_after = kill.strip_prefix("after:").and_then(|ms| ms.parse().ok());
     let kill_on = kill.strip_prefix("phase:");
-    let (mut phase, mut len) = (None, None);
+    let kill_delta: Option<u64> = kill.strip_prefix("delta:").and_then(|n| n.parse().ok());
+    let kill_delta_synced = kill == "delta-synced";
+    let (mut phase, mut len, mut delta, mut delta_listed) = (None, None, None, false);
     loop {
         let p = reader.phase();
         if phase != Some(p) {
@@ -446,6 +497,22 @@ fn watch_phases(reader: Reader<ConfigMap>, kill: &str) {
         if len != Some(l) {
             println!("len {l}");
             len = Some(l);
+        }
+        let s = reader.stats();
+        if delta != Some((s.metadata_pages, s.bodies_fetched)) {
+            println!("delta {} {}", s.metadata_pages, s.bodies_fetched);
+            delta = Some((s.metadata_pages, s.bodies_fetched));
+            if p == kube_persist::SyncPhase::Listing
+                && kill_delta.is_some_and(|n| s.metadata_pages >= n)
+            {
+                sigkill_self();
+            }
+        }
+        delta_listed |= p == kube_persist::SyncPhase::Listing && s.metadata_pages > 0;
+        if kill_delta_synced && delta_listed && p == kube_persist::SyncPhase::Synced {
+            // Durable whatever the durability: the store checked is the synced one.
+            let _ = db.flush();
+            sigkill_self();
         }
         if kill_after.is_some_and(|ms| start.elapsed() >= Duration::from_millis(ms)) {
             sigkill_self();

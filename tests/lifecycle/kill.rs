@@ -1,6 +1,6 @@
 //! The SIGKILL operation of the lifecycle model: a child process (this binary again) runs
-//! the controller on the store and is killed in a relist, a sweep, a prune or a reconcile
-//! batch.
+//! the controller on the store and is killed in a relist, a delta relist, a sweep, a prune or
+//! a reconcile batch; the store it left is checked before the next run.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,11 +40,23 @@ impl Model {
             self.report(step, f);
         }
         self.change(change);
+        let delta = matches!(at, KillAt::Delta(_) | KillAt::DeltaSynced);
+        if delta {
+            self.cfg.relist = kube_persist::RelistMode::Delta;
+        }
+        // Changed while down (so fetched), and twice more once the relist has a snapshot.
+        let targets = match at {
+            KillAt::DeltaSynced => self.delta_targets(4),
+            _ => Vec::new(),
+        };
+        let mut retouched = targets.is_empty();
         let faults = self.h.faults();
-        if matches!(at, KillAt::List | KillAt::Sweep) {
+        if matches!(at, KillAt::List | KillAt::Sweep) || delta {
             // The resume gets 410 and relists, slowly; what was deleted meanwhile is swept.
+            // (A delta relist fetches the bodies of what changed.)
             let n = if matches!(at, KillAt::Sweep) { 15 } else { 3 };
-            self.churn(n, 4, n);
+            let updates = if delta { 12 } else { 4 };
+            self.churn(n, updates, n);
             self.h.compact();
             faults.page_delay(Duration::from_millis(40));
         }
@@ -56,6 +68,8 @@ impl Model {
         let kill = match at {
             KillAt::Sweep => "phase:Sweeping".to_string(),
             KillAt::Prune(ms) => format!("after:{ms}"),
+            KillAt::Delta(pages) => format!("delta:{pages}"),
+            KillAt::DeltaSynced => "delta-synced".to_string(),
             _ => String::new(),
         };
         let (mut child, lines, readers) = self.spawn_child(child_run, &kill);
@@ -74,6 +88,15 @@ impl Model {
             let mut phases = lines.iter().filter(|l| l.starts_with("phase "));
             phases.any(|l| l == "phase Listing") && phases.any(|l| l == "phase Synced")
         };
+        // A metadata page of a delta relist was read (its snapshot fixed).
+        let delta_read = || {
+            let lines = lines.lock().unwrap();
+            lines.iter().any(|l| {
+                l.strip_prefix("delta ")
+                    .and_then(|d| d.split(' ').next()?.parse::<u64>().ok())
+                    .is_some_and(|pages| pages > 0)
+            })
+        };
         let deadline = Instant::now() + Duration::from_secs(15);
         let hit = loop {
             let exited = child.try_wait().unwrap().is_some();
@@ -81,7 +104,11 @@ impl Model {
             let hit = match at {
                 KillAt::List => seen("phase Listing").then_some(true),
                 // The child kills itself in the sweep, or missed it (too quick to see).
-                KillAt::Sweep => (exited || synced_after_listing()).then_some(exited),
+                KillAt::Sweep | KillAt::Delta(_) => {
+                    (exited || synced_after_listing()).then_some(exited)
+                }
+                // It kills itself once its flush is done: not killed from here meanwhile.
+                KillAt::DeltaSynced => exited.then(delta_read),
                 KillAt::Prune(_) => exited.then(|| {
                     let lines = lines.lock().unwrap();
                     let lens: Vec<u64> = lines
@@ -97,6 +124,12 @@ impl Model {
             }
             if Instant::now() > deadline {
                 break false;
+            }
+            if !retouched && delta_read() {
+                retouched = true;
+                for _ in 0..2 {
+                    targets.iter().for_each(|n| self.touch(n));
+                }
             }
             if matches!(at, KillAt::Reconcile(_)) && self.jitter.random_bool(0.05) {
                 let name = format!("cm-{}", self.jitter.random_range(0..self.created));
@@ -161,6 +194,7 @@ impl Model {
             self.report(step, ready_outside(n));
         }
         faults.clear();
+        self.check_killed(step).await;
         let mut rc = RunChecks {
             owned_upto: from,
             ..RunChecks::default()

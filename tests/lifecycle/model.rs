@@ -1,5 +1,9 @@
 //! The lifecycle model: random operations on the server, the store and the controller's
 //! process, each followed by the invariant checks of `checks.rs`.
+//!
+//! Over 600 lines: the draw of the operations, their dispatch and a run's life (open, stop,
+//! the checks at quiescence) share the model's state; each family of operations lives in a
+//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `writes`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -18,6 +22,7 @@ use crate::app::{self, NS, RunCfg};
 use crate::checks::{self, Found, Log, Rec, RunChecks, Trig};
 
 mod beside;
+mod delta;
 mod kill;
 mod poke;
 mod writes;
@@ -51,6 +56,12 @@ enum KillAt {
     Prune(u64),
     /// After this many reconciles of the child.
     Reconcile(usize),
+    /// In a delta relist (after a 410 on resume, pages slowed, objects changed while
+    /// down), once this many metadata pages were read: their bodies being fetched.
+    Delta(u64),
+    /// As soon as a delta relist is `Synced`, objects it fetches having changed again after
+    /// its snapshot: the bodies it fetched may be newer than its checkpoint.
+    DeltaSynced,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +99,8 @@ enum Op {
     /// A read-only handle opened beside the live run (the `kube-persist` tool's), and a
     /// verify through it.
     ReadBeside,
+    /// A relist of the live store while this many objects change under it (`delta.rs`).
+    RelistUnder(usize),
 }
 
 struct Live {
@@ -99,6 +112,8 @@ struct Live {
     stop: tokio::sync::oneshot::Sender<()>,
     /// Objects outside the shard when the store first reported ready.
     outside_at_ready: Option<JoinHandle<Option<usize>>>,
+    /// What the run's reads gave, for the delta invariants.
+    view: delta::RunView,
     /// What the shared stream's other consumers saw.
     consumed: Arc<app::Consumed>,
     started: Instant,
@@ -140,6 +155,8 @@ pub struct Model {
     triggers: Vec<Trig>,
     /// When the last churn of a live store ended, and the server's version then.
     churned: Option<(Instant, String)>,
+    /// What the delta operations and checks found.
+    delta: delta::Tally,
 }
 
 fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
@@ -177,6 +194,7 @@ impl Model {
                 index: false,
                 page: 20,
                 flush_ms: 100,
+                relist: kube_persist::RelistMode::Auto,
             },
             run: 0,
             step: 0,
@@ -192,6 +210,7 @@ impl Model {
             kills: BTreeMap::new(),
             triggers: Vec::new(),
             churned: None,
+            delta: delta::Tally::default(),
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -220,9 +239,10 @@ impl Model {
             .collect::<Vec<_>>()
             .join(", ");
         let kills = format!(
-            "{kills}; slowest step {} ({:.1} s)",
+            "{kills}; slowest step {} ({:.1} s); {}",
             slowest.1,
-            slowest.0.as_secs_f64()
+            slowest.0.as_secs_f64(),
+            m.delta
         );
         if m.violations > 0 || std::env::var_os("KP_LIFECYCLE_HISTORY").is_some() {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
@@ -260,10 +280,12 @@ impl Model {
                     burst: r.random_range(5..40),
                 },
                 _ => {
-                    let at = match r.random_range(0..4) {
+                    let at = match r.random_range(0..6) {
                         0 => KillAt::List,
                         1 => KillAt::Sweep,
                         2 => KillAt::Prune(r.random_range(0..40)),
+                        3 => KillAt::Delta(r.random_range(1..3)),
+                        4 => KillAt::DeltaSynced,
                         _ => KillAt::Reconcile(r.random_range(1..40)),
                     };
                     let change = if matches!(at, KillAt::Prune(_)) {
@@ -275,7 +297,8 @@ impl Model {
                 }
             };
         }
-        match r.random_range(0..15) {
+        match r.random_range(0..16) {
+            15 => Op::RelistUnder(r.random_range(2..6)),
             14 => Op::ReadBeside,
             11..=13 => Op::Poke(Poke::draw(r)),
             0..=4 => Op::Churn {
@@ -323,6 +346,7 @@ impl Model {
             }
             Op::WriteRead => self.write_read(step).await,
             Op::ReadBeside => self.read_beside(step).await,
+            Op::RelistUnder(n) => self.relist_under(n).await,
             Op::Poke(poke) => self.poke(poke).await,
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
@@ -416,6 +440,8 @@ impl Model {
     }
 
     fn change(&mut self, change: Change) {
+        // Every reopen lists again (after a 410) in a mode of its own.
+        self.cfg.relist = delta::draw_mode(&mut self.rng);
         let cfg = &mut self.cfg;
         match change {
             Change::Nothing => {}
@@ -541,6 +567,8 @@ impl Model {
             );
         }
         let reader = c.0.reader();
+        let consumed = Arc::new(app::Consumed::default());
+        let view = delta::RunView::open(&reader, &consumed);
         self.history.push(format!(
             "(run {} opens {:?}, ready {})",
             self.run,
@@ -549,7 +577,6 @@ impl Model {
         ));
         let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let consumed = Arc::new(app::Consumed::default());
         let task = tokio::spawn(app::run(c, client, sink, consumed.clone(), async move {
             let _ = rx.await;
         }));
@@ -560,6 +587,7 @@ impl Model {
             task,
             stop,
             outside_at_ready: Some(outside),
+            view,
             consumed,
             started: Instant::now(),
         });
@@ -646,6 +674,7 @@ impl Model {
                 if let Some(f) = checks::consumers_started(&consumed, run_started).await {
                     self.report(step, f);
                 }
+                self.check_delta(step);
             }
         }
         let mut rc = std::mem::take(&mut self.rc);
