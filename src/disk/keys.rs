@@ -29,6 +29,11 @@ pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
 pub(crate) const SHARD_KEY: &[u8] = b"mshard";
 /// Present while objects outside a narrowed shard are being pruned: the last key pruned.
 pub(crate) const PRUNE_KEY: &[u8] = b"mprune";
+/// Present while a delta relist's fetched bodies may be newer than the checkpoint: the
+/// highest resourceVersion fetched (a `String`, `record::encode`d). The watch skips replayed
+/// events older than a stored version only while the checkpoint is below it, and it is
+/// removed in the batch whose checkpoint reaches it.
+pub(crate) const FETCHED_KEY: &[u8] = b"mfetched";
 
 /// The suffix shared by an object's record and mark: `namespace \0 name`.
 pub(crate) fn object_suffix(namespace: Option<&str>, name: &str) -> Vec<u8> {
