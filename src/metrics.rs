@@ -179,8 +179,18 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
     ),
     (
         "bodies_fetched",
-        "Object bodies a delta relist fetched (one GET each) because they were new or changed.",
+        "Object bodies a delta relist fetched (one LIST narrowed to the object each) because they were new or changed.",
         |s| s.bodies_fetched,
+    ),
+    (
+        "fetch_retries",
+        "A delta relist's fetches retried after a transient failure (429, 5xx, a timeout).",
+        |s| s.fetch_retries,
+    ),
+    (
+        "delta_fallbacks",
+        "Delta relists that listed in full from some page on because the server refused a metadata page or a fetch (401, 403, 405, 406, 415, 400, 422).",
+        |s| s.delta_fallbacks,
     ),
     (
         "stale_events_skipped",

@@ -133,6 +133,9 @@ pub(crate) struct DiskWorker {
     /// List pages fetched, parsed or queued for the disk thread, over every stream of the
     /// directory: a page holds a permit from before its GET until it is committed.
     pages: Arc<tokio::sync::Semaphore>,
+    /// Single objects a delta relist fetches at once, over every stream of the directory
+    /// (see [`DiskWorker::fetch_permit`]).
+    fetches: Arc<tokio::sync::Semaphore>,
     /// Emptied list-page buffers, reused by the next pages while some stream of the
     /// directory lists (see [`Pool`]).
     buffers: Arc<Mutex<Pool>>,
@@ -190,6 +193,11 @@ pub(crate) fn pages_in_flight() -> usize {
     cpu_threads() + 2
 }
 
+/// Single objects fetched at once per store directory, by the delta relists of all its
+/// streams together (each stream also caps its own): twenty streams relisting after an API
+/// server restart send at most this many requests at once, not twenty times a stream's.
+pub(crate) const FETCHES_PER_DIRECTORY: usize = 32;
+
 impl DiskWorker {
     /// Start the disk thread of the store at `path`.
     pub(crate) fn spawn(path: &Path) -> Result<Self> {
@@ -201,6 +209,7 @@ impl DiskWorker {
             thread,
             path: path.to_path_buf(),
             pages: Arc::new(tokio::sync::Semaphore::new(pages_in_flight())),
+            fetches: Arc::new(tokio::sync::Semaphore::new(FETCHES_PER_DIRECTORY)),
             buffers: Arc::default(),
         })
     }
@@ -272,6 +281,16 @@ impl DiskWorker {
             .acquire_owned()
             .await
             .expect("the page semaphore is never closed")
+    }
+
+    /// Wait for a place for one more single-object fetch in flight in this directory
+    /// ([`FETCHES_PER_DIRECTORY`]); dropping the permit gives it back.
+    pub(crate) async fn fetch_permit(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.fetches
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the fetch semaphore is never closed")
     }
 
     /// Queue `job` on the disk thread now (jobs run in the order they are queued); the

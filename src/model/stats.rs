@@ -56,9 +56,16 @@ pub struct Stats {
     pub decodes: u64,
     /// Metadata-only LIST pages of delta relists ([`RelistMode`](crate::RelistMode)).
     pub metadata_pages: u64,
-    /// Object bodies a delta relist fetched (one GET each): the objects new or changed
-    /// since the store last saw them.
+    /// Object bodies a delta relist fetched (one LIST narrowed to the object each): the
+    /// objects new or changed since the store last saw them.
     pub bodies_fetched: u64,
+    /// A delta relist's fetches retried after a transient failure (429, 5xx, a timeout).
+    pub fetch_retries: u64,
+    /// Delta relists that listed in full from some page on because the server refused
+    /// their metadata pages or fetches (401, 403, 405, 406, 415, 400, 422): a verb the
+    /// store's credentials lack, or a request the server does not serve. Each is logged
+    /// once, as a warning naming what was refused.
+    pub delta_fallbacks: u64,
     /// Watch events skipped because the store already held a newer version of their
     /// object (the replay after a delta relist, which fetched bodies newer than the list).
     pub stale_events_skipped: u64,
@@ -83,6 +90,8 @@ pub(crate) struct Counters {
     pub(crate) decodes: AtomicU64,
     pub(crate) metadata_pages: AtomicU64,
     pub(crate) bodies_fetched: AtomicU64,
+    pub(crate) fetch_retries: AtomicU64,
+    pub(crate) delta_fallbacks: AtomicU64,
     pub(crate) stale_events_skipped: AtomicU64,
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
@@ -131,6 +140,8 @@ impl Counters {
             decodes: self.decodes.load(Relaxed),
             metadata_pages: self.metadata_pages.load(Relaxed),
             bodies_fetched: self.bodies_fetched.load(Relaxed),
+            fetch_retries: self.fetch_retries.load(Relaxed),
+            delta_fallbacks: self.delta_fallbacks.load(Relaxed),
             stale_events_skipped: self.stale_events_skipped.load(Relaxed),
         }
     }

@@ -45,6 +45,8 @@ impl Dir {
         K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
     {
         let opened = self.open_stream(name, identity, shard)?;
+        let fetched_through =
+            self.read_meta::<String>(&*opened.backend, name, keys::FETCHED_KEY)?;
         let stats = Arc::new(Counters::default());
         if opened.reset.is_some() {
             Counters::add(&stats.identity_resets, 1);
@@ -65,6 +67,7 @@ impl Dir {
             opened.lease,
         );
         let reader = Reader::new(opened.backend, path, rx, stats.clone(), cache, cipher);
+        writer.set_fetched_through(fetched_through);
         // A narrowed shard still holding objects it no longer owns is not ready.
         writer.set_pruning(writer.prune_pending()?.is_some());
         writer.publish();

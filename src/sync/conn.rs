@@ -197,7 +197,7 @@ impl WatchConn {
                     Some(StatusKind::Gone) => ConnectFailure::Gone,
                     Some(StatusKind::TooLarge) => ConnectFailure::TooLarge(err),
                     Some(StatusKind::Invalid) => ConnectFailure::Invalid(err),
-                    Some(StatusKind::Other) | None => ConnectFailure::Other(err),
+                    Some(StatusKind::Refused | StatusKind::Other) | None => ConnectFailure::Other(err),
                 })
             }
         }

@@ -41,9 +41,87 @@ pub(crate) fn params(selectors: Selectors<'_>, limit: u32, from: From<'_>) -> Li
     lp
 }
 
+/// `ListParams` of a LIST narrowed to the one object `name` of `selectors` (in the
+/// namespace the request's path names): its field selector is the stream's joined to
+/// `metadata.name=<name>` (escaped as a field selector value), its label selector the
+/// stream's, and its answer not older than `at` (`resourceVersionMatch=NotOlderThan`: served
+/// from the API server's watch cache when it has one, never older than a page listed at `at`).
+/// It needs only the `list` verb, and an empty answer means the object is not in the
+/// selection now.
+pub(crate) fn one(selectors: Selectors<'_>, name: &str, at: &str) -> ListParams {
+    let named = format!("metadata.name={}", escape_field_value(name));
+    let fields = match selectors.fields.filter(|f| !f.trim().is_empty()) {
+        Some(f) => format!("{f},{named}"),
+        None => named,
+    };
+    ListParams {
+        label_selector: selectors.labels.map(str::to_string),
+        field_selector: Some(fields),
+        resource_version: Some(at.to_string()),
+        version_match: Some(VersionMatch::NotOlderThan),
+        ..ListParams::default()
+    }
+}
+
+/// apimachinery's `fields.EscapeValue`: a field selector value with `\`, `,` and `=`
+/// escaped by a backslash (the query string's own encoding is the request builder's).
+pub(crate) fn escape_field_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_object_lists_within_the_selection() {
+        let sel = Selectors {
+            labels: Some("app=web"),
+            fields: Some("spec.nodeName=n1"),
+        };
+        let lp = one(sel, "p-0", "42");
+        assert_eq!(
+            lp.field_selector.as_deref(),
+            Some("spec.nodeName=n1,metadata.name=p-0")
+        );
+        assert_eq!(lp.label_selector.as_deref(), Some("app=web"));
+        assert_eq!(lp.resource_version.as_deref(), Some("42"));
+        assert!(matches!(lp.version_match, Some(VersionMatch::NotOlderThan)));
+        assert_eq!(lp.limit, None);
+        let lp = one(Selectors::default(), "a", "1");
+        assert_eq!(lp.field_selector.as_deref(), Some("metadata.name=a"));
+    }
+
+    /// Names that RBAC objects and other kinds accept, which a path or a selector must
+    /// carry as they are.
+    #[test]
+    fn names_are_escaped_as_field_selector_values_and_in_the_query() {
+        assert_eq!(escape_field_value(r"a,b=c\d"), r"a\,b\=c\\d");
+        assert_eq!(escape_field_value("a?b #é"), "a?b #é");
+        for name in ["a?b", "a#b", "a b", "système:é", "a,b=c", r"x\y", "a&b=c%2F"] {
+            let req = kube::core::Request::new("/apis/rbac.authorization.k8s.io/v1/clusterroles")
+                .list(&one(Selectors::default(), name, "7"))
+                .expect("every name builds a request");
+            let uri = req.uri().clone();
+            assert_eq!(uri.path(), "/apis/rbac.authorization.k8s.io/v1/clusterroles");
+            let query: std::collections::HashMap<String, String> =
+                form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+                    .into_owned()
+                    .collect();
+            assert_eq!(
+                query.get("fieldSelector").map(String::as_str),
+                Some(format!("metadata.name={}", escape_field_value(name)).as_str()),
+                "{name:?}"
+            );
+        }
+    }
 
     #[test]
     fn pages_carry_selectors_and_their_start() {

@@ -306,7 +306,11 @@ impl Ingest {
                             // not be served as current: remove it (a relist's sweep does
                             // the same for an initial event).
                             if !initial {
-                                p.ops.push(Op::Reject { suffix: key });
+                                p.ops.push(Op::Reject {
+                                    suffix: key,
+                                    resource_version: Some(rejected.resource_version.clone())
+                                        .filter(|rv| !rv.is_empty()),
+                                });
                             }
                             p.rejected.push(rejected);
                         }
@@ -317,18 +321,18 @@ impl Ingest {
                         }
                     }
                 }
-                "DELETED" => match raw::deleted_suffix(ev.object) {
-                    Ok(suffix) if !initial => {
+                "DELETED" => match raw::deleted(ev.object) {
+                    Ok(d) if !initial => {
                         p.delivered += 1;
-                        let resource_version = raw::bookmark(ev.object).map(|(rv, _)| rv);
-                        if let Some(rv) = &resource_version {
+                        if let Some(rv) = &d.resource_version {
                             p.last_rv = Some(rv.clone());
                         }
                         events += 1;
                         p.ops.push(Op::Delete {
-                            suffix,
+                            suffix: d.suffix,
                             body: ev.object.get().as_bytes().to_vec(),
-                            resource_version,
+                            resource_version: d.resource_version,
+                            uid: d.uid,
                         });
                     }
                     Ok(_) => tracing::warn!(

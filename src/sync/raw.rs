@@ -115,6 +115,10 @@ pub(crate) enum StatusKind {
     TooLarge,
     /// 400 or 422: the request itself is refused (a selector, a parameter).
     Invalid,
+    /// 401, 403, 405, 406 or 415: the client may not make this request (a verb its
+    /// credentials are not granted), or the server does not serve it in this method or
+    /// representation. Retrying the same request cannot help.
+    Refused,
     /// Anything else: retried with backoff.
     Other,
 }
@@ -126,6 +130,7 @@ impl StatusKind {
             (410, _) => StatusKind::Gone,
             (_, true) => StatusKind::TooLarge,
             (400 | 422, _) => StatusKind::Invalid,
+            (401 | 403 | 405 | 406 | 415, _) => StatusKind::Refused,
             _ => StatusKind::Other,
         }
     }
@@ -344,19 +349,33 @@ pub(crate) fn listed(raw: &RawValue) -> Result<Listed, BadObject> {
     })
 }
 
-/// The key suffix of a deleted object (only name and namespace are needed).
-pub(crate) fn deleted_suffix(raw: &RawValue) -> Result<Vec<u8>, BadObject> {
+/// The identity of a `DELETED` event's object: its key suffix, uid and the deletion's
+/// resourceVersion (the body is not otherwise read).
+pub(crate) fn deleted(raw: &RawValue) -> Result<Deleted, BadObject> {
     let json = raw.get();
     let head: Head = serde_json::from_str(json).map_err(|e| {
         BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
     })?;
-    match head.metadata.name {
-        Some(n) if !n.is_empty() => Ok(object_suffix(head.metadata.namespace.as_deref(), &n)),
+    let m = head.metadata;
+    match m.name {
+        Some(n) if !n.is_empty() => Ok(Deleted {
+            suffix: object_suffix(m.namespace.as_deref(), &n),
+            uid: m.uid.filter(|u| !u.is_empty()),
+            resource_version: m.resource_version.filter(|rv| !rv.is_empty()),
+        }),
         _ => Err(BadObject::anonymous(
             snippet(json),
             "missing metadata.name".into(),
         )),
     }
+}
+
+/// The identity of a `DELETED` event's object (see [`deleted`]).
+pub(crate) struct Deleted {
+    pub(crate) suffix: Vec<u8>,
+    pub(crate) uid: Option<String>,
+    /// The deletion's resourceVersion, when the server gave one.
+    pub(crate) resource_version: Option<String>,
 }
 
 /// The first bytes of a JSON text, for log lines about objects without a usable name.
@@ -383,6 +402,9 @@ mod tests {
         assert_eq!(StatusKind::of(422, false), StatusKind::Invalid);
         assert_eq!(StatusKind::of(500, false), StatusKind::Other);
         assert_eq!(StatusKind::of(429, false), StatusKind::Other);
+        for code in [401, 403, 405, 406, 415] {
+            assert_eq!(StatusKind::of(code, false), StatusKind::Refused);
+        }
         let body: StatusBody = serde_json::from_str(
             r#"{"code":504,"reason":"Timeout","message":"Too large resource version: 9, current: 7","details":{"causes":[{"reason":"ResourceVersionTooLarge"}]}}"#,
         )

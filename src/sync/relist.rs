@@ -1,19 +1,24 @@
 //! How a store that holds objects lists again (after `410 Gone`, past the API server's watch
 //! history): in full, or as a *delta relist* that lists metadata only and fetches the bodies
 //! of only the objects that are new or changed. The mode ([`RelistMode`]), its rules, and the
-//! parsing of its pages; the stage that runs it is `machine/delta.rs`.
+//! parsing of its pages; the stage that runs it is `machine/delta.rs`, its fetches
+//! `machine/fetch.rs`.
 //!
 //! A delta relist lists the collection as `PartialObjectMetadataList` pages (the same
 //! selectors, shard and page size, the same snapshot across pages). For each page it reads the
 //! stored resourceVersions of the page's objects from disk (record heads only), marks the
-//! objects whose stored version is the listed one, and fetches the others with one GET each,
-//! [`FETCHES_IN_FLIGHT`] at a time. The marks and the fetched bodies are committed in one
-//! atomic batch with the list's continue token, as a full page is; the sweep at the end
-//! removes what no page marked. A fetched body may be newer than the list's resourceVersion;
-//! the watch from that resourceVersion then replays events older than what is stored, and
-//! the writer skips them (`Stats::stale_events_skipped`): versions are ordered by KEP-5504,
-//! so the mode is used only where they are comparable. A GET answered 404 leaves the object
-//! unmarked: it is swept, and the watch replays its deletion.
+//! objects whose stored version is the listed one, and fetches the others with one LIST
+//! narrowed to each (`list::one`: `metadata.name=<name>` within the stream's selectors, not
+//! older than the page), [`FETCHES_IN_FLIGHT`] at a time: the `list` verb only, and an answer
+//! within the selection. The marks and the fetched bodies are committed in one atomic batch
+//! with the list's continue token, as a full page is; the sweep at the end removes what no
+//! page marked. A fetched body may be newer than the list's resourceVersion; the watch from
+//! that resourceVersion then replays events older than what is stored, and the writer skips
+//! them (`Stats::stale_events_skipped`) while its checkpoint is below the newest answer's
+//! resourceVersion (the window, kept on disk with the page): versions are ordered by
+//! KEP-5504, so the mode is used only where they are comparable. A deletion of the stored
+//! object itself is never skipped. An object whose fetch answers empty (deleted, or out of
+//! the selection now) is left unmarked: it is swept, and the watch replays its deletion.
 
 use serde_json::value::RawValue;
 
@@ -26,14 +31,15 @@ use crate::store::Incoming;
 /// How a store that already holds objects lists the collection again (after `410 Gone`:
 /// its checkpoint is past the API server's watch history).
 ///
-/// A delta relist lists metadata only and fetches, one GET each, the objects that are new or
-/// changed since the store saw them: against kube-apiserver it moves a fraction of a full
+/// A delta relist lists metadata only and fetches, one LIST narrowed to each (the `list`
+/// verb, as every mode: none needs `get`), the objects that are new or changed since the
+/// store saw them: against kube-apiserver it moves a fraction of a full
 /// relist's bytes, in less time, when few objects changed, most for kinds whose bodies
 /// dwarf their metadata
 /// ([BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#relist-past-the-watch-history)).
-/// With kube's `gzip` feature the API server compresses LIST pages but not single objects
-/// (under its 128 KiB threshold), so for a kind whose pages compress well (Pods) full pages
-/// move fewer bytes: choose [`RelistMode::Full`] there.
+/// With kube's `gzip` feature the API server compresses LIST pages but not the small answers
+/// of single-object fetches (under its 128 KiB threshold), so for a kind whose pages compress
+/// well (Pods) full pages move fewer bytes: choose [`RelistMode::Full`] there.
 ///
 /// The first list of an empty store is always a full one, and so is any relist of a
 /// metadata-only store ([`Db::metadata_store`](crate::Db::metadata_store): its objects are
@@ -70,7 +76,8 @@ impl RelistMode {
     pub const AUTO_FULL_PAGE_ABOVE: f64 = 0.06;
 }
 
-/// Bodies a delta relist fetches at once (GETs in flight).
+/// Bodies a delta relist of one stream fetches at once (the directory caps all its streams'
+/// together, `exec::FETCHES_PER_DIRECTORY`).
 pub(crate) const FETCHES_IN_FLIGHT: usize = 16;
 
 impl StreamConfig {
@@ -79,7 +86,7 @@ impl StreamConfig {
     ///
     /// ```
     /// use kube_persist::{RelistMode, StreamConfig};
-    /// // Always relist full objects (one LIST page per `page_size` objects, no GETs).
+    /// // Always relist full objects (one LIST page per `page_size` objects, no fetches).
     /// let cfg = StreamConfig::default().relist_mode(RelistMode::Full);
     /// assert_eq!(cfg.get_relist_mode(), RelistMode::Full);
     /// ```

@@ -22,6 +22,10 @@ pub(crate) struct FaultState {
     /// Like `error_watch_after`, for every watch until cleared.
     error_every_watch_after: Option<usize>,
     fail_next: HashMap<Verb, PendingFailure>,
+    /// Every n-th LIST narrowed to one object by name fails with this status.
+    fail_named_lists: Option<(usize, u16)>,
+    /// LISTs narrowed to one object by name seen since `fail_named_lists` was set.
+    named_lists: usize,
     gone_next_watch: bool,
     too_large_next_watch: bool,
     page_delay: Duration,
@@ -57,6 +61,20 @@ pub(crate) struct WatchFaults {
 }
 
 impl FaultState {
+    /// The failure of this LIST narrowed to one object by name, if it is one that
+    /// [`Faults::fail_named_lists`] fails.
+    pub(crate) fn take_named_list_failure(&mut self) -> Option<ApiError> {
+        let (every, code) = self.fail_named_lists?;
+        self.named_lists += 1;
+        (self.named_lists % every == 0).then(|| {
+            ApiError::new(
+                code,
+                reason_for(code),
+                format!("injected failure ({code}) for a LIST of one object"),
+            )
+        })
+    }
+
     /// Consumes one pending failure for `verb`, if any.
     pub(crate) fn take_failure(&mut self, verb: Verb) -> Option<ApiError> {
         let entry = self.fail_next.get_mut(&verb)?;
@@ -307,6 +325,17 @@ impl Faults {
     /// reconnect). Not in the original brief; added to force reconnects in tests.
     pub fn close_watches(&self) {
         self.shared.close_watches();
+    }
+
+    /// Every `every`-th LIST narrowed to one object by name (a `fieldSelector` with
+    /// `metadata.name=<name>`, counted in [`RequestCounts::list_named`](crate::RequestCounts))
+    /// fails with `status`, until called with `every == 0`; `every == 1` fails them all
+    /// (a 403 so stands for a client allowed to list pages but refused these). Other LISTs
+    /// are not affected. The count starts again at each call.
+    pub fn fail_named_lists(&self, every: usize, status: u16) {
+        let mut f = self.shared.faults();
+        f.fail_named_lists = (every > 0).then_some((every, status));
+        f.named_lists = 0;
     }
 
     /// Clears all pending faults and the page delay.

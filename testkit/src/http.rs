@@ -257,7 +257,15 @@ async fn api(
             ));
         }
     };
-    if verb == Verb::List && params.get("limit").map(String::as_str) == Some("1") {
+    let named = verb == Verb::List
+        && FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))
+            .is_ok_and(|f| f.names_one());
+    if named {
+        shared.counters.incr_list_named();
+        if let Some(err) = shared.faults().take_named_list_failure() {
+            return Err(err);
+        }
+    } else if verb == Verb::List && params.get("limit").map(String::as_str) == Some("1") {
         shared.counters.incr_list_one();
     } else {
         shared.counters.incr(verb);

@@ -98,6 +98,11 @@ pub struct RequestCounts {
     /// catches up), not listing the collection.
     #[serde(default)]
     pub list_one: u64,
+    /// LIST requests whose field selector pins one object's name (`metadata.name=<name>`),
+    /// not counted in `list`: a client fetching one object by LIST (kube-persist's delta
+    /// relist fetches a changed body so, within the stream's selection).
+    #[serde(default)]
+    pub list_named: u64,
     /// WATCH requests.
     pub watch: u64,
     /// GET of a single object.
@@ -155,7 +160,7 @@ impl Verb {
 
 /// Lock-free per-verb counters.
 #[derive(Debug, Default)]
-pub(crate) struct Counters([AtomicU64; 7], AtomicU64);
+pub(crate) struct Counters([AtomicU64; 7], AtomicU64, AtomicU64);
 
 impl Counters {
     pub(crate) fn incr(&self, verb: Verb) {
@@ -167,11 +172,17 @@ impl Counters {
         self.1.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A LIST narrowed to one object by name (counted apart from `list`).
+    pub(crate) fn incr_list_named(&self) {
+        self.2.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> RequestCounts {
         let g = |v: Verb| self.0[v.index()].load(Ordering::Relaxed);
         RequestCounts {
             list: g(Verb::List),
             list_one: self.1.load(Ordering::Relaxed),
+            list_named: self.2.load(Ordering::Relaxed),
             watch: g(Verb::Watch),
             get: g(Verb::Get),
             create: g(Verb::Create),
@@ -186,5 +197,6 @@ impl Counters {
             c.store(0, Ordering::Relaxed);
         }
         self.1.store(0, Ordering::Relaxed);
+        self.2.store(0, Ordering::Relaxed);
     }
 }

@@ -191,25 +191,23 @@ enum Field {
 pub(crate) struct FieldSelector(Vec<(Field, bool, String)>);
 
 impl FieldSelector {
-    /// Parses a selector; an empty string selects everything.
+    /// Parses a selector; an empty string selects everything. As apimachinery's
+    /// `fields.ParseSelector`: terms are split on unescaped commas, and a value may escape
+    /// `\\`, `,` and `=` with a backslash (`fields.EscapeValue`); any other escape is refused.
     pub(crate) fn parse(s: &str) -> Result<Self, ApiError> {
         if s.trim().is_empty() {
             return Ok(Self::default());
         }
+        let invalid = |term: &str| {
+            ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{term}'"))
+        };
         let mut reqs = Vec::new();
-        for term in s.split(',') {
+        for term in split_unescaped(s) {
             let term = term.trim();
-            let (field, value, negate) = if let Some((f, v)) = term.split_once("!=") {
-                (f, v, true)
-            } else if let Some((f, v)) = term.split_once("==") {
-                (f, v, false)
-            } else if let Some((f, v)) = term.split_once('=') {
-                (f, v, false)
-            } else {
-                return Err(ApiError::bad_request(format!(
-                    "invalid selector: '{s}'; can't understand '{term}'"
-                )));
-            };
+            let (field, raw, negate) = split_operator(term).ok_or_else(|| invalid(term))?;
+            let value = unescape_value(raw).map_err(|e| {
+                ApiError::bad_request(format!("invalid field selector value {raw:?}: {e}"))
+            })?;
             let field = match field.trim() {
                 "metadata.name" => Field::Name,
                 "metadata.namespace" => Field::Namespace,
@@ -222,6 +220,14 @@ impl FieldSelector {
             reqs.push((field, negate, value.trim().to_string()));
         }
         Ok(Self(reqs))
+    }
+
+    /// Whether the selector pins one object's name (`metadata.name=<name>`): a LIST of one
+    /// object (kube-persist's delta relist fetches a changed body so).
+    pub(crate) fn names_one(&self) -> bool {
+        self.0
+            .iter()
+            .any(|(field, negate, _)| *field == Field::Name && !*negate)
     }
 
     /// True if the selector selects everything.
@@ -239,6 +245,64 @@ impl FieldSelector {
             (actual == value) != *negate
         })
     }
+}
+
+/// Splits a field selector into terms at the commas that are not escaped.
+fn split_unescaped(s: &str) -> Vec<&str> {
+    let (mut terms, mut start, mut escaped) = (Vec::new(), 0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' => {
+                terms.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&s[start..]);
+    terms
+}
+
+/// A term's field, raw value and whether it negates, split at its first unescaped
+/// operator (`!=`, `==`, `=`).
+fn split_operator(term: &str) -> Option<(&str, &str, bool)> {
+    let bytes = term.as_bytes();
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match b {
+            b'\\' => escaped = true,
+            b'!' if bytes.get(i + 1) == Some(&b'=') => return Some((&term[..i], &term[i + 2..], true)),
+            b'=' if bytes.get(i + 1) == Some(&b'=') => return Some((&term[..i], &term[i + 2..], false)),
+            b'=' => return Some((&term[..i], &term[i + 1..], false)),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// apimachinery's `fields.UnescapeValue`: `\\`, `\,` and `\=` are the only escapes; an
+/// unescaped `,` or `=` is refused.
+fn unescape_value(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                Some(e) => return Err(format!("invalid escape sequence \\{e}")),
+                None => return Err("a trailing backslash".into()),
+            },
+            ',' | '=' => return Err(format!("unescaped {c:?}")),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -292,6 +356,18 @@ mod tests {
         assert!(!f.matches("default", "b"));
         assert!(FieldSelector::parse("spec.nodeName=x").is_err());
         assert!(FieldSelector::parse("metadata.name").is_err());
+    }
+
+    #[test]
+    fn field_selector_values_unescape() {
+        let f = FieldSelector::parse(r"metadata.name=a\,b\=c\\d,metadata.namespace=ns").unwrap();
+        assert!(f.matches("ns", r"a,b=c\d"));
+        assert!(f.names_one());
+        assert!(!FieldSelector::parse("metadata.name!=x").unwrap().names_one());
+        let f = FieldSelector::parse("metadata.name=a?b #é").unwrap();
+        assert!(f.matches("", "a?b #é"));
+        assert!(FieldSelector::parse(r"metadata.name=a\x").is_err());
+        assert!(FieldSelector::parse("metadata.name=a=b").is_err());
     }
 }
 

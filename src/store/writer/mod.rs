@@ -50,6 +50,9 @@ pub(crate) enum Op {
         suffix: Vec<u8>,
         body: Vec<u8>,
         resource_version: Option<String>,
+        /// The deleted object's uid, when the server gave one: a deletion of the stored
+        /// object (the same uid) is never skipped as older than it.
+        uid: Option<String>,
     },
     /// A delta relist saw the object at this resourceVersion in a metadata-only page: keep
     /// it (mark it seen in this epoch) when the stored version is the same; otherwise
@@ -59,8 +62,13 @@ pub(crate) enum Op {
         resource_version: String,
     },
     /// The server has a newer version that the store refused (see `Stats::bad_objects`):
-    /// remove the stored one, which is no longer current. No `Delete` event.
-    Reject { suffix: Vec<u8> },
+    /// remove the stored one, which is no longer current. No `Delete` event. Skipped, as a
+    /// `Put` is, when older than the stored version while a delta relist's fetched bodies
+    /// are being replayed (see [`Writer::fetched_through`]).
+    Reject {
+        suffix: Vec<u8>,
+        resource_version: Option<String>,
+    },
 }
 
 impl Op {
@@ -68,7 +76,9 @@ impl Op {
     fn suffix(&self) -> &[u8] {
         match self {
             Op::Put(o) => &o.suffix,
-            Op::Delete { suffix, .. } | Op::Reject { suffix } | Op::Seen { suffix, .. } => suffix,
+            Op::Delete { suffix, .. } | Op::Reject { suffix, .. } | Op::Seen { suffix, .. } => {
+                suffix
+            }
         }
     }
 
@@ -77,7 +87,7 @@ impl Op {
         match self {
             Op::Put(_) | Op::Seen { .. } => None,
             Op::Delete { suffix, body, .. } => Some((suffix, Some(body))),
-            Op::Reject { suffix } => Some((suffix, None)),
+            Op::Reject { suffix, .. } => Some((suffix, None)),
         }
     }
 }
@@ -133,6 +143,11 @@ pub(crate) struct Writer {
     keys_only: Option<(String, String)>,
     /// What the last committed batch did (a delta relist's choice of its next page).
     last_tally: Tally,
+    /// The highest resourceVersion a delta relist's fetches answered at, while the watch
+    /// has not replayed past it (`keys::FETCHED_KEY`, read when the stream is opened): the
+    /// store may hold bodies newer than its checkpoint, and the watch skips replayed events
+    /// older than the stored versions only while this is set.
+    fetched_through: Option<String>,
     /// A narrowed shard's prune is pending: the store holds objects it no longer owns and
     /// is not reported ready until the prune completes.
     pruning: bool,
@@ -165,6 +180,7 @@ impl Writer {
             compress: Compression::Lz4,
             keys_only: None,
             pruning: false,
+            fetched_through: None,
             last_tally: Tally::default(),
             _lease: lease,
         }
@@ -173,6 +189,12 @@ impl Writer {
     /// Whether a prune is pending (read from disk when the stream is opened).
     pub(crate) fn set_pruning(&mut self, pruning: bool) {
         self.pruning = pruning;
+    }
+
+    /// The delta relist window read from disk when the stream is opened (see
+    /// [`Writer::fetched_through`]).
+    pub(crate) fn set_fetched_through(&mut self, fetched_through: Option<String>) {
+        self.fetched_through = fetched_through;
     }
 
     /// Store no bodies from now on; swept objects are described with this (apiVersion, kind).
@@ -242,15 +264,22 @@ impl Writer {
         progress: ListProgress,
         emit: bool,
     ) -> Result<Vec<Change>> {
-        self.list_ops(objects.into_iter().map(Op::Put).collect(), progress, emit)
+        self.list_ops(
+            objects.into_iter().map(Op::Put).collect(),
+            progress,
+            emit,
+            None,
+        )
     }
 
-    /// A list page's writes with the list's progress, in one atomic batch.
+    /// A list page's writes with the list's progress, in one atomic batch; `fetched`: a new
+    /// high of the delta relist window ([`Writer::fetched_through`]) to keep with them.
     fn list_ops(
         &mut self,
         ops: Vec<Op>,
         progress: ListProgress,
         emit: bool,
+        fetched: Option<String>,
     ) -> Result<Vec<Change>> {
         let sweep = match &self.state.phase {
             Phase::Listing { sweep, .. } => *sweep,
@@ -276,20 +305,36 @@ impl Writer {
                 Phase::Synced { resource_version }
             }
         };
-        self.commit(ops, next, emit)
+        self.commit_window(ops, next, emit, fetched)
     }
 
     /// Write one page of a delta relist in one atomic batch: `seen`, the objects of a
     /// metadata-only page whose stored version is current (marked), and `fetched`, the
     /// bodies fetched for the others (written whatever is stored: the server's current
     /// state is authoritative, as in a full list).
+    ///
+    /// `answered_at`: the highest resourceVersion the page's fetches were answered at (their
+    /// bodies are no newer), kept with the page as the relist's window
+    /// ([`Writer::fetched_through`]).
     pub(crate) fn delta_page(
         &mut self,
         seen: Vec<(Vec<u8>, String)>,
         fetched: Vec<Incoming>,
+        mut answered_at: Option<String>,
         progress: ListProgress,
         emit: bool,
     ) -> Result<Vec<Change>> {
+        if let Some(at) = &answered_at {
+            let newer = self.fetched_through.as_deref().is_none_or(|high| {
+                !matches!(
+                    crate::model::resource_version::compare(at, high),
+                    Ok(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+                )
+            });
+            if !newer {
+                answered_at = None;
+            }
+        }
         let mut ops: Vec<Op> = seen
             .into_iter()
             .map(|(suffix, resource_version)| Op::Seen {
@@ -298,7 +343,7 @@ impl Writer {
             })
             .collect();
         ops.extend(fetched.into_iter().map(Op::Put));
-        self.list_ops(ops, progress, emit)
+        self.list_ops(ops, progress, emit, answered_at)
     }
 
     /// The stored resourceVersion of each object of `suffixes` (`None`: not stored), read
@@ -338,7 +383,13 @@ impl Writer {
         record::decode(value).map_err(|d| record::corrupt(&self.path, key, d))
     }
 
-    fn write(&mut self, mut batch: WriteBatch, next: State, tally: Tally) -> Result<()> {
+    fn write(
+        &mut self,
+        mut batch: WriteBatch,
+        next: State,
+        tally: Tally,
+        window: Option<String>,
+    ) -> Result<()> {
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
         // Readers must not keep (or re-insert) cached versions of what this batch changes.
@@ -354,6 +405,7 @@ impl Writer {
         Counters::add(&self.stats.batches, 1);
         tracing::trace!(ops, phase = ?next.phase, "batch committed");
         self.last_tally = tally;
+        self.fetched_through = window;
         self.state = next;
         self.publish();
         Ok(())

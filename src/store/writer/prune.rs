@@ -66,7 +66,8 @@ impl Writer {
             deleted: pruned,
             ..Tally::default()
         };
-        self.write(batch, next, tally)?;
+        let window = self.window_update(&mut batch, &next, None);
+        self.write(batch, next, tally, window)?;
         tracing::debug!(pruned, done, "pruned objects outside the shard");
         Ok(done)
     }

@@ -80,7 +80,8 @@ impl Writer {
             deleted,
             ..Tally::default()
         };
-        self.write(batch, next, tally)?;
+        let window = self.window_update(&mut batch, &next, None);
+        self.write(batch, next, tally, window)?;
         Ok((changes, done))
     }
 

@@ -281,7 +281,7 @@ impl Machine {
             match status.kind() {
                 StatusKind::Gone => return self.relist("streaming list ERROR 410").await,
                 StatusKind::TooLarge => return self.too_large(self.watch_status(status)).await,
-                StatusKind::Invalid | StatusKind::Other => {}
+                StatusKind::Invalid | StatusKind::Refused | StatusKind::Other => {}
             }
             if received == 0 {
                 // kube-apiserver refuses a watch-list it cannot serve (e.g. its storage

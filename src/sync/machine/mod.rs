@@ -32,6 +32,7 @@ use super::pacing::Pacing;
 use super::parse::{Ingest, Parsed, Rejected};
 
 mod delta;
+mod fetch;
 mod listing;
 mod watching;
 use crate::exec::{DiskWorker, ListingGuard};
@@ -40,7 +41,7 @@ use crate::model::{Error, Result};
 use crate::store::StatusTx;
 use crate::store::{Change, Writer};
 use crate::store::{Phase, State};
-use delta::PageShape;
+use delta::{DeltaGate, PageShape};
 
 /// How long a live watch burst waits for more events after its first one: events that
 /// arrive together are committed in one batch (up to `page_size`), for a few ms of latency.
@@ -253,8 +254,9 @@ pub(crate) struct Machine {
     catch_up: CatchUp,
     /// A configuration error the server will not accept ended the watcher.
     pub(crate) fatal: bool,
-    /// The server's resourceVersions were not comparable: no delta relist in this process.
-    delta_refused: bool,
+    /// Whether delta relists may run (the server may have refused them, or its
+    /// resourceVersions are not comparable).
+    delta: DeltaGate,
     /// Held while the persisted phase is a list: the directory keeps list-page buffers
     /// for reuse only while some stream lists (see [`DiskWorker::listing`]).
     listing: Option<ListingGuard>,
@@ -311,7 +313,7 @@ impl Machine {
             last_page_bytes: Default::default(),
             catch_up,
             fatal: false,
-            delta_refused: false,
+            delta: DeltaGate::Open,
             listing: None,
         }
     }
@@ -563,6 +565,11 @@ impl Machine {
 
     /// Start a list with a new epoch (whatever it does not see is swept at its end).
     async fn begin_list(&mut self) -> Result<Stage> {
+        // A new relist (not the retry of one in progress) may try a delta relist again.
+        let retry = matches!(self.writer.state.phase, Phase::Listing { .. });
+        if self.delta == DeltaGate::ClosedForThisRelist && !retry {
+            self.delta = DeltaGate::Open;
+        }
         self.set_live(false);
         self.catch_up.list_began();
         self.writer.run(|w| w.begin_list()).await?;

@@ -161,7 +161,7 @@ impl Machine {
             match status.kind() {
                 StatusKind::Gone => return self.relist("watch ERROR 410 Gone").await,
                 StatusKind::TooLarge => return self.too_large(self.watch_status(status)).await,
-                StatusKind::Invalid | StatusKind::Other => {}
+                StatusKind::Invalid | StatusKind::Refused | StatusKind::Other => {}
             }
             if self.pacing.watch_error() {
                 let why = format!(

@@ -81,6 +81,7 @@ async fn create_get_replace_delete() {
         RequestCounts {
             list: 0,
             list_one: 0,
+            list_named: 0,
             watch: 0,
             get: 2,
             create: 2,
