@@ -197,7 +197,9 @@ impl WatchConn {
                     Some(StatusKind::Gone) => ConnectFailure::Gone,
                     Some(StatusKind::TooLarge) => ConnectFailure::TooLarge(err),
                     Some(StatusKind::Invalid) => ConnectFailure::Invalid(err),
-                    Some(StatusKind::Refused | StatusKind::Other) | None => ConnectFailure::Other(err),
+                    Some(StatusKind::Refused | StatusKind::Other) | None => {
+                        ConnectFailure::Other(err)
+                    }
                 })
             }
         }

@@ -105,12 +105,23 @@ mod tests {
     fn names_are_escaped_as_field_selector_values_and_in_the_query() {
         assert_eq!(escape_field_value(r"a,b=c\d"), r"a\,b\=c\\d");
         assert_eq!(escape_field_value("a?b #é"), "a?b #é");
-        for name in ["a?b", "a#b", "a b", "système:é", "a,b=c", r"x\y", "a&b=c%2F"] {
+        for name in [
+            "a?b",
+            "a#b",
+            "a b",
+            "système:é",
+            "a,b=c",
+            r"x\y",
+            "a&b=c%2F",
+        ] {
             let req = kube::core::Request::new("/apis/rbac.authorization.k8s.io/v1/clusterroles")
                 .list(&one(Selectors::default(), name, "7"))
                 .expect("every name builds a request");
             let uri = req.uri().clone();
-            assert_eq!(uri.path(), "/apis/rbac.authorization.k8s.io/v1/clusterroles");
+            assert_eq!(
+                uri.path(),
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+            );
             let query: std::collections::HashMap<String, String> =
                 form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
                     .into_owned()

@@ -199,7 +199,9 @@ impl FieldSelector {
             return Ok(Self::default());
         }
         let invalid = |term: &str| {
-            ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{term}'"))
+            ApiError::bad_request(format!(
+                "invalid selector: '{s}'; can't understand '{term}'"
+            ))
         };
         let mut reqs = Vec::new();
         for term in split_unescaped(s) {
@@ -277,8 +279,12 @@ fn split_operator(term: &str) -> Option<(&str, &str, bool)> {
         }
         match b {
             b'\\' => escaped = true,
-            b'!' if bytes.get(i + 1) == Some(&b'=') => return Some((&term[..i], &term[i + 2..], true)),
-            b'=' if bytes.get(i + 1) == Some(&b'=') => return Some((&term[..i], &term[i + 2..], false)),
+            b'!' if bytes.get(i + 1) == Some(&b'=') => {
+                return Some((&term[..i], &term[i + 2..], true));
+            }
+            b'=' if bytes.get(i + 1) == Some(&b'=') => {
+                return Some((&term[..i], &term[i + 2..], false));
+            }
             b'=' => return Some((&term[..i], &term[i + 1..], false)),
             _ => {}
         }
@@ -363,7 +369,11 @@ mod tests {
         let f = FieldSelector::parse(r"metadata.name=a\,b\=c\\d,metadata.namespace=ns").unwrap();
         assert!(f.matches("ns", r"a,b=c\d"));
         assert!(f.names_one());
-        assert!(!FieldSelector::parse("metadata.name!=x").unwrap().names_one());
+        assert!(
+            !FieldSelector::parse("metadata.name!=x")
+                .unwrap()
+                .names_one()
+        );
         let f = FieldSelector::parse("metadata.name=a?b #é").unwrap();
         assert!(f.matches("", "a?b #é"));
         assert!(FieldSelector::parse(r"metadata.name=a\x").is_err());

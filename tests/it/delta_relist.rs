@@ -79,9 +79,7 @@ pub(crate) async fn relist_after_with(
     before(&fx.h);
     // Without kube's retry layer: the store sees every failure the server answers.
     let client = kube_persist_testkit::client_for_opts(&fx.server.url(), None, false);
-    let (reader, watcher) = db
-        .store("pods", kube::Api::all(client), config)
-        .unwrap();
+    let (reader, watcher) = db.store("pods", kube::Api::all(client), config).unwrap();
     let mut w = crate::common::drive(watcher);
     let events = relisted(&fx, &reader, &mut w).await;
     fx.h.faults().clear();

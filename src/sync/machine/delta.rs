@@ -277,10 +277,12 @@ impl Machine {
     /// The stage after a committed page of a delta relist, from the stored phase.
     fn after_delta_page(&self, shape: PageShape) -> Stage {
         match self.writer.state.phase.clone() {
-            Phase::Listing { continue_token, .. } if self.delta != DeltaGate::Open => Stage::Listing {
-                continue_token,
-                committing: None,
-            },
+            Phase::Listing { continue_token, .. } if self.delta != DeltaGate::Open => {
+                Stage::Listing {
+                    continue_token,
+                    committing: None,
+                }
+            }
             Phase::Listing { continue_token, .. } => Stage::DeltaListing {
                 continue_token,
                 shape,

@@ -251,7 +251,11 @@ mod tests {
         match item_of(page, &l).unwrap() {
             Fetch::Body { json, answered_at } => {
                 assert_eq!(answered_at, "9");
-                assert!(String::from_utf8(json).unwrap().contains(r#""resourceVersion":"8""#));
+                assert!(
+                    String::from_utf8(json)
+                        .unwrap()
+                        .contains(r#""resourceVersion":"8""#)
+                );
             }
             other => panic!("{other:?}"),
         }

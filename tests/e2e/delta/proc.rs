@@ -23,7 +23,7 @@ const KILL_ENV: &str = "KP_E2E_DELTA_KILL";
 /// Where the child kills itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KillAt {
-    /// In `Listing`, once this many metadata pages were read (their GETs under way).
+    /// In `Listing`, once this many metadata pages were read (their fetches under way).
     Pages(u64),
     /// In `Sweeping`.
     Sweeping,
