@@ -66,13 +66,14 @@ impl FaultState {
     pub(crate) fn take_named_list_failure(&mut self) -> Option<ApiError> {
         let (every, code) = self.fail_named_lists?;
         self.named_lists += 1;
-        (self.named_lists % every == 0).then(|| {
-            ApiError::new(
-                code,
-                reason_for(code),
-                format!("injected failure ({code}) for a LIST of one object"),
-            )
-        })
+        if self.named_lists.checked_rem(every) != Some(0) {
+            return None;
+        }
+        Some(ApiError::new(
+            code,
+            reason_for(code),
+            format!("injected failure ({code}) for a LIST of one object"),
+        ))
     }
 
     /// Consumes one pending failure for `verb`, if any.
