@@ -7,7 +7,7 @@ use super::stream_state::{Identity, State};
 use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
-use crate::disk::keys::{self, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
+use crate::disk::keys::{self, FETCHED_KEY, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
 use crate::disk::record::{self, Record};
 use crate::model::Shard;
 use crate::model::{Error, Result};
@@ -65,6 +65,13 @@ pub struct StreamInfo {
     pub keys_only: bool,
     /// The shard the stream keeps ([`StreamConfig::shard`](crate::StreamConfig::shard)), if sharded.
     pub shard: Option<Shard>,
+    /// While a delta relist's fetch window is open ([`RelistMode`](crate::RelistMode)): the
+    /// newest resourceVersion its fetches were answered at. Until the watch's checkpoint
+    /// reaches it, a stored object may be newer than the checkpoint (never outside the
+    /// selection), and one deleted between its metadata page and its fetch may be gone:
+    /// the one bounded exception to "the store equals the server at its checkpoint".
+    /// `None`: the store is exact at its checkpoint.
+    pub fetched_through: Option<String>,
 }
 
 /// A stream's keyspace and the cipher for its bodies.
@@ -105,6 +112,7 @@ impl Dir {
                 .read_meta::<State>(&*backend, name, STATE_KEY)?
                 .unwrap_or_default();
             let shard = self.read_meta::<Shard>(&*backend, name, SHARD_KEY)?;
+            let fetched_through = self.read_meta::<String>(&*backend, name, FETCHED_KEY)?;
             out.push(StreamInfo {
                 name: name.to_string(),
                 api_version: identity.api_version,
@@ -121,6 +129,7 @@ impl Dir {
                 format_version: identity.format_version,
                 keys_only: identity.keys_only,
                 shard,
+                fetched_through,
             });
         }
         Ok(out)

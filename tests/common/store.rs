@@ -116,6 +116,60 @@ pub fn diff(
     )
 }
 
+/// The fetch window a store directory's stream has open (`StreamInfo::fetched_through`):
+/// while it is, a delta relist's bounded exception to "equal to the server at the
+/// checkpoint" applies; `None` for a store that is exact at its checkpoint.
+pub fn fetch_window(db: &kube_persist::Db, stream: &str) -> Option<String> {
+    db.streams()
+        .expect("the store's streams are readable")
+        .into_iter()
+        .find(|s| s.name == stream)
+        .and_then(|s| s.fetched_through)
+}
+
+/// The differences between a store and the server's state at the store's checkpoint that
+/// the store's own fetch window (`window`, [`fetch_window`]) does not explain (empty: none).
+/// With no window open, every difference is a divergence. With one open (a delta relist
+/// fetched bodies and the watch has not replayed past them), a stored object may be NEWER
+/// than the server's at the checkpoint (a version the server had since: at most its version
+/// `now`), and one may be missing that the server no longer has now, or has at a version
+/// newer than the window (deleted or moved out of the selection before its fetch, and
+/// replaced or back since). Versions are ordered only through
+/// `kube_persist::resource_version`.
+pub fn unexplained_by_window(
+    store: &BTreeMap<String, String>,
+    at_checkpoint: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+    checkpoint: &str,
+    window: Option<&str>,
+) -> Vec<String> {
+    use kube_persist::resource_version::compare;
+    use std::cmp::Ordering::Greater;
+    let newer = |v: &str, than: &str| compare(v, than).ok() == Some(Greater);
+    let mut out = Vec::new();
+    let keys: std::collections::BTreeSet<&String> =
+        store.keys().chain(at_checkpoint.keys()).collect();
+    for k in keys {
+        let (have, want) = (store.get(k), at_checkpoint.get(k));
+        if have == want {
+            continue;
+        }
+        let explained = window.is_some_and(|high| match have {
+            Some(v) => {
+                newer(v, checkpoint) && now.get(k).is_none_or(|n| !newer(v, n))
+            }
+            None => now.get(k).is_none_or(|n| newer(n, high)),
+        });
+        if !explained {
+            out.push(format!(
+                "{k}: store {have:?}, server at checkpoint {want:?}, now {:?}, fetch window {window:?}",
+                now.get(k)
+            ));
+        }
+    }
+    out
+}
+
 /// The differences between a store and the server's state at the store's checkpoint that a
 /// delta relist does not explain (empty: none). A delta relist fetches the bodies of changed
 /// objects after its list's resourceVersion, so until its watch has replayed past them the

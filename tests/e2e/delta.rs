@@ -405,7 +405,7 @@ async fn kill_round(
 /// The store a killed child left: only versions the server had; every Pod the server
 /// still has unchanged since `prev` (the store before the round) kept; in `Sweeping`,
 /// every Pod of the server held; in `Synced`, equal to the server at its checkpoint up to
-/// what a delta relist explains.
+/// what the store's open fetch window explains.
 async fn inspect(
     server: &Server,
     dir: &Path,
@@ -416,6 +416,7 @@ async fn inspect(
     let (db, reader, w) = open_pods(server, dir, engine, config(RelistMode::Delta, KILL_PAGE))?;
     let (phase, cp) = (reader.phase(), reader.checkpoint());
     let store = common::store_versions(&reader);
+    let window = common::fetch_window(&db, "pods");
     drop((reader, db, w));
     unlocked(dir).await?;
     let now = server_now(&server.client).await?;
@@ -447,7 +448,7 @@ async fn inspect(
             let at = server_pods(&server.client, Some(&cp))
                 .await?
                 .ok_or_else(|| error(format!("checkpoint {cp} compacted: cannot check it")))?;
-            let bad = common::unexplained_by_delta(&store, &at, &now, &cp);
+            let bad = common::unexplained_by_window(&store, &at, &now, &cp, window.as_deref());
             ensure(bad.is_empty(), || {
                 format!(
                     "Synced at {cp}: {} differences a delta relist does not explain: {:?}",

@@ -184,8 +184,9 @@ fn inspect(
     engine: Engine,
     dir: &std::path::Path,
     client: &kube::Client,
-) -> (SyncPhase, Option<String>, BTreeMap<String, String>) {
+) -> (SyncPhase, Option<String>, BTreeMap<String, String>, Option<String>) {
     let db = try_open_db(engine, dir).expect("store opens after SIGKILL");
+    let window = common::fetch_window(&db, "pods");
     let (reader, _watcher) = db
         .store("pods", Api::<Pod>::all(client.clone()), config())
         .unwrap();
@@ -193,6 +194,7 @@ fn inspect(
         reader.phase(),
         reader.checkpoint(),
         common::store_versions(&reader),
+        window,
     )
 }
 
@@ -318,7 +320,7 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
         running.kill();
         points += 1;
 
-        let (phase, checkpoint, store) = inspect(engine, dir.path(), &client);
+        let (phase, checkpoint, store, window) = inspect(engine, dir.path(), &client);
         *by_phase.entry(format!("{phase:?}")).or_default() += 1;
         if phase == SyncPhase::Synced {
             let rv = checkpoint.clone().expect("a synced store has a checkpoint");
@@ -326,10 +328,17 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
                 exact_checks += 1;
                 if server != store {
                     // A delta relist's bodies may be newer than its list's resourceVersion
-                    // until the watch replays past them: only what that explains passes.
+                    // until the watch replays past them: only while the store's fetch
+                    // window is open, and only what that explains, passes.
                     let now =
                         common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
-                    let unexplained = common::unexplained_by_delta(&store, &server, &now, &rv);
+                    let unexplained = common::unexplained_by_window(
+                        &store,
+                        &server,
+                        &now,
+                        &rv,
+                        window.as_deref(),
+                    );
                     if unexplained.is_empty() {
                         delta_checks += 1;
                     } else {
@@ -359,7 +368,7 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
             let last_line = running.last_line();
             running.kill();
             points += 1;
-            let (phase, checkpoint, store) = inspect(engine, dir.path(), &client);
+            let (phase, checkpoint, store, _) = inspect(engine, dir.path(), &client);
             let server = common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
             settled_checks += 1;
             let index_ok = index_matches(engine, dir.path(), &client, &h);
