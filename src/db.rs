@@ -383,9 +383,15 @@ impl Db {
     /// compare object by object by key and resourceVersion. At most `max_differences`
     /// differences are returned; all are counted.
     ///
-    /// The stream must be synced (it equals the server at its checkpoint), and should not
-    /// be written while it is verified: a running watcher moves it on. (The `kube-persist
-    /// verify` tool uses [`Db::verify_at`], which holds the store only while it reads.)
+    /// The stream must be synced (it equals the server at its checkpoint). Its watcher may
+    /// run meanwhile: a store that moves on during the comparison is verified again, and a
+    /// report that it is wrong ([`Verdict::Differs`](crate::Verdict::Differs), or a count
+    /// unequal to its records) stands only if it stood still; after 5 attempts that it
+    /// moved through, [`Error::NotVerifiable`](crate::Error::NotVerifiable). A delta
+    /// relist's window and a narrowed shard's prune under way are not differences
+    /// ([`Verification::explained_by_delta_relist`], [`Verification::awaiting_prune`]).
+    /// (The `kube-persist verify` tool uses [`Db::verify_at`], which holds the store only
+    /// while it reads.)
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -87,6 +87,8 @@ fn print_json(r: &Verification) -> Outcome {
         "count_consistent": r.count_consistent(),
         "difference_count": r.difference_count,
         "differences": r.differences.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "awaiting_prune": r.awaiting_prune,
+        "explained_by_delta_relist": r.explained_by_delta_relist,
     });
     writeln!(std::io::stdout().lock(), "{doc:#}")?;
     if passed(r) { Ok(()) } else { Err(Failure::No) }
@@ -118,6 +120,23 @@ fn print(r: &Verification) -> Outcome {
             r.stream, r.counted_objects, r.stored_objects
         )?;
     }
+    if r.awaiting_prune > 0 {
+        writeln!(
+            out,
+            "stream {}: {} stored objects are outside its narrowed shard and not pruned yet \
+             (its prune removes them; not differences)",
+            r.stream, r.awaiting_prune
+        )?;
+    }
+    if r.explained_by_delta_relist > 0 {
+        writeln!(
+            out,
+            "stream {}: {} objects are as a delta relist leaves them until its watch replays \
+             past them (fetched newer than the checkpoint, or deleted before their fetch; not \
+             differences)",
+            r.stream, r.explained_by_delta_relist
+        )?;
+    }
     let drifted = |out: &mut std::io::StdoutLock<'_>| -> Outcome {
         writeln!(
             out,
@@ -134,7 +153,7 @@ fn print(r: &Verification) -> Outcome {
             writeln!(
                 out,
                 "verify ok: {} objects equal at resourceVersion {}",
-                r.stored_objects, r.checkpoint
+                r.server_objects, r.checkpoint
             )?;
             Ok(())
         }

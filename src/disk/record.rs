@@ -81,7 +81,6 @@ pub(crate) struct RecordHead {
 pub(crate) struct RecordRef<'a> {
     #[serde(borrow)]
     pub(crate) resource_version: &'a str,
-    #[allow(dead_code)]
     #[serde(borrow)]
     pub(crate) uid: &'a str,
     pub(crate) epoch: u64,

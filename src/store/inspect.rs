@@ -7,7 +7,7 @@ use super::stream_state::{Identity, State};
 use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
-use crate::disk::keys::{self, FETCHED_KEY, IDENTITY_KEY, OBJECT, SHARD_KEY, STATE_KEY};
+use crate::disk::keys::{self, FETCHED_KEY, IDENTITY_KEY, OBJECT, PRUNE_KEY, SHARD_KEY, STATE_KEY};
 use crate::disk::record::{self, Record};
 use crate::model::Shard;
 use crate::model::{Error, Result};
@@ -72,6 +72,9 @@ pub struct StreamInfo {
     /// the one bounded exception to "the store equals the server at its checkpoint".
     /// `None`: the store is exact at its checkpoint.
     pub fetched_through: Option<String>,
+    /// Whether the objects outside a narrowed [`StreamInfo::shard`] are being pruned
+    /// (`keys::PRUNE_KEY`): until the prune is done the store holds some outside it.
+    pub(crate) pruning: bool,
 }
 
 /// A stream's keyspace and the cipher for its bodies.
@@ -113,6 +116,7 @@ impl Dir {
                 .unwrap_or_default();
             let shard = self.read_meta::<Shard>(&*backend, name, SHARD_KEY)?;
             let fetched_through = self.read_meta::<String>(&*backend, name, FETCHED_KEY)?;
+            let pruning = backend.get(PRUNE_KEY)?.is_some();
             out.push(StreamInfo {
                 name: name.to_string(),
                 api_version: identity.api_version,
@@ -130,6 +134,7 @@ impl Dir {
                 keys_only: identity.keys_only,
                 shard,
                 fetched_through,
+                pruning,
             });
         }
         Ok(out)
@@ -264,12 +269,14 @@ impl StoredVersions {
         Ok(stored)
     }
 
-    /// Every stored object, in key order: `f(suffix, version)`.
-    pub(crate) fn each(&self, mut f: impl FnMut(&[u8], String)) -> Result<()> {
+    /// Every stored object, in key order: `f(suffix, version, uid)`.
+    pub(crate) fn each(&self, mut f: impl FnMut(&[u8], String, &str)) -> Result<()> {
         let (start, end) = keys::range(OBJECT, None);
         for entry in self.backend.range(&start, &end) {
             let (key, value) = entry?;
-            f(&key[1..], self.head_version(&key, &value)?);
+            let head =
+                record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+            f(&key[1..], head.resource_version.to_string(), head.uid);
         }
         Ok(())
     }

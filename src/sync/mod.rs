@@ -1,7 +1,7 @@
 //! The persistent watcher: lists and watches one collection and drives the store's writer.
 //!
 //! The sync layer: everything that speaks HTTP to the API server (the watcher's state
-//! machine, the catch-up read, [`Db::verify`](crate::Db::verify) in `verify.rs`) and the
+//! machine, the catch-up read, [`Db::verify`](crate::Db::verify) in `verify/`) and the
 //! composition root that pairs a store with its machine ([`Db::store`]).
 //!
 //! May import: `model`, `exec`, `disk`, `store`.

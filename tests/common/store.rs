@@ -155,9 +155,7 @@ pub fn unexplained_by_window(
             continue;
         }
         let explained = window.is_some_and(|high| match have {
-            Some(v) => {
-                newer(v, checkpoint) && now.get(k).is_none_or(|n| !newer(v, n))
-            }
+            Some(v) => newer(v, checkpoint) && now.get(k).is_none_or(|n| !newer(v, n)),
             None => now.get(k).is_none_or(|n| newer(n, high)),
         });
         if !explained {

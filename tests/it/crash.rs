@@ -184,7 +184,12 @@ fn inspect(
     engine: Engine,
     dir: &std::path::Path,
     client: &kube::Client,
-) -> (SyncPhase, Option<String>, BTreeMap<String, String>, Option<String>) {
+) -> (
+    SyncPhase,
+    Option<String>,
+    BTreeMap<String, String>,
+    Option<String>,
+) {
     let db = try_open_db(engine, dir).expect("store opens after SIGKILL");
     let window = common::fetch_window(&db, "pods");
     let (reader, _watcher) = db

@@ -45,3 +45,4 @@ mod sigterm;
 mod store;
 mod tool_live;
 mod triggers;
+mod verify;

@@ -7,34 +7,38 @@
 //! checkpoint itself (`resourceVersionMatch=Exact`): a store that equals that list is
 //! behind (the differences are changes newer than its checkpoint), not wrong.
 //!
+//! Two states of a correct store differ from the list at its checkpoint, and are not
+//! reported as differences: the window of a delta relist, until its watch has replayed
+//! past the bodies it fetched (`window.rs`), and a narrowed shard's prune under way (the
+//! stored objects outside the shard, left for the prune). A store that moved during a
+//! comparison (its writer runs) is verified again (`verify_with`).
+//!
+//! The files: this one, the report's types and the verification's steps; `compare.rs`, one
+//! comparison with one list (where the store is read, how the collection is listed);
+//! `window.rs`, what a delta relist's window explains.
+//!
 //! Memory: one page of the list at a time, plus a 16-byte digest per listed key (to find
-//! stored objects the server no longer has), never the objects.
+//! stored objects the server no longer has), never the objects; while a delta relist's
+//! window is open, also each difference from the current list.
 //!
 //! [`Db::verify_at`](crate::Db::verify_at) opens the store only for each read (one page's
 //! lookups, the final scan) and closes it during the LISTs, so that a writer that needs the
 //! store to itself is not kept from opening it.
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+mod compare;
+mod window;
+
+use std::path::Path;
 use std::sync::Arc;
 
-use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
-use sha2::{Digest, Sha256};
 
-use super::list;
-use super::raw::StatusKind;
 use crate::disk::DbConfig;
-use crate::disk::keys;
-use crate::model::Shard;
 use crate::model::{Error, Result};
-use crate::store::{Dir, StoredVersions, StreamInfo, SyncPhase};
+use crate::store::{Dir, StreamInfo, SyncPhase};
+use compare::{At, Comparison, Source, VerifyTarget, WindowRole, api_resource, blocking};
+use window::Window;
 
-/// Objects requested per LIST page.
-const PAGE: u32 = 500;
-
-/// How often a list of the current state is started again when its continue token expires.
-const LIST_ATTEMPTS: u32 = 3;
 /// Verifications of a store that its writer changed meanwhile, before giving up.
 const MOVING_ATTEMPTS: u32 = 5;
 
@@ -138,6 +142,8 @@ pub enum Verdict {
     Equal,
     /// The store equals the collection at its checkpoint; the server has changed objects
     /// since (all of them newer than the checkpoint). Its watcher catches up when it runs.
+    /// (Equal but for what a delta relist's window explains,
+    /// [`Verification::explained_by_delta_relist`].)
     Behind {
         /// The resourceVersion of the server's current list.
         server_resource_version: String,
@@ -182,7 +188,8 @@ pub struct Verification {
     pub stream: String,
     /// The store's checkpoint.
     pub checkpoint: String,
-    /// Objects in the store (records on disk).
+    /// Objects in the store (records on disk), those left for a prune
+    /// ([`Verification::awaiting_prune`]) included.
     pub stored_objects: u64,
     /// Objects the stream's state counts ([`Reader::len`](crate::Reader::len)). It must
     /// equal [`Verification::stored_objects`]: a count that drifted from the records
@@ -200,11 +207,25 @@ pub struct Verification {
     pub difference_count: u64,
     /// The first of those differences, at most the number asked for.
     pub differences: Vec<Difference>,
+    /// Stored objects outside the stream's shard that the prune of a narrowed shard (the
+    /// stream reopened with a [`StreamConfig::shard`](crate::StreamConfig::shard) inside
+    /// its stored one) has not removed yet. They are not differences: the prune removes
+    /// them from disk without a LIST and the stream's readers are not ready until it is
+    /// done. Counted in [`Verification::stored_objects`] and
+    /// [`Verification::counted_objects`], not in [`Verification::server_objects`].
+    pub awaiting_prune: u64,
+    /// Objects that differ from the list at the checkpoint only as a delta relist
+    /// ([`RelistMode`](crate::RelistMode)) leaves them until its watch has replayed past
+    /// the bodies it fetched: stored newer than the checkpoint (but not newer than the
+    /// server's current object), or deleted on the server between the relist's list and
+    /// its fetch (and no longer there). Allowed only while the store marks that window
+    /// open; not counted in [`Verification::difference_count`].
+    pub explained_by_delta_relist: u64,
 }
 
 impl Verification {
     /// Whether the store is correct: equal to the server, or behind it only by changes
-    /// newer than its checkpoint.
+    /// newer than its checkpoint, with an object count equal to its records.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -252,86 +273,6 @@ impl Verification {
     }
 }
 
-/// One comparison of the store with one list of the collection.
-struct Comparison {
-    /// The list's resourceVersion.
-    list_rv: String,
-    server_objects: u64,
-    stored_objects: u64,
-    count: u64,
-    differences: Vec<Difference>,
-}
-
-impl Comparison {
-    fn note(&mut self, difference: Difference, max: usize) {
-        self.count += 1;
-        if self.differences.len() < max {
-            self.differences.push(difference);
-        }
-    }
-}
-
-/// Which state of the collection a comparison lists.
-#[derive(Clone, Copy)]
-enum At<'a> {
-    /// The current state (a consistent read).
-    Now,
-    /// The state at this resourceVersion exactly.
-    Exactly(&'a str),
-}
-
-/// What a stream needs to be listed again: where, with which selectors, which shard.
-struct VerifyTarget {
-    api: Api<DynamicObject>,
-    url: String,
-    labels: Option<String>,
-    fields: Option<String>,
-    shard: Option<Shard>,
-    source: Arc<Source>,
-    max: usize,
-}
-
-/// Where a verification reads the stored stream.
-enum Source {
-    /// A store held for the whole verification.
-    Held { dir: Dir, stream: String },
-    /// The store at `path`, opened with `config` for each read and closed after it.
-    Reopened {
-        path: PathBuf,
-        config: DbConfig,
-        stream: String,
-    },
-}
-
-impl Source {
-    /// Run `f` on the store. Blocking: opens the store for a reopened source.
-    fn with_dir<T>(&self, f: impl FnOnce(&Dir, &str) -> Result<T>) -> Result<T> {
-        match self {
-            Source::Held { dir, stream } => f(dir, stream),
-            Source::Reopened {
-                path,
-                config,
-                stream,
-            } => f(&Dir::open(path, config.clone())?, stream),
-        }
-    }
-
-    /// Run `f` on the stream's stored versions. Blocking.
-    fn read<T>(&self, f: impl FnOnce(&StoredVersions) -> Result<T>) -> Result<T> {
-        self.with_dir(|dir, stream| f(&dir.stored_versions(stream)?))
-    }
-
-    /// The stream's info (its checkpoint) as stored now; an error names a stream that is
-    /// not there. Blocking.
-    fn info(&self) -> Result<Option<StreamInfo>> {
-        self.with_dir(|dir, stream| {
-            let info = dir.streams()?.into_iter().find(|s| s.name == stream);
-            drop(dir.stored_versions(stream)?);
-            Ok(info)
-        })
-    }
-}
-
 /// The work of [`Db::verify`](crate::Db::verify).
 pub(crate) async fn verify(
     dir: &Dir,
@@ -363,11 +304,15 @@ pub(crate) async fn verify_at(
 }
 
 /// Verify `stream` from `source`. A store whose writer runs (a controller beside the
-/// `kube-persist` tool) may change during the comparison, which then finds differences
-/// that are only the store moving on: a [`Verdict::Differs`] stands only when the stream's
-/// checkpoint is the same after the comparison as before it (every batch that changes
-/// objects moves the checkpoint with them); otherwise the stream is verified again, up to
-/// [`MOVING_ATTEMPTS`] times.
+/// `kube-persist` tool) may change during the comparison, which then finds what is only
+/// the store moving on: differences, or an object count (read before the comparison) that
+/// is not the number of records (counted at its end). So a report that the store is wrong
+/// ([`Verdict::Differs`], or a count unequal to the records) stands only when the stream's
+/// state is the same after the comparison as before it: its checkpoint and count (every
+/// batch that changes objects moves the checkpoint with them, a prune's batches the count),
+/// its shard, whether a prune is under way and whether a delta relist's window is open.
+/// Otherwise the stream is verified again, up to [`MOVING_ATTEMPTS`] times, and then
+/// [`Error::NotVerifiable`].
 async fn verify_with(
     source: Source,
     stream: &str,
@@ -384,15 +329,22 @@ async fn verify_with(
         blocking(move || source.info())
     };
     for attempt in 1..=MOVING_ATTEMPTS {
-        let stored = info(&source)
+        let before = info(&source)
             .await?
             .ok_or_else(|| not("the store holds no such stream".into()))?;
-        let report = verify_once(stored, source.clone(), stream, &client, max_differences).await?;
-        if report.verdict != Verdict::Differs {
+        let report = verify_once(
+            before.clone(),
+            source.clone(),
+            stream,
+            &client,
+            max_differences,
+        )
+        .await?;
+        if !says_wrong(&report) {
             return Ok(report);
         }
-        let now = info(&source).await?.and_then(|i| i.checkpoint);
-        if now.as_deref() == Some(report.checkpoint.as_str()) {
+        let after = info(&source).await?;
+        if after.as_ref() == Some(&before) {
             return Ok(report);
         }
         tracing::info!(
@@ -406,6 +358,13 @@ async fn verify_with(
         "its writer changed it during each of {MOVING_ATTEMPTS} verifications in a row: \
          verify again when it is quieter, or with its writer stopped"
     )))
+}
+
+/// Whether a report says the store is wrong: it differs from the server at its
+/// checkpoint, or its object count is not the number of its records. (A store moving on
+/// during the comparison shows both.)
+fn says_wrong(report: &Verification) -> bool {
+    report.verdict == Verdict::Differs || !report.count_consistent()
 }
 
 /// One verification of `stream` at the checkpoint `info` names.
@@ -441,11 +400,20 @@ async fn verify_once(
         labels: info.label_selector,
         fields: info.field_selector,
         shard: info.shard,
+        pruning: info.pruning,
         source,
         max: max_differences,
     };
-    tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, "verifying");
-    let now = target.compare_now().await?;
+    let window = info.fetched_through.is_some();
+    tracing::info!(stream, checkpoint = %checkpoint, url = %target.url, pruning = target.pruning,
+        delta_relist_window = ?info.fetched_through, "verifying");
+    let mut now = target
+        .compare_now(if window {
+            WindowRole::Record
+        } else {
+            WindowRole::Closed
+        })
+        .await?;
     tracing::info!(
         stream,
         differences = now.count,
@@ -455,13 +423,21 @@ async fn verify_once(
     let (verdict, decided_by) = if now.count == 0 {
         (Verdict::Equal, now)
     } else {
-        match target.compare(At::Exactly(&checkpoint)).await? {
+        let role = if window {
+            let recorded = std::mem::take(&mut now.recorded);
+            let window = Window::new(checkpoint.clone(), now.list_rv.clone(), recorded);
+            WindowRole::Explain(Arc::new(window))
+        } else {
+            WindowRole::Closed
+        };
+        match target.compare(At::Exactly(&checkpoint), role).await? {
             Some(at_cp) if at_cp.count == 0 => (
                 Verdict::Behind {
                     server_resource_version: now.list_rv.clone(),
                 },
                 Comparison {
                     server_objects: at_cp.server_objects,
+                    explained: at_cp.explained,
                     ..now
                 },
             ),
@@ -483,247 +459,10 @@ async fn verify_once(
         verdict,
         difference_count: decided_by.count,
         differences: decided_by.differences,
+        awaiting_prune: decided_by.awaiting_prune,
+        explained_by_delta_relist: decided_by.explained,
     })
 }
 
-impl VerifyTarget {
-    /// Compare with the current state, listing again if a continue token expires.
-    async fn compare_now(&self) -> Result<Comparison> {
-        for attempt in 1..=LIST_ATTEMPTS {
-            if let Some(c) = self.compare(At::Now).await? {
-                return Ok(c);
-            }
-            tracing::info!(attempt, "continue token expired; listing again");
-        }
-        Err(Error::Protocol {
-            context: format!("listing {}", self.url),
-            detail: format!("continue tokens expired {LIST_ATTEMPTS} times in a row"),
-        })
-    }
-
-    /// Compare with one list of the collection; `None` when the server answers
-    /// `410 Gone` (the resourceVersion is compacted, or a continue token expired).
-    async fn compare(&self, at: At<'_>) -> Result<Option<Comparison>> {
-        let mut seen: HashSet<u128> = HashSet::new();
-        let mut c = Comparison {
-            list_rv: String::new(),
-            server_objects: 0,
-            stored_objects: 0,
-            count: 0,
-            differences: Vec::new(),
-        };
-        let mut token: Option<String> = None;
-        loop {
-            let selectors = list::Selectors {
-                labels: self.labels.as_deref(),
-                fields: self.fields.as_deref(),
-            };
-            let from = match (&token, at) {
-                (Some(t), _) => list::From::Continue(t),
-                (None, At::Exactly(rv)) => list::From::Exactly(rv),
-                (None, At::Now) => list::From::Now,
-            };
-            let lp = list::params(selectors, PAGE, from);
-            let page = match self.api.list_metadata(&lp).await {
-                Ok(page) => page,
-                Err(kube::Error::Api(s)) if StatusKind::of(s.code, false) == StatusKind::Gone => {
-                    return Ok(None);
-                }
-                Err(source) => {
-                    return Err(Error::Kube {
-                        context: match at {
-                            At::Now => format!("listing {} to verify it", self.url),
-                            At::Exactly(rv) => {
-                                format!("listing {} at resourceVersion {rv} to verify it", self.url)
-                            }
-                        },
-                        source,
-                    });
-                }
-            };
-            if token.is_none() {
-                c.list_rv = page.metadata.resource_version.clone().unwrap_or_default();
-            }
-            let listed: Vec<(Vec<u8>, String)> = page
-                .items
-                .into_iter()
-                .filter(|o| {
-                    self.shard.as_ref().is_none_or(|s| {
-                        s.contains(o.metadata.uid.as_deref(), o.metadata.namespace.as_deref())
-                    })
-                })
-                .map(|o| {
-                    let m = o.metadata;
-                    let suffix = keys::object_suffix(
-                        m.namespace.as_deref(),
-                        m.name.as_deref().unwrap_or(""),
-                    );
-                    (suffix, m.resource_version.unwrap_or_default())
-                })
-                .collect();
-            for (suffix, _) in &listed {
-                seen.insert(digest(suffix));
-            }
-            c.server_objects += listed.len() as u64;
-            let (source, max) = (self.source.clone(), self.max);
-            c = blocking(move || source.read(|v| compare_page(v, &listed, c, max))).await?;
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                break;
-            }
-        }
-        let (source, max) = (self.source.clone(), self.max);
-        blocking(move || source.read(|v| find_extra(v, &seen, c, max)))
-            .await
-            .map(Some)
-    }
-}
-
-/// Look up one page of listed objects in the store.
-fn compare_page(
-    versions: &StoredVersions,
-    listed: &[(Vec<u8>, String)],
-    mut c: Comparison,
-    max: usize,
-) -> Result<Comparison> {
-    let suffixes: Vec<&[u8]> = listed.iter().map(|(suffix, _)| suffix.as_slice()).collect();
-    let stored = versions.get(&suffixes)?;
-    for ((suffix, server), stored) in listed.iter().zip(stored) {
-        let key = keys::display(suffix);
-        match stored {
-            None => c.note(
-                Difference::Missing {
-                    key,
-                    server: server.clone(),
-                },
-                max,
-            ),
-            Some(stored) if stored != *server => c.note(
-                Difference::Version {
-                    key,
-                    stored,
-                    server: server.clone(),
-                },
-                max,
-            ),
-            Some(_) => {}
-        }
-    }
-    Ok(c)
-}
-
-/// Scan the store for objects the list did not contain.
-fn find_extra(
-    versions: &StoredVersions,
-    seen: &HashSet<u128>,
-    mut c: Comparison,
-    max: usize,
-) -> Result<Comparison> {
-    versions.each(|suffix, stored| {
-        c.stored_objects += 1;
-        if !seen.contains(&digest(suffix)) {
-            let key = keys::display(suffix);
-            c.note(Difference::Extra { key, stored }, max);
-        }
-    })?;
-    Ok(c)
-}
-
-/// A 128-bit digest of an object key: collisions are out of reach (2^-64 at 10^9 keys).
-fn digest(suffix: &[u8]) -> u128 {
-    let d = Sha256::digest(suffix);
-    u128::from_le_bytes(d[..16].try_into().unwrap_or_default())
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Protocol {
-            context: "verifying a stream".into(),
-            detail: format!("a disk task failed: {e}"),
-        })?
-}
-
-/// The API resource and namespace of a collection URL (`/api/v1/namespaces/ns/pods`,
-/// `/apis/apps/v1/deployments`).
-fn api_resource(url: &str, api_version: &str, kind: &str) -> Option<(ApiResource, Option<String>)> {
-    let parts: Vec<&str> = url.trim_matches('/').split('/').collect();
-    let (group, version, rest) = match parts.as_slice() {
-        ["api", version, rest @ ..] => ("", *version, rest),
-        ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        _ => return None,
-    };
-    let (namespace, plural) = match rest {
-        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
-        [plural] => (None, *plural),
-        _ => return None,
-    };
-    if plural.is_empty() || version.is_empty() {
-        return None;
-    }
-    Some((
-        ApiResource {
-            group: group.to_string(),
-            version: version.to_string(),
-            api_version: api_version.to_string(),
-            kind: kind.to_string(),
-            plural: plural.to_string(),
-        },
-        namespace,
-    ))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn collection_urls_parse_into_resources() {
-        let (r, ns) = api_resource("/api/v1/namespaces/team-a/pods", "v1", "Pod").unwrap();
-        assert_eq!((r.group.as_str(), r.version.as_str()), ("", "v1"));
-        assert_eq!(r.plural, "pods");
-        assert_eq!(ns.as_deref(), Some("team-a"));
-        let (r, ns) = api_resource("/apis/apps/v1/deployments", "apps/v1", "Deployment").unwrap();
-        assert_eq!(
-            (r.group.as_str(), r.plural.as_str()),
-            ("apps", "deployments")
-        );
-        assert_eq!(ns, None);
-        for bad in [
-            "",
-            "/",
-            "/api",
-            "/apis/apps",
-            "/api/v1/namespaces/x",
-            "/x/v1/pods",
-        ] {
-            assert!(api_resource(bad, "v1", "Pod").is_none(), "{bad:?} parsed");
-        }
-    }
-
-    #[test]
-    fn differences_are_counted_beyond_the_ones_kept() {
-        let mut c = Comparison {
-            list_rv: "1".into(),
-            server_objects: 0,
-            stored_objects: 0,
-            count: 0,
-            differences: Vec::new(),
-        };
-        for i in 0..5 {
-            c.note(
-                Difference::Extra {
-                    key: format!("ns/p{i}"),
-                    stored: "7".into(),
-                },
-                2,
-            );
-        }
-        assert_eq!(c.count, 5);
-        assert_eq!(c.differences.len(), 2);
-        assert_eq!(
-            c.differences[1].to_string(),
-            "extra ns/p1: stored at 7, not on the server"
-        );
-    }
-}
+mod tests;
