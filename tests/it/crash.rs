@@ -410,3 +410,48 @@ async fn crash_consistency_under_sigkill(engine: Engine) {
 engine_tests! {
     async: crash_consistency_under_sigkill,
 }
+
+/// The crash oracle relaxes only where the killed store's fetch window is open, and then
+/// only as far as the window explains: a missing object whose server version changed after
+/// the checkpoint (a wrong deletion under churn) is a divergence without a window (the
+/// former `unexplained_by_delta` accepted it at every kill point), and inside one only if
+/// it changed after the window.
+#[test]
+fn the_oracle_relaxes_only_inside_the_fetch_window() {
+    let map = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let at = map(&[("a", "10"), ("b", "11")]);
+    // `b` is missing from the store; on the server it changed after the checkpoint (20).
+    let store = map(&[("a", "10")]);
+    let churned = map(&[("a", "10"), ("b", "15")]);
+    let (cp, check) = ("20", common::unexplained_by_window);
+    assert_eq!(check(&store, &at, &churned, cp, None).len(), 1, "no window");
+    assert_eq!(
+        check(&store, &at, &churned, cp, Some("30")).len(),
+        1,
+        "b at 15 <= 30"
+    );
+    let back = map(&[("a", "10"), ("b", "31")]);
+    assert!(
+        check(&store, &at, &back, cp, Some("30")).is_empty(),
+        "b back after it"
+    );
+    assert!(
+        check(&store, &at, &map(&[("a", "10")]), cp, Some("30")).is_empty(),
+        "b gone"
+    );
+    // A stored version newer than the checkpoint, at most the server's now: only inside.
+    let newer = map(&[("a", "25"), ("b", "11")]);
+    let now = map(&[("a", "25"), ("b", "11")]);
+    assert_eq!(check(&newer, &at, &now, cp, None).len(), 1);
+    assert!(check(&newer, &at, &now, cp, Some("30")).is_empty());
+    let ahead = map(&[("a", "26"), ("b", "11")]);
+    assert_eq!(
+        check(&ahead, &at, &now, cp, Some("30")).len(),
+        1,
+        "newer than the server"
+    );
+}
