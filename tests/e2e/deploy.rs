@@ -89,7 +89,7 @@ pub async fn documents_accepted(
 }
 
 /// Server-side apply of `docs` in order, strict field validation, in dry run or for real.
-async fn apply(
+pub async fn apply(
     client: kube::Client,
     docs: &[(String, Value)],
     dry_run: bool,

@@ -19,6 +19,7 @@ mod child;
 mod cli;
 mod crd;
 mod delta;
+mod delta_seams;
 mod deploy;
 mod fresh;
 mod kill;
@@ -182,6 +183,9 @@ const NO_WATCH_CACHE: &[&str] = &[
     "fresh-quiet-no-bookmarks",
     "delta-relist",
     "delta-relist-kill",
+    "delta-relist-rbac",
+    "delta-relist-node",
+    "delta-relist-names",
 ];
 
 /// Whether [`ONLY_ENV`] (when set) names a scenario for which `on` holds: a server no
@@ -219,10 +223,15 @@ async fn run(target: Target) -> Suite {
             .run("reshard-narrowing", shard::narrowing(b.clone()))
             .await;
     }
-    // A server with the watch cache off for Pods: a resume from a compacted version
-    // answers 410 at once.
+    // A server with the watch cache off for Pods and ClusterRoles: a resume from a
+    // compacted version answers 410 at once.
     if selects(|n| NO_WATCH_CACHE.contains(&n))
-        && let Some(c) = seeded(&mut suite, &target, "--watch-cache-sizes=pods#0").await
+        && let Some(c) = seeded(
+            &mut suite,
+            &target,
+            "--watch-cache-sizes=pods#0,clusterroles.rbac.authorization.k8s.io#0",
+        )
+        .await
         && suite.version_of(&c).await
     {
         suite.run("compaction", sync::compaction(c.clone())).await;
@@ -236,7 +245,16 @@ async fn run(target: Target) -> Suite {
             )
             .await;
         suite.run("delta-relist", delta::relist(c.clone())).await;
-        suite.run("delta-relist-kill", delta::relist_kill(c)).await;
+        suite
+            .run("delta-relist-kill", delta::relist_kill(c.clone()))
+            .await;
+        suite
+            .run("delta-relist-rbac", delta_seams::rbac(c.clone()))
+            .await;
+        suite
+            .run("delta-relist-node", delta_seams::node(c.clone()))
+            .await;
+        suite.run("delta-relist-names", delta_seams::names(c)).await;
     }
     suite
 }

@@ -86,6 +86,9 @@ impl RunView {
         for newest in &consumed.newest {
             *newest.lock().unwrap() = read.clone().into_iter().collect();
         }
+        for held in &consumed.held {
+            *held.lock().unwrap() = read.clone();
+        }
         RunView {
             first_list: reader.checkpoint().is_none() || read.is_empty(),
             read,
