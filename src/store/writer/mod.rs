@@ -239,11 +239,15 @@ impl Writer {
         };
         // A retry of a list that has not completed is the same relist, not another one.
         let retry = matches!(self.state.phase, Phase::Listing { .. });
-        if self.state.last_synced.is_some() && !retry {
+        let relist = self.state.last_synced.is_some() && !retry;
+        tracing::info!(epoch = next.epoch, sweep, "list started");
+        self.commit(Vec::new(), next, false)?;
+        // Counted once its Listing phase is published: whoever sees the count sees a phase
+        // at least as new (a reader never takes the old Synced phase for the relist's end).
+        if relist {
             Counters::add(&self.stats.relists, 1);
         }
-        tracing::info!(epoch = next.epoch, sweep, "list started");
-        self.commit(Vec::new(), next, false).map(|_| ())
+        Ok(())
     }
 
     /// Whether any object record is stored.

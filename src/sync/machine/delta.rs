@@ -227,11 +227,7 @@ impl Machine {
     /// metadata was listed at `at`, exactly at that resourceVersion (the same snapshot, so
     /// the same objects). Committed as a full list's page.
     async fn full_page(&mut self, token: Option<&str>, at: Option<&str>) -> Result<Stage> {
-        let from = match (token, at) {
-            (Some(t), _) => list::From::Continue(t),
-            (None, Some(rv)) => list::From::Exactly(rv),
-            (None, None) => list::From::Now,
-        };
+        let from = full_page_from(token, at);
         let Some((bytes, permit)) = self.lister().fetch_page(from, false).await? else {
             self.pacing.token_expired();
             return self
@@ -328,6 +324,18 @@ async fn fetch_all(
     Ok(Ok(out))
 }
 
+/// Where a page listed in full instead of by metadata starts: from the list's continue
+/// token, or, for the first page, exactly at the resourceVersion its metadata page was
+/// listed at (the same snapshot: the same objects, and the next pages follow on from it);
+/// without either, a new snapshot (its metadata page was refused).
+fn full_page_from<'a>(token: Option<&'a str>, at: Option<&'a str>) -> list::From<'a> {
+    match (token, at) {
+        (Some(t), _) => list::From::Continue(t),
+        (None, Some(rv)) => list::From::Exactly(rv),
+        (None, None) => list::From::Now,
+    }
+}
+
 /// What a page's fetches gave.
 struct Fetched {
     /// The bodies of the objects still in the selection.
@@ -363,6 +371,21 @@ mod tests {
         assert_eq!(page_shape(RelistMode::Auto, 7, 100), PageShape::Full);
         assert_eq!(page_shape(RelistMode::Auto, 0, 0), PageShape::Metadata);
         assert_eq!(page_shape(RelistMode::Delta, 100, 100), PageShape::Metadata);
+    }
+
+    /// (8) The first page's fallback lists exactly the metadata page's snapshot; a later
+    /// page continues its token (the snapshot the token carries).
+    #[test]
+    fn a_page_in_full_lists_the_same_snapshot() {
+        assert!(matches!(
+            full_page_from(None, Some("41")),
+            list::From::Exactly("41")
+        ));
+        assert!(matches!(
+            full_page_from(Some("t"), Some("41")),
+            list::From::Continue("t")
+        ));
+        assert!(matches!(full_page_from(None, None), list::From::Now));
     }
 
     #[test]
