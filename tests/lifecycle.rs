@@ -62,6 +62,8 @@ mod checks;
 mod common;
 #[path = "lifecycle/model.rs"]
 mod model;
+#[path = "lifecycle/select.rs"]
+mod select;
 
 use kube_persist::Engine;
 

@@ -645,7 +645,12 @@ pub async fn consumers_hold(
         if Instant::now() > by {
             let detail = off
                 .iter()
-                .map(|i| format!("consumer {i}: {}", crate::common::diff("held", &held[*i], &want)))
+                .map(|i| {
+                    format!(
+                        "consumer {i}: {}",
+                        crate::common::diff("held", &held[*i], &want)
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("; ");
             return vec![found(

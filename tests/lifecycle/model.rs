@@ -284,7 +284,11 @@ impl Model {
             slowest.0.as_secs_f64(),
             m.delta,
             if m.sharded_server { "server" } else { "store" },
-            if m.cfg.encrypt { "encrypted" } else { "not encrypted" },
+            if m.cfg.encrypt {
+                "encrypted"
+            } else {
+                "not encrypted"
+            },
         );
         if m.violations > 0 || std::env::var_os("KP_LIFECYCLE_HISTORY").is_some() {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));

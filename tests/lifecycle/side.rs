@@ -299,7 +299,11 @@ impl Side {
                 if have != want {
                     out.push(found(
                         "the side store equals the server's selection",
-                        format!("{}: {}", self.cfg, crate::common::diff("store", &have, &want)),
+                        format!(
+                            "{}: {}",
+                            self.cfg,
+                            crate::common::diff("store", &have, &want)
+                        ),
                     ));
                 }
                 let outside: Vec<&String> = stored
@@ -347,7 +351,11 @@ impl Side {
                 if Instant::now() > by {
                     out.push(found(
                         "a consumer of a stream holds exactly its selection once caught up",
-                        format!("side {}: {}", self.cfg, crate::common::diff("held", &held, &want)),
+                        format!(
+                            "side {}: {}",
+                            self.cfg,
+                            crate::common::diff("held", &held, &want)
+                        ),
                     ));
                     break;
                 }
@@ -358,7 +366,12 @@ impl Side {
         if !given.is_empty() {
             out.push(found(
                 "no consumer of a stream is given an object outside its selection",
-                format!("side {}: {} {:?}", self.cfg, given.len(), &given[..given.len().min(5)]),
+                format!(
+                    "side {}: {} {:?}",
+                    self.cfg,
+                    given.len(),
+                    &given[..given.len().min(5)]
+                ),
             ));
         }
         match db.verify(SIDE, client, 5).await {
