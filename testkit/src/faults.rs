@@ -26,6 +26,8 @@ pub(crate) struct FaultState {
     fail_named_lists: Option<(usize, u16)>,
     /// LISTs narrowed to one object by name seen since `fail_named_lists` was set.
     named_lists: usize,
+    /// Every LIST asking for `PartialObjectMetadataList` fails with this status.
+    fail_metadata_lists: Option<u16>,
     gone_next_watch: bool,
     too_large_next_watch: bool,
     page_delay: Duration,
@@ -61,6 +63,16 @@ pub(crate) struct WatchFaults {
 }
 
 impl FaultState {
+    /// The failure of a LIST of metadata only, while [`Faults::fail_metadata_lists`] is set.
+    pub(crate) fn metadata_list_failure(&self) -> Option<ApiError> {
+        let code = self.fail_metadata_lists?;
+        Some(ApiError::new(
+            code,
+            reason_for(code),
+            format!("injected failure ({code}) for a LIST of metadata only"),
+        ))
+    }
+
     /// The failure of this LIST narrowed to one object by name, if it is one that
     /// [`Faults::fail_named_lists`] fails.
     pub(crate) fn take_named_list_failure(&mut self) -> Option<ApiError> {
@@ -337,6 +349,14 @@ impl Faults {
         let mut f = self.shared.faults();
         f.fail_named_lists = (every > 0).then_some((every, status));
         f.named_lists = 0;
+    }
+
+    /// Every LIST that asks for metadata only (`as=PartialObjectMetadataList`) fails with
+    /// `status` until called with `None`: a server or an aggregated API that cannot serve
+    /// that representation (406), or an authorizer that refuses it. Other LISTs are not
+    /// affected.
+    pub fn fail_metadata_lists(&self, status: Option<u16>) {
+        self.shared.faults().fail_metadata_lists = status;
     }
 
     /// Clears all pending faults and the page delay.

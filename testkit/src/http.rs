@@ -274,6 +274,12 @@ async fn api(
         return Err(err);
     }
     let meta_only = wants_metadata(headers);
+    if verb == Verb::List
+        && meta_only
+        && let Some(err) = shared.faults().metadata_list_failure()
+    {
+        return Err(err);
+    }
     match target {
         Target::Collection { ty, ns } => {
             let filter = Filter {

@@ -169,6 +169,21 @@ async fn refused_fetches_list_the_rest_in_full(engine: Engine) {
     assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
 }
 
+/// (2) A server that refuses metadata-only pages (406: it cannot serve that
+/// representation) makes the relist list in full from the first page: exact, counted once.
+async fn refused_metadata_pages_list_the_relist_in_full(engine: Engine) {
+    let o = relist_after_with(engine, cfg(RelistMode::Delta), (20, 5, 5), |h| {
+        h.faults().fail_metadata_lists(Some(406))
+    })
+    .await;
+    assert_eq!(o.stats.delta_fallbacks, 1, "{:?}", o.stats);
+    assert_eq!((o.stats.metadata_pages, o.fetches), (0, 0), "{:?}", o.stats);
+    assert_eq!(o.stats.errors, 0, "no page failed: {:?}", o.stats);
+    assert_eq!(o.applied(), o.changed);
+    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
+    assert_eq!(deleted, o.deleted);
+}
+
 /// (3) Every 100th fetch answered 429 while every object changed: each failed fetch is
 /// retried on its own, so the relist ends with at most 1.1 fetches per change (at 100c979
 /// one failure discarded the page's other fetches and listed its metadata again).
@@ -269,6 +284,7 @@ engine_tests!(async:
     an_object_leaving_the_selection_before_its_fetch_is_gone,
     objects_deleted_or_recreated_before_their_fetch,
     refused_fetches_list_the_rest_in_full,
+    refused_metadata_pages_list_the_relist_in_full,
     transient_fetch_failures_retry_one_fetch,
     auto_relists_by_delta_when_few_changed,
     an_encrypted_store_relists_by_delta,
