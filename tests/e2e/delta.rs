@@ -15,9 +15,10 @@
 //!   the sweep, and as soon as the relist is `Synced` (before the watch replays what changed
 //!   under it). After each kill the store on disk (every batch durable) holds only versions
 //!   the server had, keeps every Pod that did not change, holds every Pod once swept, and
-//!   when `Synced` equals the server at its checkpoint up to what a delta relist explains
-//!   (`unexplained_by_delta`). A last restart converges to the server; when it resumed from
-//!   a checkpoint behind versions the relist fetched, the replayed older events are skipped.
+//!   when `Synced` equals the server at its checkpoint up to what a delta relist explains,
+//!   and only while the store's fetch window is open (`unexplained_by_window`). A last
+//!   restart converges to the server; when it resumed from a checkpoint behind versions the
+//!   relist fetched, the replayed older events are skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
