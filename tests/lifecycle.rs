@@ -46,7 +46,7 @@
 //! store that was synced lists no page in full; no reader and no consumer of the shared
 //! stream is given an object older than the one stored before; a killed child's store, when
 //! `Synced`, equals the server at its checkpoint up to what a delta relist explains
-//! (`unexplained_by_delta`).
+//! (`unexplained_by_window`: only while the killed store's fetch window is open).
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`
@@ -62,8 +62,6 @@ mod checks;
 mod common;
 #[path = "lifecycle/model.rs"]
 mod model;
-#[path = "lifecycle/select.rs"]
-mod select;
 
 use kube_persist::Engine;
 
