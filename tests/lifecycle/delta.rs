@@ -6,8 +6,8 @@
 //! no reader and no consumer of the shared stream is ever given an object older than the
 //! one the store held before (in this run, or when it opened); and the store a killed child
 //! left, when `Synced`, equals the server at its checkpoint up to what a delta relist
-//! explains (`unexplained_by_window`, only while its fetch window is open: bodies fetched newer than the list, objects deleted
-//! before their GET). After a relist the store equals the server, and deletions are
+//! explains, only while its fetch window is open (`unexplained_by_window`: bodies fetched
+//! newer than the list, objects deleted before their fetch). After a relist the store equals the server, and deletions are
 //! exact: the model's checks at quiescence (`checks::store_matches`) hold in every mode.
 
 use std::collections::BTreeMap;
