@@ -397,14 +397,9 @@ impl Side {
 
 impl Model {
     /// The side stream of a new run (its relist mode drawn again; the rest as before, or
-    /// drawn anew): the one before stopped first.
+    /// drawn anew when `redraw`): the one before stopped first.
     pub(super) async fn open_side(&mut self, client: kube::Client) {
         self.stop_side().await;
-        // A third of the reopens (and `Change::Side`) take another configuration: the
-        // store is wiped (another identity) and lists again.
-        if self.rng.random_bool(0.3) {
-            self.side_cfg = SideCfg::draw(&mut self.rng, self.created);
-        }
         let mut cfg = self.side_cfg.clone();
         cfg.relist = super::delta::draw_mode(&mut self.rng);
         self.side_cfg = cfg.clone();
