@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::scan::PassRecord;
 use crate::disk::keys;
 use crate::disk::{Backend, CONTROLLERS, WriteBatch};
 use crate::disk::{LeaseCloser, StreamLease, record};
@@ -20,6 +21,7 @@ use crate::store::Dir;
 // r<namespace>\0<name>                                  the object's reconcile record
 // d<due: u64 unix ms, big-endian><namespace>\0<name>    a pending requeue, by due time
 // mcontroller   mcounts                                 identity; objects and requeues
+// mpass-ticks   mpass-merge                             passes under way (scan::PassRecord)
 
 /// A controller's reconcile record of one object.
 pub(crate) const RECONCILED: u8 = b'r';
@@ -29,6 +31,10 @@ pub(crate) const DUE: u8 = b'd';
 pub(crate) const CONTROLLER_KEY: &[u8] = b"mcontroller";
 /// A controller state's counts (objects tracked, pending requeues).
 pub(crate) const COUNTS_KEY: &[u8] = b"mcounts";
+/// The pass over every object (`reconcile_all_on` ticks): how far it is done.
+pub(crate) const TICKS_PASS_KEY: &[u8] = b"mpass-ticks";
+/// The merge pass (startup, lag): how far it is done.
+pub(crate) const MERGE_PASS_KEY: &[u8] = b"mpass-merge";
 
 /// `d<due_ms><suffix>`: the due-time index entry of a pending requeue.
 pub(crate) fn due_key(due_ms: u64, suffix: &[u8]) -> Vec<u8> {
@@ -257,10 +263,24 @@ impl ControllerKeyspace {
         }
     }
 
-    /// Apply `ops` (in order) in one atomic batch, with the due-time index and the counts.
-    /// Blocking: run it on the disk thread.
-    pub(crate) fn apply(&self, ops: &[StateOp]) -> Result<()> {
-        if ops.is_empty() {
+    /// A pass's record (`TICKS_PASS_KEY` or `MERGE_PASS_KEY`). Blocking (a point read).
+    pub(crate) fn pass(&self, key: &[u8]) -> Result<Option<PassRecord>> {
+        match self.backend.get(key)? {
+            Some(b) => record::decode(&b)
+                .map(Some)
+                .map_err(|d| corrupt(&self.path, &self.name, key, d)),
+            None => Ok(None),
+        }
+    }
+
+    /// Apply `ops` (in order) in one atomic batch, with the due-time index, the counts and
+    /// the passes' records. Blocking: run it on the disk thread.
+    pub(crate) fn apply(
+        &self,
+        ops: &[StateOp],
+        passes: &[(&'static [u8], PassRecord)],
+    ) -> Result<()> {
+        if ops.is_empty() && passes.is_empty() {
             return Ok(());
         }
         let mut order: Vec<&[u8]> = Vec::new();
@@ -316,6 +336,9 @@ impl ControllerKeyspace {
             delta(old_due.is_some(), new_due.is_some(), &mut counts.pending);
         }
         b.put(COUNTS_KEY.to_vec(), record::encode(&counts));
+        for (key, pass) in passes {
+            b.put(key.to_vec(), record::encode(pass));
+        }
         self.backend.apply(b)
     }
 

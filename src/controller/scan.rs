@@ -1,31 +1,41 @@
-//! Passes: reading what to reconcile from disk, chunk by chunk.
+//! Passes: reading what to reconcile from disk, one chunk at a time.
 //!
-//! A blocking task reads the store (and, for a durable controller, its reconcile state)
-//! and hands chunks of [`Plan`]s to the runner over a channel of capacity one. The runner
-//! takes the next chunk only once half of the previous one has started, so a pass never
-//! holds more than about three chunks, whatever the size of the collection.
+//! A pass walks the stored objects' keys as a circle: the keys after its start, then,
+//! wrapping, those up to it. Each chunk is read by one job on tokio's blocking pool that
+//! returns its thread when the chunk is read (a pass never holds a blocking thread while
+//! the runner dispatches: with a small blocking pool, the pass, the dispatch and an object
+//! read would wait on each other). The runner asks for the next chunk only once half of
+//! the previous one has started, so a pass never holds more than about three chunks,
+//! whatever the size of the collection.
 //!
-//! - [`Pass::all`]: every stored object, now (cold start, `reconcile_all_on`, and warm
-//!   restarts without durable state).
-//! - [`Pass::startup`]: the startup pass of a durable controller, a merge of the objects
-//!   (key order) with their reconcile records (same order): objects never reconciled or
-//!   changed since (a resourceVersion other than the one last handled) now, requeues due
-//!   before `loaded_until` at their due time (now if past), and the records of objects
-//!   that no longer exist forgotten.
+//! - [`PassMode::Every`]: every stored object (a `reconcile_all_on` tick, a lag of a related
+//!   kind, the start of a controller without durable state).
+//! - [`PassMode::Changed`] and [`PassMode::DueOnly`]: a durable controller's merge of the
+//!   objects (key order) with their reconcile records (same order): objects never
+//!   reconciled or changed since (a resourceVersion other than the one last handled) now,
+//!   requeues due before `loaded_until` at their due time (now if past), and the records
+//!   of objects that no longer exist forgotten. [`PassMode::All`] reconciles every object
+//!   in that merge ([`StartupMode::ReconcileAll`](super::StartupMode::ReconcileAll)).
+//!
+//! A pass's [`Position`] is what a durable controller records after each reconcile (see
+//! `runner/progress.rs`): a restart resumes the circle there, so the objects a pass has not
+//! reached yet, which have waited longest, come first.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::FutureExt;
 use kube::Resource;
 use kube::runtime::controller::ReconcileReason;
 use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
 
 use super::controller_stats::ControllerStats;
 use super::owed;
-use super::triggers::bare_ref;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
 use crate::store::Reader;
 
@@ -37,13 +47,66 @@ pub(crate) const ALL: &str = "every stored object on start (startup pass)";
 /// Reason of a requeue read back from disk.
 pub(crate) const DUE: &str = "requeue due (durable state)";
 
+/// What a pass reconciles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) enum PassMode {
+    /// Nothing but due requeues (`StartupMode::Nothing` on a warm restart).
+    DueOnly,
+    /// Objects changed or never reconciled, and due requeues.
+    Changed,
+    /// Every object, in the merge with the records (`StartupMode::ReconcileAll`).
+    All,
+    /// Every object, from the store alone (no records read).
+    Every,
+}
+
+/// Where a pass is in its circle: the last key it visited (`None`: none yet) and whether it
+/// has wrapped past the end of the key space.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Position {
+    pub(crate) after: Option<Vec<u8>>,
+    pub(crate) wrapped: bool,
+}
+
+/// A pass as a durable controller records it (`controller/<name>` keyspace, `mpass-*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PassRecord {
+    pub(crate) mode: PassMode,
+    /// Where the circle began: it ends after the key `start` (the whole key space if none).
+    pub(crate) start: Option<Vec<u8>>,
+    /// Every key of the circle up to here was handled.
+    pub(crate) done: Position,
+    /// The pass has not ended.
+    pub(crate) active: bool,
+    /// One more pass is owed after this one (ticks that came while it ran).
+    pub(crate) again: bool,
+}
+
+impl PassRecord {
+    /// A new pass of `mode` over the circle that starts after `start`.
+    pub(crate) fn new(mode: PassMode, start: Option<Vec<u8>>) -> Self {
+        PassRecord {
+            mode,
+            done: Position {
+                after: start.clone(),
+                wrapped: false,
+            },
+            start,
+            active: true,
+            again: false,
+        }
+    }
+}
+
 /// One thing a pass asks of the runner.
 pub(crate) enum Plan<K: Resource> {
-    /// Reconcile `obj_ref`, now (`at_ms: None`) or when this wall-clock time comes.
+    /// Reconcile `obj_ref`, now (`at_ms: None`) or when this wall-clock time comes. `at`:
+    /// its place in the pass.
     Reconcile {
         obj_ref: ObjectRef<K>,
         reason: ReconcileReason,
         at_ms: Option<u64>,
+        at: Position,
     },
     /// Forget the reconcile record of an object that no longer exists, if the record is
     /// still `seen` when the forget is written.
@@ -53,32 +116,20 @@ pub(crate) enum Plan<K: Resource> {
     },
 }
 
-/// A chunk of plans, or a read error (the pass goes on, or ends after a state error).
-pub(crate) type Chunk<K> = crate::model::Result<Vec<Plan<K>>>;
-
-/// What the startup pass reconciles besides due requeues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PassMode {
-    /// Every object (`StartupMode::ReconcileAll`).
-    All,
-    /// Objects changed or never reconciled.
-    Changed,
-    /// Nothing but due requeues (`StartupMode::Nothing` on a warm restart).
-    DueOnly,
+/// One chunk of a pass: its plans, how far it read, and whether the circle is complete.
+pub(crate) struct Chunk<K: Resource> {
+    pub(crate) plans: Vec<Plan<K>>,
+    pub(crate) through: Position,
+    pub(crate) end: bool,
 }
 
-/// Options of a startup pass.
-pub(crate) struct StartupOptions {
-    pub(crate) mode: PassMode,
-    /// Requeues due before this (unix ms) are scheduled; later ones stay on disk.
+/// Options of a merge pass.
+pub(crate) struct MergeOptions {
+    /// Requeues due before this (unix ms) are scheduled; later ones (and all, with `0`)
+    /// stay on disk.
     pub(crate) loaded_until: u64,
     /// Skip objects whose `metadata.generation` equals the last successful one's.
     pub(crate) generation_filter: bool,
-}
-
-/// A running pass; dropping it stops the reading task.
-pub(crate) struct Pass<K: Resource> {
-    rx: mpsc::Receiver<Chunk<K>>,
 }
 
 /// The namespace (`None` for cluster-scoped objects) and name of a key suffix
@@ -98,132 +149,125 @@ pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) ->
     }
 }
 
+/// The read of one chunk, on the blocking pool: the sweep comes back with the chunk.
+type Reading<K> = JoinHandle<(Box<Sweep<K>>, crate::model::Result<Chunk<K>>)>;
+
+/// A running pass; dropping it stops it after the chunk being read, if any.
+pub(crate) struct Pass<K: Resource> {
+    sweep: Option<Box<Sweep<K>>>,
+    reading: Option<Reading<K>>,
+}
+
 impl<K> Pass<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone + Send + 'static,
 {
-    /// Start reading every object of `reader`, in chunks of `chunk` references.
-    pub(crate) fn all(reader: Reader<K>, dyntype: K::DynamicType, chunk: usize) -> Self {
-        let (tx, rx) = mpsc::channel(1);
-        tokio::task::spawn_blocking(move || {
-            let mut buf = Vec::with_capacity(chunk);
-            let mut total = 0usize;
-            for item in reader.iter() {
-                let sent = match item {
-                    Ok(obj) => {
-                        buf.push(Plan::Reconcile {
-                            obj_ref: bare_ref(&*obj, dyntype.clone()),
-                            reason: ReconcileReason::BulkReconcile,
-                            at_ms: None,
-                        });
-                        total += 1;
-                        if buf.len() < chunk {
-                            continue;
-                        }
-                        tx.blocking_send(Ok(std::mem::replace(&mut buf, Vec::with_capacity(chunk))))
-                    }
-                    Err(e) => tx.blocking_send(Err(e)),
-                };
-                if sent.is_err() {
-                    tracing::debug!(
-                        total,
-                        "pass abandoned (controller stopped or a new pass began)"
-                    );
-                    return;
-                }
-            }
-            if !buf.is_empty() {
-                let _ = tx.blocking_send(Ok(buf));
-            }
-            tracing::debug!(total, "pass read every stored object");
-        });
-        Pass { rx }
-    }
-
-    /// Start the startup pass of a durable controller over `reader`'s objects and `ks`'s
-    /// records, reading `chunk` of each at a time.
-    pub(crate) fn startup(
+    /// A pass as `record` says (from where it is done), over `reader`'s objects (and, but
+    /// for [`PassMode::Every`], `ks`'s records), reading `chunk` keys at a time.
+    pub(crate) fn new(
         reader: Reader<K>,
-        ks: Arc<ControllerKeyspace>,
+        ks: Option<Arc<ControllerKeyspace>>,
         dyntype: K::DynamicType,
         chunk: usize,
-        options: StartupOptions,
+        record: &PassRecord,
+        options: MergeOptions,
         stats: ControllerStats,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(1);
-        tokio::task::spawn_blocking(move || {
-            let mut merge = Merge {
-                reader,
-                ks,
-                dyntype,
-                chunk,
-                options,
-                now: super::state::now_ms(),
-                counts: [0; 4],
-                stats,
+        let sweep = Sweep {
+            reader,
+            ks: ks.filter(|_| record.mode != PassMode::Every),
+            dyntype,
+            chunk: chunk.max(1),
+            mode: record.mode,
+            options,
+            now: super::state::now_ms(),
+            start: record.start.clone(),
+            objects: Paged::new(record.done.after.clone()),
+            records: Paged::new(record.done.after.clone()),
+            wrapped: record.done.wrapped,
+            counts: Counts::default(),
+            stats,
+        };
+        Pass {
+            sweep: Some(Box::new(sweep)),
+            reading: None,
+        }
+    }
+
+    /// The next chunk (read on the blocking pool); `Ready(None)` once the circle is done.
+    /// After an error the pass ends: what it did not reach is owed by the next one.
+    pub(crate) fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<crate::model::Result<Chunk<K>>>> {
+        if self.reading.is_none() {
+            let Some(mut sweep) = self.sweep.take() else {
+                return Poll::Ready(None);
             };
-            if let Err(e) = merge.run(&tx) {
-                let _ = tx.blocking_send(Err(e));
+            self.reading = Some(tokio::task::spawn_blocking(move || {
+                let chunk = sweep.next_chunk();
+                (sweep, chunk)
+            }));
+        }
+        let reading = self.reading.as_mut().expect("set above");
+        let done = futures::ready!(reading.poll_unpin(cx));
+        self.reading = None;
+        let (sweep, chunk) = match done {
+            Ok(done) => done,
+            Err(e) => {
+                return Poll::Ready(Some(Err(crate::model::Error::Storage {
+                    path: Default::default(),
+                    detail: format!("a pass's read task failed: {e}"),
+                })));
             }
-            let [now, later, forgotten, objects] = merge.counts;
-            tracing::info!(
-                objects,
-                reconcile_now = now,
-                requeues_scheduled = later,
-                forgotten,
-                "startup pass over the reconcile state done"
-            );
-        });
-        Pass { rx }
-    }
-
-    /// The next chunk; `Ready(None)` once the whole store was read.
-    pub(crate) fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Chunk<K>>> {
-        self.rx.poll_recv(cx)
+        };
+        if let Ok(chunk) = &chunk {
+            if chunk.end {
+                sweep.finished();
+            } else {
+                self.sweep = Some(sweep);
+            }
+        }
+        Poll::Ready(Some(chunk))
     }
 }
 
-/// The merge of objects and records behind [`Pass::startup`].
-struct Merge<K: Resource> {
-    reader: Reader<K>,
-    ks: Arc<ControllerKeyspace>,
-    dyntype: K::DynamicType,
-    chunk: usize,
-    options: StartupOptions,
-    now: u64,
-    /// Reconciles now, requeues scheduled later, records forgotten, objects read.
-    counts: [u64; 4],
-    /// The controller's counters: objects read, as they are.
-    stats: ControllerStats,
-}
-
-/// A paged, ordered source of (suffix, value).
+/// A paged, ordered source of (suffix, value) within one lap of the circle.
 struct Paged<T> {
-    buf: std::collections::VecDeque<(Vec<u8>, T)>,
+    buf: VecDeque<(Vec<u8>, T)>,
     cursor: Option<Vec<u8>>,
     done: bool,
 }
 
 impl<T> Paged<T> {
-    fn new() -> Self {
+    fn new(cursor: Option<Vec<u8>>) -> Self {
         Paged {
-            buf: Default::default(),
-            cursor: None,
+            buf: VecDeque::new(),
+            cursor,
             done: false,
         }
     }
 
+    /// The next entry, reading a page of `chunk` after the cursor if none is buffered;
+    /// entries past `upto` end the lap.
     fn peek(
         &mut self,
         chunk: usize,
+        upto: Option<&[u8]>,
         read: impl Fn(Option<&[u8]>, usize) -> crate::model::Result<Vec<(Vec<u8>, T)>>,
     ) -> crate::model::Result<Option<&(Vec<u8>, T)>> {
         if self.buf.is_empty() && !self.done {
-            let page = read(self.cursor.as_deref(), chunk)?;
+            let mut page = read(self.cursor.as_deref(), chunk)?;
             self.done = page.len() < chunk;
             if let Some((last, _)) = page.last() {
                 self.cursor = Some(last.clone());
+            }
+            if let Some(upto) = upto
+                && let Some(past) = page.iter().position(|(k, _)| k.as_slice() > upto)
+            {
+                page.truncate(past);
+                self.done = true;
             }
             self.buf.extend(page);
         }
@@ -231,57 +275,124 @@ impl<T> Paged<T> {
     }
 }
 
-impl<K> Merge<K>
+/// What a pass did, for its log line.
+#[derive(Default)]
+struct Counts {
+    objects: u64,
+    now: u64,
+    later: u64,
+    forgotten: u64,
+}
+
+/// The state of a pass between chunks.
+struct Sweep<K: Resource> {
+    reader: Reader<K>,
+    /// The reconcile records, for a merge (`None`: every object, no records).
+    ks: Option<Arc<ControllerKeyspace>>,
+    dyntype: K::DynamicType,
+    chunk: usize,
+    mode: PassMode,
+    options: MergeOptions,
+    now: u64,
+    start: Option<Vec<u8>>,
+    objects: Paged<String>,
+    records: Paged<ReconcileRecord>,
+    wrapped: bool,
+    counts: Counts,
+    /// The controller's counters: objects read, as they are.
+    stats: ControllerStats,
+}
+
+impl<K> Sweep<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone,
 {
-    fn run(&mut self, tx: &mpsc::Sender<Chunk<K>>) -> crate::model::Result<()> {
-        let mut objects = Paged::<String>::new();
-        let mut records = Paged::<ReconcileRecord>::new();
-        let mut out = Vec::with_capacity(self.chunk);
+    fn finished(&self) {
+        let c = &self.counts;
+        tracing::info!(mode = ?self.mode, objects = c.objects, reconcile_now = c.now,
+            requeues_scheduled = c.later, forgotten = c.forgotten, "pass done");
+    }
+
+    /// Where the pass is: after the last key taken from either source.
+    fn position(&self, last: Option<Vec<u8>>) -> Position {
+        Position {
+            after: last,
+            wrapped: self.wrapped,
+        }
+    }
+
+    /// Reads the next chunk: at most `chunk` plans, and at most `chunk` keys of each source.
+    fn next_chunk(&mut self) -> crate::model::Result<Chunk<K>> {
+        let mut plans = Vec::new();
+        let mut last = None;
         let (reader, ks) = (self.reader.clone(), self.ks.clone());
-        loop {
-            let obj = objects
-                .peek(self.chunk, |c, n| reader.versions_after(c, n))?
+        // The lap ends after `start` once wrapped (the whole key space if there is none).
+        let upto = if self.wrapped {
+            self.start.clone()
+        } else {
+            None
+        };
+        for _ in 0..self.chunk {
+            let obj = self
+                .objects
+                .peek(self.chunk, upto.as_deref(), |c, n| {
+                    reader.versions_after(c, n)
+                })?
                 .map(|(s, _)| s.clone());
-            let rec = records
-                .peek(self.chunk, |c, n| ks.records_after(c, n))?
-                .map(|(s, _)| s.clone());
+            let rec = match ks.as_ref() {
+                Some(ks) => self
+                    .records
+                    .peek(self.chunk, upto.as_deref(), |c, n| ks.records_after(c, n))?
+                    .map(|(s, _)| s.clone()),
+                None => None,
+            };
             let plan = match (obj, rec) {
-                (None, None) => break,
+                (None, None) => {
+                    if self.wrapped || self.start.is_none() {
+                        return Ok(Chunk {
+                            plans,
+                            through: self.position(self.start.clone()),
+                            end: true,
+                        });
+                    }
+                    // Wrap: the keys up to the start, from the first one.
+                    self.wrapped = true;
+                    self.objects = Paged::new(None);
+                    self.records = Paged::new(None);
+                    return Ok(Chunk {
+                        plans,
+                        through: self.position(None),
+                        end: false,
+                    });
+                }
                 (Some(o), Some(r)) if o == r => {
-                    let (suffix, rv) = objects.buf.pop_front().expect("peeked");
-                    let (_, rec) = records.buf.pop_front().expect("peeked");
-                    self.counts[3] += 1;
-                    self.stats.pass_read(1);
-                    self.decide(&suffix, &rv, Some(&rec))
+                    let (suffix, rv) = self.objects.buf.pop_front().expect("peeked");
+                    let (_, rec) = self.records.buf.pop_front().expect("peeked");
+                    let plan = self.decide(&suffix, &rv, Some(&rec));
+                    last = Some(suffix);
+                    plan
                 }
                 (Some(o), r) if r.as_ref().is_none_or(|r| o < *r) => {
-                    let (suffix, rv) = objects.buf.pop_front().expect("peeked");
-                    self.counts[3] += 1;
-                    self.stats.pass_read(1);
-                    self.decide(&suffix, &rv, None)
+                    let (suffix, rv) = self.objects.buf.pop_front().expect("peeked");
+                    let plan = self.decide(&suffix, &rv, None);
+                    last = Some(suffix);
+                    plan
                 }
                 _ => {
-                    let (suffix, seen) = records.buf.pop_front().expect("peeked");
-                    self.forget(suffix, seen)?
+                    let (suffix, seen) = self.records.buf.pop_front().expect("peeked");
+                    let plan = self.forget(&suffix, seen)?;
+                    last = Some(suffix);
+                    plan
                 }
             };
-            if let Some(plan) = plan {
-                out.push(plan);
-                if out.len() >= self.chunk {
-                    let full = std::mem::replace(&mut out, Vec::with_capacity(self.chunk));
-                    if tx.blocking_send(Ok(full)).is_err() {
-                        return Ok(()); // the controller stopped
-                    }
-                }
-            }
+            plans.extend(plan);
         }
-        if !out.is_empty() {
-            let _ = tx.blocking_send(Ok(out));
-        }
-        Ok(())
+        Ok(Chunk {
+            plans,
+            through: self.position(last),
+            end: false,
+        })
     }
 
     /// A record with no object at its place in the merge. Objects and records are paged
@@ -291,20 +402,23 @@ where
     /// may come back before the forget is written, and record a new reconcile).
     fn forget(
         &mut self,
-        suffix: Vec<u8>,
+        suffix: &[u8],
         seen: ReconcileRecord,
     ) -> crate::model::Result<Option<Plan<K>>> {
-        let (ns, name) = suffix_parts(&suffix);
+        let (ns, name) = suffix_parts(suffix);
         if self
             .reader
             .stored_resource_version(ns.as_deref(), &name)?
             .is_some()
         {
-            tracing::trace!(object = %name, "record of an object stored during the startup pass kept");
+            tracing::trace!(object = %name, "record of an object stored during the pass kept");
             return Ok(None);
         }
-        self.counts[2] += 1;
-        Ok(Some(Plan::Forget { suffix, seen }))
+        self.counts.forgotten += 1;
+        Ok(Some(Plan::Forget {
+            suffix: suffix.to_vec(),
+            seen,
+        }))
     }
 
     /// What to do with one stored object and its record.
@@ -314,45 +428,47 @@ where
         rv: &str,
         rec: Option<&ReconcileRecord>,
     ) -> Option<Plan<K>> {
+        self.counts.objects += 1;
+        self.stats.pass_read(1);
         let obj_ref = suffix_ref::<K>(suffix, self.dyntype.clone());
-        let now = |reason: &str| {
-            Some(Plan::Reconcile {
-                obj_ref: obj_ref.clone(),
-                reason: ReconcileReason::Custom {
-                    reason: reason.to_string(),
-                },
+        let at = self.position(Some(suffix.to_vec()));
+        let reason = match self.mode {
+            PassMode::Every => Some(ReconcileReason::BulkReconcile),
+            PassMode::All => Some(custom(ALL)),
+            PassMode::Changed
+                if rec.is_none_or(|rec| {
+                    !owed::handled(rec, Some(rv), self.options.generation_filter, || {
+                        self.generation_of(suffix)
+                    })
+                }) =>
+            {
+                Some(custom(CHANGED))
+            }
+            PassMode::Changed | PassMode::DueOnly => None,
+        };
+        if let Some(reason) = reason {
+            self.counts.now += 1;
+            return Some(Plan::Reconcile {
+                obj_ref,
+                reason,
                 at_ms: None,
-            })
-        };
-        let changed = match rec {
-            None => true,
-            Some(rec) => !owed::handled(rec, Some(rv), self.options.generation_filter, || {
-                self.generation_of(suffix)
-            }),
-        };
-        if self.options.mode == PassMode::All {
-            self.counts[0] += 1;
-            return now(ALL);
-        }
-        if changed && self.options.mode == PassMode::Changed {
-            self.counts[0] += 1;
-            return now(CHANGED);
+                at,
+            });
         }
         let due = rec.and_then(|r| r.due_ms)?;
         if due >= self.options.loaded_until {
             return None; // read from disk when it comes near
         }
         if due <= self.now {
-            self.counts[0] += 1;
+            self.counts.now += 1;
         } else {
-            self.counts[1] += 1;
+            self.counts.later += 1;
         }
         Some(Plan::Reconcile {
             obj_ref,
-            reason: ReconcileReason::Custom {
-                reason: DUE.to_string(),
-            },
+            reason: custom(DUE),
             at_ms: Some(due),
+            at,
         })
     }
 
@@ -364,5 +480,11 @@ where
             Ok(Some(obj)) => obj.meta().generation,
             _ => None,
         }
+    }
+}
+
+fn custom(reason: &str) -> ReconcileReason {
+    ReconcileReason::Custom {
+        reason: reason.to_string(),
     }
 }

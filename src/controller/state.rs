@@ -22,8 +22,10 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::time::{Instant, Sleep};
 
+use super::scan::PassRecord;
 use crate::controller::keyspace::{
-    ControllerIdentity, ControllerKeyspace, ReconcileRecord, StateOp, unix_ms,
+    ControllerIdentity, ControllerKeyspace, MERGE_PASS_KEY, ReconcileRecord, StateOp,
+    TICKS_PASS_KEY, unix_ms,
 };
 use crate::exec::DiskWorker;
 
@@ -46,6 +48,16 @@ pub(crate) fn instant_at(due_ms: u64) -> Instant {
 /// A due-time scan on the disk thread: (object suffix, due ms) of the requeues it found.
 type DueScan = BoxFuture<'static, crate::model::Result<Vec<(Vec<u8>, u64)>>>;
 
+/// The passes a previous run left under way: the ticks' pass and the merge pass.
+#[derive(Debug, Default)]
+pub(crate) struct Resumed {
+    pub(crate) ticks: Option<PassRecord>,
+    pub(crate) merge: Option<PassRecord>,
+}
+
+/// What the identity check found: whether the state held objects, and its passes.
+type Init = crate::model::Result<(bool, Resumed)>;
+
 /// The durable side of one controller run.
 pub(crate) struct Durable {
     ks: Arc<ControllerKeyspace>,
@@ -54,10 +66,14 @@ pub(crate) struct Durable {
     _closer: crate::disk::LeaseCloser,
     worker: DiskWorker,
     window: Duration,
-    init: Option<BoxFuture<'static, crate::model::Result<bool>>>,
+    init: Option<BoxFuture<'static, Init>>,
     /// Whether the state held objects at start (known once `init` finished).
     existed: Option<bool>,
+    /// The passes the previous run left, until the runner takes them.
+    resumed: Option<Resumed>,
     pending: Vec<StateOp>,
+    /// Passes' records to write with the next batch, the latest of each.
+    pending_passes: HashMap<&'static [u8], PassRecord>,
     flush_timer: Option<Pin<Box<Sleep>>>,
     seq: u64,
     writes: FuturesUnordered<BoxFuture<'static, (u64, crate::model::Result<()>)>>,
@@ -80,7 +96,14 @@ impl Durable {
         let ks = Arc::new(ks);
         let check = ks.clone();
         let init = worker
-            .submit(move || check.check_identity(&identity))
+            .submit(move || {
+                let existed = check.check_identity(&identity)?;
+                let resumed = Resumed {
+                    ticks: check.pass(TICKS_PASS_KEY)?,
+                    merge: check.pass(MERGE_PASS_KEY)?,
+                };
+                Ok((existed, resumed))
+            })
             .boxed();
         Durable {
             ks,
@@ -89,7 +112,9 @@ impl Durable {
             window,
             init: Some(init),
             existed: None,
+            resumed: None,
             pending: Vec::new(),
+            pending_passes: HashMap::new(),
             flush_timer: None,
             seq: 0,
             writes: FuturesUnordered::new(),
@@ -115,7 +140,10 @@ impl Durable {
         let res = futures::ready!(init.poll_unpin(cx));
         self.init = None;
         let existed = match res {
-            Ok(e) => e,
+            Ok((e, resumed)) => {
+                self.resumed = Some(resumed);
+                e
+            }
             Err(e) => {
                 // Without a readable state, every object counts as never reconciled.
                 self.existed = Some(false);
@@ -140,12 +168,18 @@ impl Durable {
         self.loaded_until == 0 || due_ms < self.loaded_until
     }
 
-    pub(crate) fn push(&mut self, op: StateOp) {
-        self.uncommitted
-            .entry(op.suffix().to_vec())
-            .or_default()
-            .push((self.seq, op.clone()));
-        self.pending.push(op);
+    /// The passes the previous run left under way (once, after the identity check).
+    pub(crate) fn take_resumed(&mut self) -> Option<Resumed> {
+        self.resumed.take()
+    }
+
+    /// Records how far a pass is, with the next batch.
+    pub(crate) fn set_pass(&mut self, key: &'static [u8], record: PassRecord) {
+        self.pending_passes.insert(key, record);
+        self.arm_flush();
+    }
+
+    fn arm_flush(&mut self) {
         if self.pending.len() >= FLUSH_OPS {
             self.flush();
         } else if self.flush_timer.is_none() {
@@ -153,17 +187,27 @@ impl Durable {
         }
     }
 
+    pub(crate) fn push(&mut self, op: StateOp) {
+        self.uncommitted
+            .entry(op.suffix().to_vec())
+            .or_default()
+            .push((self.seq, op.clone()));
+        self.pending.push(op);
+        self.arm_flush();
+    }
+
     /// Submit the batched ops to the disk thread.
     pub(crate) fn flush(&mut self) {
         self.flush_timer = None;
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.pending_passes.is_empty() {
             return;
         }
         let ops = std::mem::take(&mut self.pending);
+        let passes: Vec<_> = self.pending_passes.drain().collect();
         let ks = self.ks.clone();
         let seq = self.seq;
         self.seq += 1;
-        let write = self.worker.submit(move || ks.apply(&ops));
+        let write = self.worker.submit(move || ks.apply(&ops, &passes));
         self.writes.push(async move { (seq, write.await) }.boxed());
     }
 
@@ -178,7 +222,7 @@ impl Durable {
 
     /// Whether nothing is left to write.
     pub(crate) fn idle(&self) -> bool {
-        self.pending.is_empty() && self.writes.is_empty()
+        self.pending.is_empty() && self.pending_passes.is_empty() && self.writes.is_empty()
     }
 
     /// Drives the batching timer, the writes, and the due-time scans. Returns write or

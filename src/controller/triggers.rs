@@ -21,6 +21,10 @@ pub(crate) enum Trigger<K: Resource> {
     Request(ReconcileRequest<K>),
     /// Reconcile every stored object of the main kind (a pass over the store on disk).
     ReconcileAll,
+    /// The main kind's subscriber of a shared watch missed events (all of them on disk): a
+    /// durable controller reconciles what changed and forgets what is gone (the startup
+    /// pass's merge); one without durable state reconciles every stored object.
+    Lagged,
     /// The main kind's store is ready: after its first list (`cold`) or resumed from its
     /// checkpoint. The runner decides what to reconcile ([`Config::startup`](super::Config::startup)).
     Startup { cold: bool },
@@ -64,8 +68,7 @@ where
 }
 
 /// The main kind's triggers from a subscriber of a shared watch: its events as
-/// [`main_kind`] maps them, and a lag as a pass of every stored object (what it missed is
-/// on disk).
+/// [`main_kind`] maps them, and a lag as [`Trigger::Lagged`] (what it missed is on disk).
 pub(crate) fn shared_main<K>(sub: Subscriber<K>, dyntype: K::DynamicType) -> TriggerStream<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
@@ -74,7 +77,7 @@ where
     sub.filter_map(move |ev| {
         futures::future::ready(match ev {
             Ok(SharedEvent::Event(ev)) => trigger_of(&ev, &dyntype).map(Ok),
-            Ok(SharedEvent::Lagged) => Some(Ok(Trigger::ReconcileAll)),
+            Ok(SharedEvent::Lagged) => Some(Ok(Trigger::Lagged)),
             Err(e) => Some(Err(TriggerError::Store(e))),
         })
     })

@@ -34,6 +34,7 @@ mod indexes;
 mod metrics;
 mod msrv;
 mod nonblocking;
+mod passes;
 mod ported_examples;
 mod reads;
 mod reconcile_state;

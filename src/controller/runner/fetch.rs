@@ -37,13 +37,12 @@ where
     /// Starts reading one scheduled object from disk, off the async worker (a read may
     /// block on disk); [`Runner::start`] follows when it is read.
     pub(super) fn dispatch(&mut self, request: ReconcileRequest<K>) {
-        self.pass_outstanding.remove(&request.obj_ref);
-        if let Some((_, kind)) = self.waiting.remove(&request.obj_ref) {
-            self.p.stats.dequeued(kind);
-        }
+        // A request that must run may have been merged into this one (see
+        // `ChangeQueue::forced`), or a pass of every object may owe it one.
+        let forced =
+            self.queue.take(&request.obj_ref, &self.p.stats) | self.pass_forces(&request.obj_ref);
+        self.passes_heard(&request.obj_ref, super::passes::Heard::Dispatched);
         self.running_refs.insert(request.obj_ref.clone());
-        // A request that must run may have been merged into this one (see `forced`).
-        let forced = self.forced.remove(&request.obj_ref);
         let reader = self.p.reader.clone();
         // The record is read only for requests that may be skipped.
         let state = self
@@ -113,8 +112,9 @@ where
         tracing::warn!(object = %request.obj_ref, failures = *failures, retry_ms = delay.as_millis() as u64,
             "cannot read the object to reconcile: retried");
         if forced {
-            self.forced.insert(request.obj_ref.clone());
+            self.queue.force(request.obj_ref.clone());
         }
+        self.passes_heard(&request.obj_ref, super::passes::Heard::ReadFailed);
         self.schedule(request.obj_ref, request.reason, Instant::now() + delay);
     }
 }

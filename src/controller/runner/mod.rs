@@ -1,41 +1,45 @@
-//! The run loop: triggers → kube-runtime's scheduler → reconciles, one object at a time.
+//! The run loop: triggers → the change queue and the passes → reconciles, one object at a
+//! time.
 //!
 //! kube-runtime's own runner is private, so this is a small one around its public
-//! [`Scheduler`]: `hold_unless` keeps a message pending while its object is being
-//! reconciled (never two reconciles of one object at once), and `hold` keeps everything
-//! pending while the concurrency limit is reached or the stores are not ready yet. The
-//! scheduler itself does the deduplication, the debounce and the timed requeues.
+//! [`Scheduler`](kube::runtime::scheduler::Scheduler) (`queue.rs`): `hold_unless` keeps a
+//! message pending while its object is being reconciled (never two reconciles of one
+//! object at once), and nothing is taken while the concurrency limit is reached or the
+//! stores are not ready yet. The scheduler does the deduplication, the debounce and the
+//! timed requeues. Changes go first; pass work (`passes.rs`) gets one dispatch in
+//! [`PASS_SHARE`](queue::PASS_SHARE) while both wait.
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, SelectAll};
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::scheduler::{ScheduleRequest, Scheduler, debounced_scheduler};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 mod fetch;
 mod passes;
+mod progress;
+mod queue;
 
 use fetch::{Fetch, Fetched};
+use passes::{Heard, Slot};
+use queue::{ChangeQueue, Share, Turn};
 
 use super::Config;
 use super::action::requeue_after;
 use super::controller_error::ControllerError;
-use super::controller_stats::{ControllerStats, Waiting};
+use super::controller_stats::ControllerStats;
 use super::owed;
-use super::scan::{self, Pass, suffix_ref};
+use super::scan::{self, PassRecord, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::triggers::{Trigger, TriggerStream};
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
@@ -50,8 +54,6 @@ pub(crate) type ReconcileFn<K, Ctx, E> =
     Box<dyn FnMut(Arc<K>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, E>> + Send>;
 /// A type-erased error policy.
 pub(crate) type ErrorPolicyFn<K, Ctx, E> = Box<dyn Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send>;
-
-type Requests<K> = UnboundedReceiver<ScheduleRequest<ReconcileRequest<K>>>;
 
 /// Most trigger items taken in one go, and most loop turns in one poll, before yielding.
 const BUDGET: usize = 256;
@@ -96,37 +98,34 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
 pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     p: Parts<K, Ctx, E>,
     triggers: Option<SelectAll<TriggerStream<K>>>,
-    schedule_tx: UnboundedSender<ScheduleRequest<ReconcileRequest<K>>>,
-    scheduler: Pin<Box<Scheduler<ReconcileRequest<K>, Requests<K>>>>,
+    /// Changes, retries and requeues, in kube-runtime's scheduler.
+    queue: ChangeQueue<K>,
+    /// Whose turn the next dispatch is: changes or pass work.
+    share: Share,
     fetching: FuturesUnordered<Fetch<K>>,
     running: FuturesUnordered<BoxFuture<'static, Done<K, E>>>,
     /// Objects being read or reconciled: never two reconciles of one object at once.
     running_refs: HashSet<ObjectRef<K>>,
-    /// Objects that received a request that must not be skipped (a related change, a user
-    /// request, a pass of every object) since their last dispatch. kube-runtime's
-    /// scheduler merges a request into one already queued or pending for the same object
-    /// and keeps that one's reason, so the reason that comes out cannot be trusted: the
-    /// next dispatch of these objects always reconciles.
-    forced: HashSet<ObjectRef<K>>,
-    /// The pass over every stored object (`reconcile_all_on`, a cold start, a warm start
-    /// without durable state). A pass under way is never replaced: it finishes, so that
-    /// the objects late in key order are reached too.
-    full_pass: Option<Pass<K>>,
-    /// Passes were asked for while one was under way: every one of them is owed a reconcile
-    /// of every object that starts after it, which the objects the running pass already
-    /// passed did not get; one more pass follows it (however many asks came meanwhile).
-    full_pass_again: bool,
-    /// The startup pass of a durable controller, beside `pass`: neither replaces the
-    /// other, so a `reconcile_all_on` tick during the pass is not lost, nor the pass's
-    /// forgotten records and due requeues when a tick comes.
-    startup_pass: Option<Pass<K>>,
-    pass_outstanding: HashSet<ObjectRef<K>>,
+    /// The pass over every stored object (`reconcile_all_on`, a lag of a related kind, a
+    /// start without durable state). A pass under way is never replaced: asks that come
+    /// meanwhile are coalesced into one more pass after it.
+    ticks: Option<Slot<K>>,
+    /// The merge pass of a durable controller (its startup pass, a lag of its main
+    /// subscriber), beside `ticks`: neither replaces the other.
+    merge: Option<Slot<K>>,
+    /// A lag came while the merge ran: one more merge follows it.
+    merge_again: bool,
+    /// Where the last merge stopped: the next one starts there.
+    merge_done: Option<Vec<u8>>,
+    /// The merge a previous run left (its mode is owed by the startup pass).
+    left_merge: Option<PassRecord>,
+    /// The ticks' pass a previous run left, resumed once the stores are ready.
+    left_ticks: Option<PassRecord>,
+    /// A durable startup pass that reconciles changed objects is asked for and has not
+    /// started: the main kind's changes are left to it.
+    startup_pending: bool,
     /// Objects whose last reads failed, with how many failed in a row (the retry backoff).
     read_failures: HashMap<ObjectRef<K>, u32>,
-    /// What waits in the scheduler (which keeps one request per object): when it runs and
-    /// which gauge it counts in, mirroring the scheduler's merge rule (an earlier request
-    /// replaces a later one) for the controller's queue metrics.
-    waiting: HashMap<ObjectRef<K>, (Instant, Waiting)>,
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
@@ -145,9 +144,7 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
 /// reconciles it aborts are taken out.
 impl<K: Resource, Ctx, E: 'static> Drop for Runner<K, Ctx, E> {
     fn drop(&mut self) {
-        for (_, (_, kind)) in self.waiting.drain() {
-            self.p.stats.dequeued(kind);
-        }
+        self.queue.clear_gauges(&self.p.stats);
         for _ in 0..self.running.len() {
             self.p.stats.aborted();
         }
@@ -166,26 +163,26 @@ where
     E: Send + 'static,
 {
     pub(crate) fn new(mut p: Parts<K, Ctx, E>) -> Self {
-        let (schedule_tx, rx) = unbounded();
-        let scheduler = Box::pin(debounced_scheduler(rx, p.config.debounce));
+        let queue = ChangeQueue::new(p.config.debounce);
         let triggers = std::mem::take(&mut p.triggers);
         let durable = p.durable.take();
         Runner {
             durable,
             p,
             triggers: Some(futures::stream::select_all(triggers)),
-            schedule_tx,
-            scheduler,
+            queue,
+            share: Share::default(),
             fetching: FuturesUnordered::new(),
             running: FuturesUnordered::new(),
             running_refs: HashSet::new(),
-            forced: HashSet::new(),
-            full_pass: None,
-            full_pass_again: false,
-            startup_pass: None,
-            pass_outstanding: HashSet::new(),
+            ticks: None,
+            merge: None,
+            merge_again: false,
+            merge_done: None,
+            left_merge: None,
+            left_ticks: None,
+            startup_pending: false,
             read_failures: HashMap::new(),
-            waiting: HashMap::new(),
             ready: false,
             full_pass_when_ready: false,
             catching_up: None,
@@ -195,32 +192,7 @@ where
     }
 
     fn schedule(&mut self, obj_ref: ObjectRef<K>, reason: ReconcileReason, run_at: Instant) {
-        if !owed::skippable(&reason) {
-            self.forced.insert(obj_ref.clone());
-        }
-        let kind = waiting_kind(&reason);
-        let stats = &self.p.stats;
-        let at = run_at.checked_add(self.p.config.debounce).unwrap_or(run_at);
-        match self.waiting.entry(obj_ref.clone()) {
-            Entry::Vacant(v) => {
-                v.insert((at, kind));
-                stats.enqueued(kind);
-            }
-            Entry::Occupied(mut o) if o.get().0 >= run_at => {
-                let (_, old) = o.insert((at, kind));
-                stats.dequeued(old);
-                stats.enqueued(kind);
-            }
-            // The scheduler keeps the earlier request and would drop this one: not sent,
-            // so that its channel holds at most one request per waiting object while the
-            // runner does not poll it (see `poll_next`).
-            Entry::Occupied(_) => return,
-        }
-        // The receiver lives in `self.scheduler`: sending cannot fail while we exist.
-        let _ = self.schedule_tx.unbounded_send(ScheduleRequest {
-            message: ReconcileRequest { obj_ref, reason },
-            run_at,
-        });
+        self.queue.schedule(obj_ref, reason, run_at, &self.p.stats);
     }
 
     fn begin_shutdown(&mut self) {
@@ -233,11 +205,7 @@ where
             // Stops the watchers (releasing their streams) and any pass; running
             // reconciles finish, nothing new starts.
             self.triggers = None;
-            self.full_pass = None;
-            self.full_pass_again = false;
-            self.startup_pass = None;
-            self.catching_up = None;
-            self.p.stats.pass_ended();
+            self.stop_passes();
             // Objects still being read are not reconciled.
             self.fetching = FuturesUnordered::new();
         }
@@ -252,15 +220,29 @@ where
                 Poll::Ready(Err(e)) => self.out.push_back(Err(ControllerError::Store(e))),
                 Poll::Ready(Ok(_)) => {}
             }
+            if let Some(left) = d.take_resumed() {
+                self.merge_done = left.merge.as_ref().and_then(|m| m.done.after.clone());
+                self.left_merge = left.merge;
+                self.left_ticks = left.ticks;
+            }
         }
         let Some(mut triggers) = self.triggers.take() else {
             return false;
         };
         for _ in 0..BUDGET {
             match triggers.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(Trigger::Request(req))))
+                    if self.startup_pending
+                        && matches!(req.reason, ReconcileReason::ObjectUpdated) =>
+                {
+                    // Stored before the startup pass reads its key: the pass reconciles it,
+                    // in its order (longest owed first), not in the order of the replay.
+                    tracing::trace!(object = %req.obj_ref, "change left to the startup pass");
+                }
                 Poll::Ready(Some(Ok(Trigger::Request(req)))) => {
                     self.schedule(req.obj_ref, req.reason, Instant::now())
                 }
+                Poll::Ready(Some(Ok(Trigger::Lagged))) => self.lagged(),
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) if self.ready => self.pass_all(),
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
                     tracing::debug!(
@@ -345,6 +327,7 @@ where
             Ok(Some(obj)) => obj,
             Ok(None) => {
                 self.running_refs.remove(&request.obj_ref);
+                self.passes_heard(&request.obj_ref, Heard::Finished);
                 // Deleted objects leave the reconcile state with them.
                 if let Some(d) = self.durable.as_mut() {
                     d.push(StateOp::Forget {
@@ -372,6 +355,7 @@ where
         {
             tracing::trace!(object = %request.obj_ref, reason = %request.reason, "already reconciled at this version, skipped");
             self.running_refs.remove(&request.obj_ref);
+            self.passes_heard(&request.obj_ref, Heard::Finished);
             self.p.stats.skipped();
             return;
         }
@@ -407,11 +391,31 @@ where
         );
     }
 
+    /// The next request to dispatch: a due change, unless pass work is owed its share.
+    fn next_request(&mut self, cx: &mut Context<'_>) -> Option<ReconcileRequest<K>> {
+        let pass_waiting = self.pass_waiting();
+        if self.share.turn(pass_waiting) == Turn::Pass
+            && let Some(request) = self.take_pass_work()
+        {
+            self.share.took_pass();
+            return Some(request);
+        }
+        let running = &self.running_refs;
+        if let Poll::Ready(Some(request)) = self.queue.poll_due(cx, |r| running.contains(r)) {
+            self.share.took_change(pass_waiting);
+            return Some(request);
+        }
+        let request = self.take_pass_work()?;
+        self.share.took_pass();
+        Some(request)
+    }
+
     /// Applies the outcome of a finished reconcile: requeue, error policy, result item.
     fn finish(&mut self, done: Done<K, E>) -> RunItem<K, E> {
         let (finished_at, wall) = (Instant::now(), now_ms());
         let obj_ref = done.request.obj_ref;
         self.running_refs.remove(&obj_ref);
+        self.passes_heard(&obj_ref, Heard::Finished);
         let meta = done.obj.meta();
         let rv = meta.resource_version.clone().unwrap_or_default();
         let outcome = match done.result {
@@ -519,30 +523,27 @@ where
             if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
                 tracing::debug!("stores ready, reconciles may start");
                 this.ready = true;
+                let left = this.left_ticks.take();
+                this.resume_ticks(left);
                 if std::mem::take(&mut this.full_pass_when_ready) {
                     this.pass_all();
                 }
             }
             let limit = this.p.config.concurrency as usize;
             let busy = this.running.len() + this.fetching.len();
-            if this.ready && (limit == 0 || busy < limit) {
-                let running = &this.running_refs;
-                let next = this
-                    .scheduler
-                    .as_mut()
-                    .hold_unless(|req: &ReconcileRequest<K>| !running.contains(&req.obj_ref))
-                    .poll_next_unpin(cx);
-                if let Poll::Ready(Some(request)) = next {
-                    this.dispatch(request);
-                    progressed = true;
-                }
+            if this.ready
+                && (limit == 0 || busy < limit)
+                && let Some(request) = this.next_request(cx)
+            {
+                this.dispatch(request);
+                progressed = true;
             }
             // At the limit the scheduler is not polled at all: a poll would move every due
             // request into its set of held messages, which it serves in hash order, not by
             // due time, so that under a sustained load (ticks, passes) a due request could
             // wait forever behind newer ones. Left in its queue, due requests come out in
             // the order they fell due once a reconcile finishes (which wakes this task).
-            // Requests meanwhile wait in the channel, one per object (see `schedule`).
+            // Requests meanwhile wait in the change queue, one per object (`queue.rs`).
             if !progressed && this.out.is_empty() {
                 return Poll::Pending;
             }
@@ -560,17 +561,5 @@ fn suffix_of<K: Resource>(obj_ref: &ObjectRef<K>) -> Vec<u8> {
 fn custom(reason: &str) -> ReconcileReason {
     ReconcileReason::Custom {
         reason: reason.to_string(),
-    }
-}
-
-/// The gauge a waiting request counts in: requeues and retries (asked for by the reconciler,
-/// the error policy, or read back from the durable state as due), or the rest.
-fn waiting_kind(reason: &ReconcileReason) -> Waiting {
-    match reason {
-        ReconcileReason::ReconcilerRequestedRetry | ReconcileReason::ErrorPolicyRequestedRetry => {
-            Waiting::Requeue
-        }
-        ReconcileReason::Custom { reason } if reason == scan::DUE => Waiting::Requeue,
-        _ => Waiting::Queued,
     }
 }

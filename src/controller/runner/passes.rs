@@ -1,20 +1,56 @@
-//! The runner's passes: the pass over every stored object (`reconcile_all_on`, a cold
-//! start, a warm start without durable state) and the startup pass of a durable controller,
-//! which waits until the main store has caught up; both feed the scheduler chunk by chunk.
+//! The runner's passes, each in a [`Slot`]:
+//!
+//! - the ticks' pass over every stored object (`reconcile_all_on`, a lag of a related kind,
+//!   the start of a controller without durable state);
+//! - the merge pass of a durable controller (its startup pass, which waits until the main
+//!   store has caught up, and the pass after a lag of its main subscriber): the objects it
+//!   finds changed (every object with `StartupMode::ReconcileAll`) are pass work too, in its
+//!   order, before the ticks' pass; the requeues it finds due wait with the changes.
+//!
+//! Pass work gets its share of the concurrency after changes (`queue.rs`). A durable
+//! controller records each pass's position (`progress.rs`) and its owed ticks:
+//! a restart resumes the ticks' pass where it stopped, and starts the merge where the last
+//! one stopped, so what has waited longest comes first whatever the rhythm of restarts.
 
+use std::collections::VecDeque;
 use std::task::{Context, Poll};
 
 use futures::FutureExt;
 use kube::Resource;
+use kube::runtime::controller::{ReconcileReason, ReconcileRequest};
+use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::super::StartupMode;
 use super::super::controller_error::ControllerError;
-use super::super::scan::{Pass, PassMode, Plan, StartupOptions};
+use super::super::scan::{MergeOptions, Pass, PassMode, PassRecord, Plan};
 use super::super::state::{instant_at, now_ms};
 use super::Runner;
-use crate::controller::keyspace::StateOp;
+use super::progress::Progress;
+use crate::controller::keyspace::{MERGE_PASS_KEY, StateOp, TICKS_PASS_KEY};
+
+/// One pass under way and what it still owes.
+pub(super) struct Slot<K: Resource> {
+    /// Where a durable controller records it.
+    key: &'static [u8],
+    record: PassRecord,
+    /// `None` once it read its whole circle (or stops).
+    pass: Option<Pass<K>>,
+    pub(super) progress: Progress<ObjectRef<K>>,
+    /// Pass work not dispatched yet, in pass order.
+    work: VecDeque<(ObjectRef<K>, ReconcileReason)>,
+}
+
+impl<K: Resource> Slot<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// Whether `obj_ref` is owed a reconcile that must run (pass work not dispatched).
+    pub(super) fn owes_forced(&self, obj_ref: &ObjectRef<K>) -> bool {
+        matches!(self.record.mode, PassMode::All | PassMode::Every) && self.progress.owes(obj_ref)
+    }
+}
 
 impl<K, Ctx, E> Runner<K, Ctx, E>
 where
@@ -23,32 +59,111 @@ where
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {
+    fn slot(&self, record: PassRecord, key: &'static [u8], options: MergeOptions) -> Slot<K> {
+        let ks = self.durable.as_ref().map(|d| d.keyspace());
+        let pass = Pass::new(
+            self.p.reader.clone(),
+            ks,
+            self.p.dyntype.clone(),
+            self.p.config.pass_chunk,
+            &record,
+            options,
+            self.p.stats.clone(),
+        );
+        Slot {
+            key,
+            progress: Progress::new(record.done.clone()),
+            record,
+            pass: Some(pass),
+            work: VecDeque::new(),
+        }
+    }
+
+    fn record(&mut self, key: &'static [u8], record: &PassRecord) {
+        if let Some(d) = self.durable.as_mut() {
+            d.set_pass(key, record.clone());
+        }
+    }
+
     /// Asks for a pass over every stored object: starts one, or, while one is under way,
     /// one more after it (asks that come meanwhile are coalesced into that one).
     pub(super) fn pass_all(&mut self) {
-        if self.full_pass.is_some() {
-            if !self.full_pass_again {
+        if let Some(slot) = self.ticks.as_mut() {
+            if !slot.record.again {
                 tracing::debug!("a pass is under way: one more follows it");
+                slot.record.again = true;
+                let record = slot.record.clone();
+                self.record(TICKS_PASS_KEY, &record);
             }
-            self.full_pass_again = true;
             return;
         }
-        self.start_full_pass();
+        self.start_ticks(PassRecord::new(PassMode::Every, None));
     }
 
-    fn start_full_pass(&mut self) {
-        tracing::debug!("reconciling every stored object (pass from disk)");
-        self.full_pass_again = false;
-        self.full_pass = Some(Pass::all(
-            self.p.reader.clone(),
-            self.p.dyntype.clone(),
-            self.p.config.pass_chunk,
-        ));
+    fn start_ticks(&mut self, record: PassRecord) {
+        tracing::debug!(resumed = ?record.done.after.as_deref().map(String::from_utf8_lossy),
+            again = record.again, "reconciling every stored object (pass from disk)");
+        self.p.stats.pass_began(None);
+        self.record(TICKS_PASS_KEY, &record);
+        let options = self.lag_options();
+        self.ticks = Some(self.slot(record, TICKS_PASS_KEY, options));
+    }
+
+    /// The stores are ready: the ticks' pass a previous run left under way goes on.
+    pub(super) fn resume_ticks(&mut self, record: Option<PassRecord>) {
+        let Some(record) = record.filter(|r| r.active) else {
+            return;
+        };
+        if self.ticks.is_some() {
+            return self.pass_all();
+        }
+        tracing::info!("resuming the pass over every object a previous run left under way");
+        self.start_ticks(record);
+    }
+
+    /// The main subscriber lagged: a durable controller merges what changed (and forgets
+    /// what is gone); one without durable state reconciles every object.
+    pub(super) fn lagged(&mut self) {
+        if self.durable.is_none() {
+            return self.pass_all();
+        }
+        if self.startup_pending {
+            tracing::debug!("lag before the startup pass: the startup pass covers it");
+            return;
+        }
+        if self.merge.is_some() {
+            self.merge_again = true;
+            return;
+        }
+        tracing::info!("main subscriber lagged: merging what changed from disk");
+        let start = self.merge_done.clone();
+        let options = self.lag_options();
+        self.start_merge(PassRecord::new(PassMode::Changed, start), options);
+    }
+
+    /// A lag's merge: no requeue scheduled (they are in the scheduler or on disk).
+    fn lag_options(&self) -> MergeOptions {
+        MergeOptions {
+            loaded_until: 0,
+            generation_filter: self.p.config.skip_unchanged_generation,
+        }
+    }
+
+    fn start_merge(&mut self, record: PassRecord, options: MergeOptions) {
+        self.startup_pending = false;
+        self.merge_again = false;
+        self.p.stats.pass_began(Some(self.p.reader.len() as u64));
+        self.record(MERGE_PASS_KEY, &record);
+        self.merge = Some(self.slot(record, MERGE_PASS_KEY, options));
     }
 
     /// The main store is consistent: run the startup pass once it has caught up with the
     /// server too (see `Config::catch_up_before_startup`).
     pub(super) fn request_startup(&mut self, cold: bool) {
+        // Until the merge starts, it covers the main kind's changes: they are not scheduled
+        // one by one (in the order the watch replays them), see `poll_triggers`.
+        self.startup_pending =
+            self.durable.is_some() && self.startup_mode(cold) != PassMode::DueOnly;
         let Some(limit) = self.p.config.startup_catch_up else {
             return self.startup(cold);
         };
@@ -93,78 +208,226 @@ where
         true
     }
 
+    fn startup_mode(&self, cold: bool) -> PassMode {
+        match (self.p.config.startup, cold) {
+            (StartupMode::ReconcileAll, _) => PassMode::All,
+            (StartupMode::Nothing, false) => PassMode::DueOnly,
+            _ => PassMode::Changed,
+        }
+    }
+
     /// Reconcile what the startup mode says.
     pub(super) fn startup(&mut self, cold: bool) {
-        let mode = self.p.config.startup;
         let Some(d) = self.durable.as_mut() else {
-            if cold || mode != StartupMode::Nothing {
+            if cold || self.p.config.startup != StartupMode::Nothing {
                 self.pass_all();
             }
             return;
         };
-        let pass_mode = match (mode, cold) {
-            (StartupMode::ReconcileAll, _) => PassMode::All,
-            (StartupMode::Nothing, false) => PassMode::DueOnly,
-            _ => PassMode::Changed,
-        };
-        tracing::debug!(?pass_mode, cold, "startup pass over the reconcile state");
         let loaded_until = d.start_window();
-        self.p.stats.pass_began(Some(self.p.reader.len() as u64));
-        self.startup_pass = Some(Pass::startup(
-            self.p.reader.clone(),
-            d.keyspace(),
-            self.p.dyntype.clone(),
-            self.p.config.pass_chunk,
-            StartupOptions {
-                mode: pass_mode,
+        // A merge a previous run left under way asks for at least its own mode; the circle
+        // starts where the last merge stopped.
+        let mut mode = self.startup_mode(cold);
+        if let Some(left) = self.left_merge.take().filter(|r| r.active) {
+            mode = mode.max(left.mode);
+        }
+        tracing::debug!(?mode, cold, "startup pass over the reconcile state");
+        let record = PassRecord::new(mode, self.merge_done.clone());
+        self.start_merge(
+            record,
+            MergeOptions {
                 loaded_until,
                 generation_filter: self.p.config.skip_unchanged_generation,
             },
-            self.p.stats.clone(),
-        ));
+        );
     }
 
-    /// Feeds the next chunk of the pass and of the startup pass, each once half of the
-    /// previous chunk has started.
-    pub(super) fn poll_passes(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.pass_outstanding.len() > self.p.config.pass_chunk / 2 {
-            return false; // re-checked after each dispatch
+    /// Stops reading passes (the controller stops): their positions still move as the
+    /// running reconciles finish.
+    pub(super) fn stop_passes(&mut self) {
+        self.catching_up = None;
+        for slot in [self.ticks.as_mut(), self.merge.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            slot.pass = None;
+            slot.work.clear();
         }
-        let mut progressed = false;
-        for startup in [false, true] {
-            let slot = if startup {
-                &mut self.startup_pass
-            } else {
-                &mut self.full_pass
-            };
-            let Some(pass) = slot.as_mut() else {
-                continue;
-            };
-            let chunk = match pass.poll_chunk(cx) {
-                Poll::Pending => continue,
-                Poll::Ready(None) => {
-                    *slot = None;
-                    if startup {
-                        self.p.stats.pass_ended();
-                    } else if self.full_pass_again {
-                        self.start_full_pass();
-                    }
-                    progressed = true;
+        self.p.stats.pass_ended();
+    }
+
+    /// Whether pass work waits (dropping the front items nothing owes any more).
+    pub(super) fn pass_waiting(&mut self) -> bool {
+        let mut waiting = false;
+        for slot in [self.merge.as_mut(), self.ticks.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            while let Some((obj_ref, _)) = slot.work.front() {
+                if slot.progress.owes(obj_ref) {
+                    waiting = true;
+                    break;
+                }
+                slot.work.pop_front();
+            }
+        }
+        waiting
+    }
+
+    /// The next pass work to dispatch. Work for an object being reconciled waits in the
+    /// change queue instead, as a request that must run.
+    pub(super) fn take_pass_work(&mut self) -> Option<ReconcileRequest<K>> {
+        let now = Instant::now();
+        for merge in [true, false] {
+            loop {
+                let slot = if merge {
+                    &mut self.merge
+                } else {
+                    &mut self.ticks
+                };
+                let Some(slot) = slot.as_mut() else { break };
+                let Some((obj_ref, reason)) = slot.work.pop_front() else {
+                    break;
+                };
+                if !slot.progress.owes(&obj_ref) {
                     continue;
                 }
-                Poll::Ready(Some(chunk)) => chunk,
-            };
-            progressed = true;
-            match chunk {
-                Ok(plans) => self.plan(plans),
-                Err(e) => self.out.push_back(Err(ControllerError::Store(e))),
+                if self.running_refs.contains(&obj_ref) {
+                    self.queue.schedule(obj_ref, reason, now, &self.p.stats);
+                    continue;
+                }
+                return Some(ReconcileRequest { obj_ref, reason });
             }
+        }
+        None
+    }
+
+    /// Feeds each pass's next chunk once half of its previous one has started, and ends
+    /// the passes that are done.
+    pub(super) fn poll_passes(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progressed = false;
+        for merge in [false, true] {
+            let half = self.p.config.pass_chunk / 2;
+            let slot = if merge {
+                &mut self.merge
+            } else {
+                &mut self.ticks
+            };
+            let Some(s) = slot.as_mut() else { continue };
+            if s.progress.waiting() <= half
+                && let Some(pass) = s.pass.as_mut()
+                && let Poll::Ready(chunk) = pass.poll_chunk(cx)
+            {
+                progressed = true;
+                match chunk {
+                    Some(Ok(chunk)) => {
+                        if chunk.end {
+                            s.pass = None;
+                        }
+                        let through = chunk.through;
+                        self.plan(merge, chunk.plans);
+                        let s = if merge {
+                            &mut self.merge
+                        } else {
+                            &mut self.ticks
+                        };
+                        if let Some(s) = s.as_mut() {
+                            s.progress.through(through);
+                        }
+                    }
+                    // The pass stops here; its record stays under way for the next start.
+                    Some(Err(e)) => {
+                        *slot = None;
+                        self.out.push_back(Err(ControllerError::Store(e)));
+                        continue;
+                    }
+                    None => s.pass = None,
+                }
+            }
+            progressed |= self.settle(merge);
         }
         progressed
     }
 
-    /// Schedules what a pass chunk asks for.
-    pub(super) fn plan(&mut self, plans: Vec<Plan<K>>) {
+    /// Records how far a pass is done, and ends it once it is; true if one ended.
+    fn settle(&mut self, merge: bool) -> bool {
+        let slot = if merge {
+            &mut self.merge
+        } else {
+            &mut self.ticks
+        };
+        let Some(s) = slot.as_mut() else {
+            return false;
+        };
+        let moved = s.progress.moved();
+        if let Some(done) = moved.clone() {
+            s.record.done = done;
+        }
+        let ended = s.pass.is_none() && s.progress.settled() && !self.shutting_down;
+        if ended {
+            s.record.active = false;
+        }
+        let (key, record) = (s.key, s.record.clone());
+        if moved.is_some() || ended {
+            self.record(key, &record);
+        }
+        if !ended {
+            return false;
+        }
+        if merge {
+            self.merge = None;
+        } else {
+            self.ticks = None;
+        }
+        tracing::debug!(merge, again = record.again, "pass done");
+        if merge {
+            self.merge_done = record.done.after.clone();
+            if std::mem::take(&mut self.merge_again) {
+                let start = self.merge_done.clone();
+                let options = self.lag_options();
+                self.start_merge(PassRecord::new(PassMode::Changed, start), options);
+            }
+        } else if record.again {
+            self.start_ticks(PassRecord::new(PassMode::Every, None));
+        }
+        if self.ticks.is_none() && self.merge.is_none() && self.catching_up.is_none() {
+            self.p.stats.pass_ended();
+        }
+        true
+    }
+
+    /// A reconcile of `obj_ref` was dispatched, finished, or its read failed: the passes
+    /// that owe it hear of it.
+    pub(super) fn passes_heard(&mut self, obj_ref: &ObjectRef<K>, event: Heard) {
+        for merge in [false, true] {
+            let slot = if merge {
+                &mut self.merge
+            } else {
+                &mut self.ticks
+            };
+            let Some(s) = slot.as_mut() else { continue };
+            match event {
+                Heard::Dispatched => s.progress.dispatched(obj_ref),
+                Heard::Finished => s.progress.finished(obj_ref),
+                Heard::ReadFailed => s.progress.retry(obj_ref),
+            }
+            if event == Heard::Finished && self.shutting_down {
+                let _ = self.settle(merge);
+            }
+        }
+    }
+
+    /// Whether a pass owes `obj_ref` a reconcile that must run.
+    pub(super) fn pass_forces(&self, obj_ref: &ObjectRef<K>) -> bool {
+        [self.merge.as_ref(), self.ticks.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|s| s.owes_forced(obj_ref))
+    }
+
+    /// Schedules what a pass chunk asks for: the objects it reconciles as pass work, in its
+    /// order; requeues with the changes.
+    fn plan(&mut self, merge: bool, plans: Vec<Plan<K>>) {
         let (now, wall) = (Instant::now(), now_ms());
         for plan in plans {
             match plan {
@@ -172,13 +435,28 @@ where
                     obj_ref,
                     reason,
                     at_ms,
-                } => match at_ms.filter(|&at| at > wall) {
-                    None => {
-                        self.pass_outstanding.insert(obj_ref.clone());
-                        self.schedule(obj_ref, reason, now);
+                    at,
+                } => {
+                    if let Some(at) = at_ms.filter(|&at| at > wall) {
+                        // A requeue: it waits in the scheduler, and on disk until then.
+                        self.queue
+                            .schedule(obj_ref, reason, instant_at(at), &self.p.stats);
+                        continue;
                     }
-                    Some(at) => self.schedule(obj_ref, reason, instant_at(at)),
-                },
+                    let slot = if merge {
+                        &mut self.merge
+                    } else {
+                        &mut self.ticks
+                    };
+                    let Some(s) = slot.as_mut() else { return };
+                    s.progress.push(obj_ref.clone(), at);
+                    if at_ms.is_some() {
+                        // A requeue that fell due is owed like a change.
+                        self.queue.schedule(obj_ref, reason, now, &self.p.stats);
+                    } else {
+                        s.work.push_back((obj_ref, reason));
+                    }
+                }
                 Plan::Forget { suffix, seen } => {
                     if let Some(d) = self.durable.as_mut() {
                         d.push(StateOp::Forget {
@@ -190,4 +468,12 @@ where
             }
         }
     }
+}
+
+/// What a pass hears of one of its objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Heard {
+    Dispatched,
+    Finished,
+    ReadFailed,
 }
