@@ -72,6 +72,16 @@
 //! - **Memory**: `peak_rss_mib` is the highest VmHWM of the controller processes (the
 //!   testkit's memory is its own process's); the target is 64 MiB.
 //!
+//! - **Heap** (opt-in, a measurement, no invariant): with `SOAK_HEAP=1` each controller
+//!   process prints to stderr, every 10 s, its VmRSS, the live bytes its Rust code has
+//!   allocated (a counting global allocator) and glibc's view of its heap (`mallinfo2`:
+//!   bytes in use, free bytes kept in its arenas, mmapped bytes, arena bytes), so the growth
+//!   of RSS can be told apart as live data or the allocator's fragmentation.
+//!   `SOAK_CHILD_WRAPPER=<program>` starts each controller process as `<program> <exe>
+//!   <args>` (the program must `exec` it, so that the driver's signals and `/proc/<pid>`
+//!   reach the controller): e.g. a script that sets `MALLOC_ARENA_MAX=2` or preloads
+//!   heaptrack for that process only.
+//!
 //! Last line: `RESULT soak_minutes=.. objects=.. triggers=.. lost_triggers=..
 //! max_trigger_latency_s=.. ticks=.. ticks_fully_swept=.. peak_rss_mib=.. violations=..
 //! change_latency_p50_s=.. change_latency_p99_s=.. steady_latency_p99_s=.. pass_p99_s=..`
