@@ -9,6 +9,9 @@ use crate::driver::Written;
 use crate::logs::{Gen, Rec};
 use crate::support;
 
+/// Writes made more than this long after their process started count as steady.
+const STEADY_AFTER_MS: u64 = 30_000;
+
 /// What the soak prints: the detail (`note:`, `violation:` and `soak:` lines, on stderr)
 /// and the RESULT line (on stdout).
 pub(crate) struct Report {
@@ -71,6 +74,13 @@ pub(crate) fn check(
     // Late triggers by the process that was running (or starting) when the write was made.
     let mut late_by_gen = vec![0u64; gens.len()];
     let gen_at = |ms: u64| gens.iter().rposition(|g| g.started_ms <= ms).unwrap_or(0);
+    // Latencies of the writes made while a process was alive and more than
+    // `STEADY_AFTER_MS` after it started.
+    let mut steady: Vec<u64> = Vec::new();
+    let is_steady = |ms: u64| {
+        let g = &gens[gen_at(ms)];
+        g.started_ms + STEADY_AFTER_MS < ms && g.ended_ms.is_none_or(|e| ms < e)
+    };
     let mut i = 0;
     while i < writes.len() {
         let obj = writes[i].obj;
@@ -87,6 +97,9 @@ pub(crate) fn check(
                     let latency = rec.end.saturating_sub(w.at_ms);
                     max_latency_ms = max_latency_ms.max(latency);
                     latencies.push(latency);
+                    if is_steady(w.at_ms) {
+                        steady.push(latency);
+                    }
                     if latency as f64 > p.trigger_bound_s * 1000.0 {
                         late += 1;
                         late_by_gen[gen_at(w.at_ms)] += 1;
@@ -103,74 +116,94 @@ pub(crate) fn check(
         ));
     }
     latencies.sort_unstable();
-    let pct = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(0.0, |&ms| ms as f64 / 1000.0)
-    };
+    steady.sort_unstable();
+    let secs = |v: &[u64], q: f64| percentile(v, q).map_or(f64::NAN, |ms| ms as f64 / 1000.0);
     notes.push(format!(
-        "trigger latency: p50 {:.2} s, p90 {:.2} s, p99 {:.2} s, max {:.2} s",
-        pct(0.5),
-        pct(0.9),
-        pct(0.99),
-        max_latency_ms as f64 / 1000.0
+        "trigger latency: p50 {:.2} s, p90 {:.2} s, p99 {:.2} s, max {:.2} s; steady (writes more than {} s after their process started: {} of {}): p50 {:.2} s, p99 {:.2} s",
+        secs(&latencies, 0.5),
+        secs(&latencies, 0.9),
+        secs(&latencies, 0.99),
+        max_latency_ms as f64 / 1000.0,
+        STEADY_AFTER_MS / 1000,
+        steady.len(),
+        latencies.len(),
+        secs(&steady, 0.5),
+        secs(&steady, 0.99),
     ));
 
-    // Ticks.
-    let bound_ms = p.sweep_bound_s() * 1000.0;
-    let (mut ticks, mut swept, mut cut, mut failed) = (0u64, 0u64, 0u64, 0u64);
-    let mut sweep_times: Vec<f64> = Vec::new();
-    for (gi, g) in gens.iter().enumerate() {
-        let ended = g.ended_ms.unwrap_or(u64::MAX);
-        let mut by_start: Vec<Vec<(u64, u64)>> = g
-            .recs
-            .iter()
-            .map(|recs| recs.iter().map(|r| (r.start, r.end)).collect())
-            .collect();
-        for v in by_start.iter_mut() {
+    // Ticks, across processes: a tick is swept when every object has a reconcile (by any
+    // process) that started at or after it and ended within its bound.
+    let restarts: Vec<u64> = gens.iter().skip(1).map(|g| g.started_ms).collect();
+    let soak_end = gens.last().and_then(|g| g.ended_ms).unwrap_or(u64::MAX);
+    // Per object, its reconciles by start, and the earliest end among those from each on.
+    let by_start: Vec<(Vec<u64>, Vec<u64>)> = per_obj
+        .iter()
+        .map(|recs| {
+            let mut v: Vec<(u64, u64)> = recs.iter().map(|r| (r.start, r.end)).collect();
             v.sort_unstable();
-        }
-        for &t in &g.ticks {
-            ticks += 1;
-            // When the last object was reconciled after the tick (None: some never were).
-            let mut done: Option<u64> = Some(t);
-            let mut missing = 0usize;
-            for recs in &by_start {
-                let at = recs.partition_point(|&(s, _)| s < t);
-                // The first reconcile to end among those that started after the tick.
-                match recs[at..].iter().map(|&(_, e)| e).min() {
-                    Some(e) => done = done.map(|d| d.max(e)),
-                    None => {
-                        done = None;
-                        missing += 1;
-                    }
+            let starts = v.iter().map(|&(s, _)| s).collect();
+            let mut min_end: Vec<u64> = v.iter().map(|&(_, e)| e).collect();
+            for i in (0..min_end.len().saturating_sub(1)).rev() {
+                min_end[i] = min_end[i].min(min_end[i + 1]);
+            }
+            (starts, min_end)
+        })
+        .collect();
+    let mut tick_times: Vec<(usize, u64)> = gens
+        .iter()
+        .enumerate()
+        .flat_map(|(gi, g)| g.ticks.iter().map(move |&t| (gi, t)))
+        .collect();
+    tick_times.sort_unstable_by_key(|&(_, t)| t);
+    let (mut swept, mut open, mut failed, mut across) = (0u64, 0u64, 0u64, 0u64);
+    let mut pass_ms: Vec<u64> = Vec::new();
+    let mut longest_bound_ms = 0.0f64;
+    for &(gi, t) in &tick_times {
+        // When every object had a reconcile that started at or after the tick (None: some
+        // object has none yet).
+        let mut done: Option<u64> = Some(t);
+        let mut missing = 0usize;
+        for (starts, min_end) in &by_start {
+            match min_end.get(starts.partition_point(|&s| s < t)) {
+                Some(&e) => done = done.map(|d| d.max(e)),
+                None => {
+                    done = None;
+                    missing += 1;
                 }
             }
-            let deadline = t as f64 + bound_ms;
-            match done {
-                Some(d) if (d as f64) <= deadline => {
-                    swept += 1;
-                    sweep_times.push((d - t) as f64 / 1000.0);
+        }
+        let bound_ms = p.tick_bound_ms(t, &restarts);
+        longest_bound_ms = longest_bound_ms.max(bound_ms);
+        let deadline = t as f64 + bound_ms;
+        let life = (t - gens[gi].started_ms) as f64 / 1000.0;
+        match done {
+            Some(d) if (d as f64) <= deadline => {
+                swept += 1;
+                pass_ms.push(d - t);
+                if restarts.iter().any(|&r| t <= r && r < d) {
+                    across += 1;
                 }
-                _ if (ended as f64) < deadline => {
-                    cut += 1;
-                    notes.push(format!(
-                        "process {gi}: tick at +{:.0} s of its life cut by its end {:.0} s later ({missing} objects not reached)",
-                        (t - g.started_ms) as f64 / 1000.0,
-                        (ended - t) as f64 / 1000.0
-                    ));
-                }
-                _ => {
-                    failed += 1;
-                    notes.push(format!(
-                        "process {gi}: tick at +{:.0} s of its life not swept within {:.0} s ({missing} objects not reached)",
-                        (t - g.started_ms) as f64 / 1000.0,
-                        bound_ms / 1000.0
-                    ));
-                }
+            }
+            _ if soak_end as f64 <= deadline => {
+                open += 1;
+                notes.push(format!(
+                    "process {gi}: tick at +{life:.0} s of its life open at the end ({missing} objects not reached in {:.0} s, bound {:.0} s)",
+                    soak_end.saturating_sub(t) as f64 / 1000.0,
+                    bound_ms / 1000.0
+                ));
+            }
+            _ => {
+                failed += 1;
+                violations.push(format!(
+                    "process {gi}: tick at +{life:.0} s of its life not swept within its bound of {:.0} s ({missing} objects never reached{})",
+                    bound_ms / 1000.0,
+                    done.map_or(String::new(), |d| format!(", the last {:.0} s after the tick", (d - t) as f64 / 1000.0))
+                ));
             }
         }
     }
+    let ticks = tick_times.len();
+    pass_ms.sort_unstable();
 
     // The plain subscriber: a start signal in each process that lived long enough; order.
     let mut lags = 0;
@@ -200,7 +233,6 @@ pub(crate) fn check(
     }
 
     let reconciles: usize = per_obj.iter().map(Vec::len).sum();
-    let max_sweep = sweep_times.iter().copied().fold(0.0, f64::max);
     let mut detail = String::new();
     for n in &notes {
         detail.push_str(&format!("note: {n}\n"));
@@ -212,18 +244,29 @@ pub(crate) fn check(
         detail.push_str(&format!("... {} violations in all\n", violations.len()));
     }
     detail.push_str(&format!(
-        "soak: {} processes, {reconciles} reconciles, {write_errors} failed writes, plain subscriber lagged {lags} times; ticks: {swept} swept (longest {max_sweep:.1} s), {cut} cut by a restart, {failed} not swept within the bound of {:.0} s",
+        "soak: {} processes, {reconciles} reconciles, {write_errors} failed writes, plain subscriber lagged {lags} times; ticks: {swept} swept (longest {:.1} s, {across} across a restart), {open} open at the end, {failed} not swept within their bound (at most {:.0} s)",
         gens.len(),
-        bound_ms / 1000.0
+        pass_ms.last().map_or(0.0, |&ms| ms as f64 / 1000.0),
+        longest_bound_ms / 1000.0
     ));
     let result = format!(
-        "RESULT soak_minutes={} objects={} triggers={} lost_triggers={lost} max_trigger_latency_s={:.1} ticks={ticks} ticks_fully_swept={swept} peak_rss_mib={:.1} violations={}",
+        "RESULT soak_minutes={} objects={} triggers={} lost_triggers={lost} max_trigger_latency_s={:.1} ticks={ticks} ticks_fully_swept={swept} peak_rss_mib={:.1} violations={} change_latency_p50_s={:.2} change_latency_p99_s={:.2} steady_latency_p99_s={:.2} pass_p99_s={:.1}",
         p.minutes,
         p.objects,
         writes.len(),
         max_latency_ms as f64 / 1000.0,
         support::mib(peak_hwm_kib),
-        violations.len()
+        violations.len(),
+        secs(&latencies, 0.5),
+        secs(&latencies, 0.99),
+        secs(&steady, 0.99),
+        secs(&pass_ms, 0.99),
     );
     Report { detail, result }
+}
+
+/// The `q` quantile of sorted values (the value at index ⌊n·q⌋, the last at most).
+fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len().checked_sub(1)?);
+    sorted.get(i).copied()
 }

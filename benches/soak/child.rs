@@ -54,6 +54,10 @@ impl Log {
 }
 
 pub(crate) fn child_main() {
+    let heap = std::env::var_os("SOAK_HEAP").is_some_and(|v| v != "0");
+    if heap {
+        support::alloc::count_live_bytes();
+    }
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| {
         args.iter()
@@ -71,9 +75,37 @@ pub(crate) fn child_main() {
         .expect("open the soak log");
     let log = Log(Arc::new(Mutex::new(file)));
     let rt = support::runtime_with_logs();
+    if heap {
+        rt.spawn(heap_reports());
+    }
     let code = rt.block_on(child(p, url, PathBuf::from(dir), log));
     drop(rt);
     std::process::exit(code);
+}
+
+/// Every 10 s, one line on stderr: VmRSS, the live bytes Rust code allocated, and glibc's
+/// view of the heap (`SOAK_HEAP=1`; see the bench's doc).
+async fn heap_reports() {
+    let started = std::time::Instant::now();
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        every.tick().await;
+        let (_, rss_kib) = support::rss_kib_at("/proc/self/status");
+        // SAFETY: mallinfo2 only reads glibc's counters (under its arena locks).
+        let mi = unsafe { libc::mallinfo2() };
+        eprintln!(
+            "soak-heap pid={} t={:.0}s rss_mib={:.1} live_mib={:.1} malloc_used_mib={:.1} malloc_free_mib={:.1} mmap_mib={:.1} arena_mib={:.1}",
+            std::process::id(),
+            started.elapsed().as_secs_f64(),
+            support::mib(rss_kib),
+            mib(support::alloc::live_bytes() as f64),
+            mib(mi.uordblks as f64),
+            mib(mi.fordblks as f64),
+            mib(mi.hblkhd as f64),
+            mib(mi.arena as f64),
+        );
+    }
 }
 
 async fn child(p: Params, url: String, dir: PathBuf, log: Log) -> i32 {

@@ -35,7 +35,17 @@ struct ControllerProc {
 
 impl ControllerProc {
     fn start(url: &str, dir: &Path, log: &Path) -> Self {
-        let child = Command::new(std::env::current_exe().expect("current exe"))
+        let exe = std::env::current_exe().expect("current exe");
+        // `SOAK_CHILD_WRAPPER`: a program that execs its arguments (see the bench's doc).
+        let mut cmd = match std::env::var_os("SOAK_CHILD_WRAPPER") {
+            Some(wrapper) => {
+                let mut cmd = Command::new(wrapper);
+                cmd.arg(exe);
+                cmd
+            }
+            None => Command::new(exe),
+        };
+        let child = cmd
             .arg("--soak-child")
             .arg("--url")
             .arg(url)
