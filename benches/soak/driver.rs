@@ -57,6 +57,11 @@ impl ControllerProc {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            // As deploy/ runs the controller (`SOAK_MALLOC_ARENA_MAX` overrides it).
+            .env(
+                "MALLOC_ARENA_MAX",
+                std::env::var("SOAK_MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()),
+            )
             .stdout(Stdio::null())
             .spawn()
             .expect("start the controller process");

@@ -19,6 +19,10 @@
 //!   [`kube_persist::Subscriber`] that takes one event every `SOAK_SLOW_MS` = 10 ms (half the
 //!   churn's rate: it falls behind and is lagged). A reconcile sleeps 5-50 ms, a function of
 //!   the object, its resourceVersion and `SOAK_SEED`, and returns `await_change`.
+//!   It runs with `MALLOC_ARENA_MAX=2`, as deploy/'s StatefulSets run the example operator
+//!   (`SOAK_MALLOC_ARENA_MAX` overrides it: with glibc's default of 8 arenas per core, each
+//!   thread that allocates keeps freed memory in an arena of its own, and the process's RSS
+//!   grew to three times its live heap; see BENCHMARKS.md, *Soak*).
 //! - The driver (this process) writes `SOAK_RATE` = 200 merge patches a second through the
 //!   testkit's Kubernetes API (an annotation of a Pod picked by a seeded RNG; no creates or
 //!   deletes, so the set of objects is fixed), for `SOAK_MINUTES` = 10 minutes.
@@ -79,8 +83,7 @@
 //!   of RSS can be told apart as live data or the allocator's fragmentation.
 //!   `SOAK_CHILD_WRAPPER=<program>` starts each controller process as `<program> <exe>
 //!   <args>` (the program must `exec` it, so that the driver's signals and `/proc/<pid>`
-//!   reach the controller): e.g. a script that sets `MALLOC_ARENA_MAX=2` or preloads
-//!   heaptrack for that process only.
+//!   reach the controller): e.g. a script that preloads heaptrack for that process only.
 //!
 //! Last line: `RESULT soak_minutes=.. objects=.. triggers=.. lost_triggers=..
 //! max_trigger_latency_s=.. ticks=.. ticks_fully_swept=.. peak_rss_mib=.. violations=..

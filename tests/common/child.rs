@@ -77,3 +77,13 @@ pub fn printed(lines: &std::sync::Mutex<Vec<String>>, line: &str) -> bool {
 pub fn last_line(lines: &std::sync::Mutex<Vec<String>>) -> String {
     lines.lock().unwrap().last().cloned().unwrap_or_default()
 }
+
+/// VmHWM (peak resident set) of this process, KiB.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

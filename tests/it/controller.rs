@@ -875,7 +875,7 @@ fn operator_child() {
         println!("\nchild-ready"); // libtest may print "test operator_child ... " first
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let hwm = peak_rss_kib();
+            let hwm = common::peak_rss_kib();
             println!(
                 "state writes={} reconciles={} peak_rss_kib={hwm}",
                 ctx.writes.load(Ordering::Relaxed),
@@ -886,16 +886,6 @@ fn operator_child() {
             }
         }
     });
-}
-
-/// VmHWM of this process, KiB.
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 struct Child {

@@ -25,6 +25,7 @@ mod at_rest;
 mod budget;
 mod controller;
 mod crash;
+mod debounce;
 mod delta_relist;
 mod delta_seams;
 mod deploy_manifests;
