@@ -60,8 +60,8 @@
 //!   at T plus one more pass, and pass work gets at least one dispatch of every 4 while
 //!   changes wait, so a pass goes at least at the floor rate max(capacity / 4,
 //!   capacity − churn), capacity = concurrency / mean reconcile time (27.5 ms): with the
-//!   defaults max(73, 91) = 91 objects/s. The bound is 1.5 × 2 × objects / floor + 10 s
-//!   (670 s with the defaults) or `SOAK_SWEEP_BOUND_S` in place of that, plus 15 s per
+//!   defaults max(73, 91) = 91 objects/s. The bound is 1.2 × 2 × objects / floor + 10 s
+//!   (537 s with the defaults) or `SOAK_SWEEP_BOUND_S` in place of that, plus 15 s per
 //!   restart that falls in [T, T + bound). A tick whose bound has not run out when the last
 //!   process ends is *open*: neither swept nor a failure, counted apart (`soak:` line). A
 //!   tick neither swept nor open is a violation, whatever restarts came meanwhile. `ticks`
@@ -159,11 +159,11 @@ impl Params {
         (capacity * PASS_SHARE).max(capacity - self.rate as f64)
     }
 
-    /// A tick's bound without its restarts: `SOAK_SWEEP_BOUND_S`, or 1.5 × two passes at the
+    /// A tick's bound without its restarts: `SOAK_SWEEP_BOUND_S`, or 1.2 × two passes at the
     /// floor rate + 10 s (the pass running at the tick, then the one that covers it).
     pub(crate) fn sweep_bound_s(&self) -> f64 {
         self.sweep_bound_s
-            .unwrap_or_else(|| 1.5 * 2.0 * self.objects as f64 / self.pass_rate_floor() + 10.0)
+            .unwrap_or_else(|| 1.2 * 2.0 * self.objects as f64 / self.pass_rate_floor() + 10.0)
     }
 
     /// The bound of a tick at `t` (unix ms), in ms: [`Params::sweep_bound_s`] +
