@@ -246,11 +246,39 @@ async fn logged(pod: Arc<Pod>, log: Arc<Log>) -> Result<Action, Never> {
     Ok(Action::await_change())
 }
 
-/// Item 2: the start's pass over 200 Pods (no durable state, `concurrency(1)`, 10 ms
-/// reconciles) and, once it has reconciled 100, 60 of those changed at once. The changes
-/// go first, but of every four dispatches while both wait one is the pass's; every change
-/// is reconciled, and the pass reaches every Pod. (Before, the pass's requests waited in
-/// the scheduler ahead of the changes, which came after the rest of the pass.)
+/// Holds the reconcile that starts after `hold_at` others until released.
+struct Gate {
+    log: Log,
+    started: std::sync::atomic::AtomicUsize,
+    hold_at: usize,
+    held: tokio::sync::watch::Sender<bool>,
+    release: tokio::sync::Semaphore,
+}
+
+async fn gated(pod: Arc<Pod>, gate: Arc<Gate>) -> Result<Action, Never> {
+    let n = gate
+        .started
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if n == gate.hold_at {
+        gate.held.send_replace(true);
+        let _permit = gate.release.acquire().await.unwrap();
+    }
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("touched").cloned())
+        .unwrap_or_default();
+    gate.log.0.lock().unwrap().push((name_of(&pod), label));
+    Ok(Action::await_change())
+}
+
+/// Item 2: the start's pass over 200 Pods (no durable state, `concurrency(1)`). Its 101st
+/// reconcile is held while 60 of the Pods it reconciled change, until the 60 changes wait
+/// in the controller's queue; then the changes go first, but of every four dispatches
+/// while both wait one is the pass's; every change is reconciled once, and the pass
+/// reaches every Pod. (Before, the pass's requests waited in the scheduler ahead of the
+/// changes, which came after the rest of the pass.)
 async fn changes_go_first_and_the_pass_keeps_its_share(engine: Engine) {
     common::init_tracing();
     let server = common::pod_server(PODS).await;
@@ -265,36 +293,51 @@ async fn changes_go_first_and_the_pass_keeps_its_share(engine: Engine) {
         Config::default().concurrency(1),
     )
     .unwrap();
-    let log = Arc::new(Log::default());
+    let stats = controller.stats();
+    let (held, mut is_held) = tokio::sync::watch::channel(false);
+    let gate = Arc::new(Gate {
+        log: Log::default(),
+        started: Default::default(),
+        hold_at: 100,
+        held,
+        release: tokio::sync::Semaphore::new(0),
+    });
     let run = tokio::spawn(
         controller
-            .run(logged, |_, _, _| Action::await_change(), log.clone())
+            .run(gated, |_, _, _| Action::await_change(), gate.clone())
             .for_each(|_| async {}),
     );
-    common::eventually("the pass is half way", || log.len() >= 100).await;
+    is_held.wait_for(|held| *held).await.unwrap();
+    // The pass's work read ahead and waiting: it does not move while the reconcile is held.
+    let pass_waiting = stats.get().queue_depth;
     // Pods the pass has reconciled: every later reconcile of them is a change's.
-    let storm: Vec<String> = log.names().into_iter().take(60).collect();
+    let storm: Vec<String> = gate.log.names().into_iter().take(60).collect();
     for name in &storm {
         let i: usize = name[4..].parse().unwrap();
         relabel_pod(&h, &format!("ns-{}", i % 10), name, "storm");
     }
-    let saw_storm = |log: &Log| {
+    common::eventually("the 60 changes wait in the controller's queue", || {
+        stats.get().queue_depth >= pass_waiting + 60
+    })
+    .await;
+    gate.release.add_permits(1);
+    let log = &gate.log;
+    let saw_storm = || {
         let l = log.0.lock().unwrap();
         storm
             .iter()
             .all(|n| l.iter().any(|(m, v)| m == n && v == "storm"))
     };
-    common::eventually("every change is reconciled", || saw_storm(&log)).await;
+    common::eventually("every change is reconciled", saw_storm).await;
     common::eventually("the pass reaches every Pod", || {
         log.names().into_iter().collect::<BTreeSet<_>>().len() == PODS
     })
     .await;
     let entries = log.0.lock().unwrap().clone();
     run.abort();
-    // The window of the storm: from its first reconcile to its last.
-    let first = entries.iter().position(|(_, v)| v == "storm").unwrap();
+    // From the held reconcile (the pass's) to the storm's last reconcile.
     let last = entries.iter().rposition(|(_, v)| v == "storm").unwrap();
-    let window = &entries[first..=last];
+    let window = &entries[100..=last];
     let changes = window.iter().filter(|(_, v)| v == "storm").count();
     let pass = window.len() - changes;
     assert_eq!(
@@ -302,11 +345,10 @@ async fn changes_go_first_and_the_pass_keeps_its_share(engine: Engine) {
         storm.len(),
         "each change reconciled once: {window:?}"
     );
-    // One in four dispatches is the pass's while both wait: at least that (one less at an
-    // end of the window), and not much more (changes first; the storm's events reach the
-    // controller in a few batches, between which the pass may take a turn).
-    assert!(
-        pass + 1 >= changes / 3 && pass <= changes / 3 + 4,
+    // Changes first: three changes, then one pass reconcile, from the held one on.
+    assert_eq!(
+        pass,
+        changes.div_ceil(3),
         "{pass} pass reconciles beside {changes} changes: the pass's share is one in four: {window:?}"
     );
 }

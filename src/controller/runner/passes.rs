@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::super::StartupMode;
 use super::super::controller_error::ControllerError;
+use super::super::controller_stats::{ControllerStats, Waiting};
 use super::super::scan::{MergeOptions, Pass, PassMode, PassRecord, Plan};
 use super::super::state::{instant_at, now_ms};
 use super::Runner;
@@ -39,7 +40,40 @@ pub(super) struct Slot<K: Resource> {
     pass: Option<Pass<K>>,
     pub(super) progress: Progress<ObjectRef<K>>,
     /// Pass work not dispatched yet, in pass order.
-    work: VecDeque<(ObjectRef<K>, ReconcileReason)>,
+    work: Work<K>,
+}
+
+/// Pass work read and not dispatched yet, counted in the controller's queue depth.
+struct Work<K: Resource> {
+    queue: VecDeque<(ObjectRef<K>, ReconcileReason)>,
+    stats: ControllerStats,
+}
+
+impl<K: Resource> Work<K> {
+    fn push_back(&mut self, item: (ObjectRef<K>, ReconcileReason)) {
+        self.stats.enqueued(Waiting::Queued);
+        self.queue.push_back(item);
+    }
+
+    fn pop_front(&mut self) -> Option<(ObjectRef<K>, ReconcileReason)> {
+        let item = self.queue.pop_front()?;
+        self.stats.dequeued(Waiting::Queued);
+        Some(item)
+    }
+
+    fn front(&self) -> Option<&(ObjectRef<K>, ReconcileReason)> {
+        self.queue.front()
+    }
+
+    fn clear(&mut self) {
+        while self.pop_front().is_some() {}
+    }
+}
+
+impl<K: Resource> Drop for Work<K> {
+    fn drop(&mut self) {
+        self.clear();
+    }
 }
 
 impl<K: Resource> Slot<K>
@@ -75,7 +109,10 @@ where
             progress: Progress::new(record.done.clone()),
             record,
             pass: Some(pass),
-            work: VecDeque::new(),
+            work: Work {
+                queue: VecDeque::new(),
+                stats: self.p.stats.clone(),
+            },
         }
     }
 
