@@ -18,7 +18,9 @@
 //! moments, also right after a restart (during the startup pass and the catch-up wait):
 //! `reconcile_on` requests, changes of related objects (a `watches_store` stream),
 //! `reconcile_all_on` ticks, and storms of ticks that come faster than one sweep takes (sweeps
-//! go in chunks of eight), to a controller on a shared stream (beside a consumer slower than
+//! go in chunks of eight), and a change storm (`lifecycle/storm.rs`: a tick's long pass while
+//! changes of related objects keep coming for the objects it already passed), to a
+//! controller on a shared stream (beside a consumer slower than
 //! the watch and one first polled late) that reaches its concurrency limit, skips
 //! versions of an unchanged generation, and whose reconcilers write their own object (a
 //! change that keeps the generation), run long, requeue after a second or an hour, and fail.
@@ -46,7 +48,11 @@
 //! store that was synced lists no page in full; no reader and no consumer of the shared
 //! stream is given an object older than the one stored before; a killed child's store, when
 //! `Synced`, equals the server at its checkpoint up to what a delta relist explains
-//! (`unexplained_by_window`: only while the killed store's fetch window is open).
+//! (`unexplained_by_window`: only while the killed store's fetch window is open); under a
+//! change storm, counted in dispatches from the run's reconcile log (issue 50, item 2):
+//! changes go first (every change reconciled, behind at most `Q + ceil((Q+1)/3) + L` other
+//! dispatches, Q the changes ahead of it), and the pass keeps its share (done within
+//! `4·N + L` dispatches of its tick, and one dispatch in four while changes wait).
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`

@@ -59,6 +59,13 @@ pub const SLOW_TAKE: Duration = Duration::from_millis(300);
 /// When the late consumer is first polled: its queue is full and it is lagged by then.
 pub const LATE_POLL: Duration = Duration::from_millis(1500);
 
+/// An `ok` object whose `data.value` starts with this is a change storm's (`storm.rs`): its
+/// reconciles take [`STORM_TAKES`].
+pub const STORM_MARK: &str = "storm";
+/// How long a reconcile of a storm's object runs: long enough that the storm's changes wait
+/// for the concurrency (they do not run through it faster than they are written).
+pub const STORM_TAKES: Duration = Duration::from_millis(10);
+
 /// The annotation a `write` reconcile sets to its object's `data.value` (a write that keeps
 /// the generation).
 pub const MIRRORED: &str = "mirrored";
@@ -157,7 +164,8 @@ impl RunCfg {
 /// The `mode` label: `ok` (reconciled once per version), `short` (requeued every
 /// [`SHORT`]), `fail` (fails; the error policy retries after [`SHORT`]), `slow` (runs
 /// [`SLOW`], requeued after [`LONG`]), `write` (writes [`MIRRORED`] on its own object when it
-/// differs from `data.value`, runs [`SLOW`], requeued after [`LONG`]).
+/// differs from `data.value`, runs [`SLOW`], requeued after [`LONG`]). An `ok` object marked
+/// by a change storm ([`STORM_MARK`]) runs [`STORM_TAKES`].
 pub fn mode(cm: &ConfigMap) -> &str {
     cm.metadata
         .labels
@@ -246,6 +254,10 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Injected
             }
             tokio::time::sleep(SLOW).await;
             Ok(Action::requeue(LONG))
+        }
+        _ if value(&cm).is_some_and(|v| v.starts_with(STORM_MARK)) => {
+            tokio::time::sleep(STORM_TAKES).await;
+            Ok(Action::await_change())
         }
         _ => Ok(Action::await_change()),
     }

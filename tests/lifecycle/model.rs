@@ -3,7 +3,7 @@
 //!
 //! Over 600 lines: the draw of the operations, their dispatch and a run's life (open, stop,
 //! the checks at quiescence) share the model's state; each family of operations lives in a
-//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `writes`).
+//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `storm`, `writes`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -25,6 +25,7 @@ mod beside;
 mod delta;
 mod kill;
 mod poke;
+mod storm;
 mod writes;
 
 use poke::Poke;
@@ -101,6 +102,9 @@ enum Op {
     ReadBeside,
     /// A relist of the live store while this many objects change under it (`delta.rs`).
     RelistUnder(usize),
+    /// A tick's pass under a storm of changes, this many kept waiting, its objects drawn
+    /// from `seed` (`storm.rs`).
+    ChangeStorm { outstanding: usize, seed: u64 },
 }
 
 struct Live {
@@ -108,6 +112,7 @@ struct Live {
     requests:
         futures::channel::mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<ConfigMap>>,
     ticks: futures::channel::mpsc::UnboundedSender<()>,
+    stats: kube_persist::controller::ControllerStats,
     task: JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
     /// Objects outside the shard when the store first reported ready.
@@ -297,7 +302,11 @@ impl Model {
                 }
             };
         }
-        match r.random_range(0..16) {
+        match r.random_range(0..17) {
+            16 => Op::ChangeStorm {
+                outstanding: r.random_range(6..13),
+                seed: r.random(),
+            },
             15 => Op::RelistUnder(r.random_range(2..6)),
             14 => Op::ReadBeside,
             11..=13 => Op::Poke(Poke::draw(r)),
@@ -348,6 +357,9 @@ impl Model {
             Op::ReadBeside => self.read_beside(step).await,
             Op::RelistUnder(n) => self.relist_under(n).await,
             Op::Poke(poke) => self.poke(poke).await,
+            Op::ChangeStorm { outstanding, seed } => {
+                self.change_storm(step, outstanding, seed).await
+            }
             Op::ServerRestart(ms) => {
                 self.churn(0, 2, 0);
                 self.server
@@ -567,6 +579,7 @@ impl Model {
             );
         }
         let reader = c.0.reader();
+        let stats = c.0.stats();
         let consumed = Arc::new(app::Consumed::default());
         let view = delta::RunView::open(&reader, &consumed);
         self.history.push(format!(
@@ -584,6 +597,7 @@ impl Model {
             reader,
             requests,
             ticks,
+            stats,
             task,
             stop,
             outside_at_ready: Some(outside),
