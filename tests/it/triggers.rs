@@ -3,7 +3,8 @@
 //! and read-your-writes on a server with opaque resourceVersions (issue 32, items 1-3).
 //!
 //! Each test reproduces a finding against the testkit over real HTTP, on redb on disk:
-//! - a request that must run (`reconcile_on`) merged into a pending early requeue, with the
+//! - a request that must run (`reconcile_on`) merged into a pending early requeue, then
+//!   into its object's own handled update (whose reason the scheduler keeps), with the
 //!   concurrency limit reached, is reconciled, not skipped as "already reconciled";
 //! - a request dropped by the scheduler because a same-generation update of the object
 //!   (the reconciler's own write) is pending is reconciled, not lost;
@@ -134,29 +135,42 @@ fn relabel(h: &ServerHandle, ns: &str, name: &str, value: &str) -> String {
         .to_string()
 }
 
-/// Item 1a. With the concurrency limit reached (the runner holds the scheduler), a
+/// Item 1a, made to fail without the runner's must-run mark (issue 50 item 8). A
 /// `reconcile_on` request for an object with a pending `requeue(60 s)` is merged by
-/// kube-runtime's scheduler into that requeue and comes out with its reason
-/// (`ReconcilerRequestedRetry`) before its due time. It must be reconciled as soon as the
-/// slot frees, not skipped as "already reconciled at this version" until the requeue.
+/// kube-runtime's scheduler into that requeue; then, within the debounce, the object's own
+/// change of metadata (a label: the generation stays, so `skip_unchanged_generation` shows
+/// it handled) is merged after it. kube-runtime 5.0's scheduler keeps the reason of the
+/// request merged last (`schedule_message` replaces the key when the new request runs no
+/// later than the waiting one, as every request within the debounce does), so the
+/// `reconcile_on` request comes out as a handled `ObjectUpdated`. It must be reconciled
+/// when the slot frees (the runner's mark, `forced`), not skipped as "already reconciled"
+/// until the requeue. The concurrency limit is reached meanwhile (pod-1 holds the only
+/// slot): the runner leaves the scheduler alone, and both requests wait for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_merged_into_a_pending_requeue_is_reconciled() {
+    // Far more than the label's way from the server to the scheduler (milliseconds): the
+    // update comes within the debounce of the request, and is merged after it.
+    const DEBOUNCE: Duration = Duration::from_secs(1);
     let fx = Fixture::with_pods(2, 1).await; // ns-0/pod-0, ns-0/pod-1
     let db = Db::open(fx.path()).unwrap();
     let (tx, rx) = unbounded::<ObjectRef<Pod>>();
     let book = Book::new();
-    let run = Controller::for_store(
+    let controller = Controller::for_store(
         &db,
         "pods",
         fx.pods(),
         store_cfg(),
-        Config::default().concurrency(1),
+        Config::default()
+            .concurrency(1)
+            .debounce(DEBOUNCE)
+            .skip_unchanged_generation(true),
     )
     .unwrap()
     .durable_state(&db, "merged-requeue")
     .unwrap()
-    .reconcile_on(rx)
-    .run(
+    .reconcile_on(rx);
+    let (reader, stats) = (controller.reader(), controller.stats());
+    let run = controller.run(
         |pod: Arc<Pod>, book: Arc<Book>| async move {
             let name = name_of(&pod);
             // pod-1's second reconcile keeps the only slot until the test opens the gate.
@@ -170,25 +184,55 @@ async fn a_request_merged_into_a_pending_requeue_is_reconciled() {
         book.clone(),
     );
     let task = spawn_run(run);
-    common::eventually("both pods reconciled once", || {
-        book.finished("pod-0") == 1 && book.finished("pod-1") == 1
-    })
+    common::eventually(
+        "both pods reconciled once, each with its requeue waiting",
+        || {
+            book.finished("pod-0") == 1 && book.finished("pod-1") == 1 && {
+                let s = stats.get();
+                (s.pending_requeues, s.queue_depth) == (2, 0)
+            }
+        },
+    )
     .await;
     send(&tx, pod_ref("ns-0", "pod-1"));
     common::eventually("pod-1 reconciled again", || book.started("pod-1") == 2).await;
-    // pod-1 holds the slot: this request waits in the scheduler, merged into pod-0's
-    // pending one-hour requeue.
+    // pod-1 holds the slot: this request is merged into pod-0's pending requeue (the queue
+    // gauges show the runner took it) and waits.
     send(&tx, pod_ref("ns-0", "pod-0"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::eventually("the request replaced pod-0's requeue", || {
+        let s = stats.get();
+        (s.pending_requeues, s.queue_depth) == (0, 1)
+    })
+    .await;
+    let requested = Instant::now();
+    // pod-0's own update, handled by its generation, merged after the request.
+    let rv = relabel(&fx.h, "ns-0", "pod-0", "after-the-request");
+    reader
+        .wait_for_resource_version(Some("ns-0"), "pod-0", &rv, common::WAIT)
+        .await
+        .unwrap();
+    assert!(
+        requested.elapsed() < DEBOUNCE / 2,
+        "the update must come within the request's debounce; it took {:?}",
+        requested.elapsed()
+    );
+    assert_eq!(book.started("pod-0"), 1, "nothing of pod-0 ran meanwhile");
     let freed = Instant::now();
     book.open();
-    // The requeue is a minute away: a reconcile within PROMPT is the request's.
+    // The requeue is a minute away: a reconcile within the debounce (and slack) is the
+    // request's. A skip ends the wait at once.
     within(
-        PROMPT,
+        DEBOUNCE + Duration::from_secs(4),
         "pod-0 reconciled after its reconcile_on request",
-        || book.started("pod-0") == 2,
+        || book.started("pod-0") == 2 || stats.get().skipped > 0,
     )
     .await;
+    assert_eq!(
+        (book.started("pod-0"), stats.get().skipped),
+        (2, 0),
+        "the reconcile_on request (merged into a requeue, then into pod-0's handled update) \
+         was skipped as already reconciled, not run"
+    );
     eprintln!(
         "pod-0 reconciled {:?} after pod-1 freed the slot",
         book.started.lock().unwrap()["pod-0"][1] - freed
@@ -526,14 +570,36 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
 }
 
 /// Issue 39 item 1. Ticks of `reconcile_all_on` that come faster than one sweep takes
-/// (40 Pods, one reconcile at a time of 50 ms each: a sweep takes about 2 s; a tick every
-/// 500 ms) still reach every object: the sweep under way finishes and the ticks that came
-/// meanwhile are coalesced into one more. Before, each tick restarted the sweep at the
-/// first key, and the Pods late in key order were never reconciled after the first tick.
+/// (40 Pods, one reconcile at a time of at least 50 ms each: a sweep takes at least 2 s; a
+/// tick every 500 ms) still reach every object: the sweep under way finishes and the ticks
+/// that came meanwhile are coalesced into one more. Before, each tick restarted the sweep at
+/// the first key, and the Pods late in key order were never reconciled after the first
+/// tick.
+///
+/// Issue 50 item 8: the ticks stop after 1 s, while a sweep is surely under way (it cannot
+/// have started 40 reconciles of 50 ms in that time), and every Pod must see a reconcile
+/// that starts after the last tick within one sweep of it (and half a sweep of slack): the
+/// sweep under way reaches the Pods past its position, and the one the ticks were coalesced
+/// into follows it at once and reaches the Pods before that position by then. A tick lost
+/// while a sweep runs leaves the Pods that sweep had passed unreconciled for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ticks_faster_than_a_sweep_reach_every_object() {
     common::init_tracing();
     const PODS: usize = 40;
+    const CONCURRENCY: u16 = 1;
+    const RECONCILE: Duration = Duration::from_millis(50);
+    const TICK: Duration = Duration::from_millis(500);
+    const TICKS: usize = 3; // at 0, 0.5 and 1 s: all within the sweep the first one starts
+    // One sweep: each Pod's reconcile, CONCURRENCY at a time.
+    let sweep = RECONCILE * (PODS as u32) / u32::from(CONCURRENCY);
+    assert!(
+        TICK * (TICKS as u32 - 1) < sweep,
+        "the last tick comes during a sweep"
+    );
+    // The sweep under way at the last tick, at position p of PODS, ends (PODS - p)
+    // reconciles later; the next reaches position p after p more: one sweep. With half a
+    // sweep of slack (timer rounding, dispatch, the store's reads).
+    let bound = sweep + sweep / 2;
     let fx = Fixture::with_pods(PODS, 1).await;
     let db = Db::open(fx.path()).unwrap();
     let (tick_tx, ticks) = unbounded::<()>();
@@ -543,14 +609,14 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
         "pods",
         fx.pods(),
         store_cfg(),
-        Config::default().concurrency(1).pass_chunk(4),
+        Config::default().concurrency(CONCURRENCY).pass_chunk(4),
     )
     .unwrap()
     .reconcile_all_on(ticks)
     .run(
         |pod: Arc<Pod>, book: Arc<Book>| async move {
             book.start(&name_of(&pod));
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(RECONCILE).await;
             Ok::<_, Never>(Action::await_change())
         },
         |_, _, _| Action::await_change(),
@@ -562,52 +628,52 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
         names.iter().all(|p| book.started(p) >= 1)
     })
     .await;
-    // Ticks every 500 ms from now on; every pod must see a reconcile that starts after the
-    // first of them, within two sweeps (the one it joins, and the one it is coalesced into).
     let first_tick = Instant::now();
-    let ticker = tokio::spawn(async move {
-        loop {
-            if tick_tx.unbounded_send(()).is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut last_tick = first_tick;
+    for i in 0..TICKS {
+        if i > 0 {
+            tokio::time::sleep(TICK).await;
         }
-    });
-    let reconciled_since = |book: &Book, since: Instant| {
+        last_tick = Instant::now();
+        tick_tx.unbounded_send(()).unwrap();
+    }
+    let reconciled_since = |since: Instant| -> Vec<bool> {
         let started = book.started.lock().unwrap();
         names
             .iter()
-            .filter(|p| {
+            .map(|p| {
                 started
                     .get(p.as_str())
                     .is_some_and(|times| times.iter().any(|t| *t > since))
             })
-            .count()
-    };
-    let deadline = first_tick + PROMPT;
-    while reconciled_since(&book, first_tick) < PODS && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let reached = reconciled_since(&book, first_tick);
-    let missing: Vec<(String, usize)> = {
-        let started = book.started.lock().unwrap();
-        names
-            .iter()
-            .filter(|p| {
-                !started
-                    .get(p.as_str())
-                    .is_some_and(|times| times.iter().any(|t| *t > first_tick))
-            })
-            .map(|p| (p.clone(), started.get(p.as_str()).map_or(0, Vec::len)))
             .collect()
     };
-    assert_eq!(
-        reached,
-        PODS,
-        "{} of {PODS} pods not reconciled within {PROMPT:?} of the first tick: {missing:?}",
-        PODS - reached
+    // The last tick came during the sweep the first one asked for: it had Pods left.
+    assert!(
+        reconciled_since(first_tick).contains(&false),
+        "the ticks must come during one sweep"
     );
-    ticker.abort();
+    let deadline = last_tick + bound;
+    while reconciled_since(last_tick).contains(&false) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = last_tick.elapsed();
+    let missing: Vec<(String, usize)> = {
+        let after = reconciled_since(last_tick);
+        names
+            .iter()
+            .zip(after)
+            .filter(|(_, after)| !after)
+            .map(|(p, _)| (p.clone(), book.started(p)))
+            .collect()
+    };
+    assert!(
+        missing.is_empty(),
+        "{} of {PODS} pods not reconciled within {bound:?} of the last tick (a sweep: \
+         {sweep:?}); (pod, reconciles): {missing:?}",
+        missing.len()
+    );
+    eprintln!("every pod reconciled {took:?} after the last tick (bound {bound:?})");
     task.abort();
 }
 
@@ -616,8 +682,23 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
 /// backoff, each failure reported, and the reconcile runs once the object can be read again
 /// (its next version rewrites the record). Before, the first failed read ended the request,
 /// and its "must run" mark with it.
+///
+/// Issue 50 item 8: the mark is what is checked, on a request whose reason may be skipped.
+/// pod-3 was reconciled (durable state, `skip_unchanged_generation`), then changed in its
+/// labels only (a handled version: skipped), then its record corrupted. On restart a
+/// `reconcile_on` request for it comes first; the startup pass's request (pod-3's version is
+/// not the one last reconciled, and its generation cannot be read) comes within the
+/// debounce and is merged after it, so the request that comes out, and whose read fails, has
+/// the pass's reason, which may be skipped: only the mark says it must run. After two failed
+/// reads a change of pod-3's labels makes it readable; its `ObjectUpdated` request is merged
+/// into the retry, and the durable state shows the new version handled (same generation).
+/// pod-3 must be reconciled then, once, and nothing skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_object_read_is_retried_not_consumed() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    const NAME: &str = "failed-read";
+    // Far more than the startup pass takes to follow the request (milliseconds).
+    const DEBOUNCE: Duration = Duration::from_millis(500);
     let fx = Fixture::with_pods(5, 1).await;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
@@ -626,9 +707,51 @@ async fn a_failed_object_read_is_retried_not_consumed() {
             .engine(kube_persist::Engine::Redb)
             .encryption_key(kube_persist::EncryptionKey::from_bytes([7; 32]))
     };
+    let controller = |db: &Db, refs: futures::stream::BoxStream<'static, ObjectRef<Pod>>| {
+        Controller::for_store(
+            db,
+            "pods",
+            fx.pods(),
+            kube_persist::StreamConfig::default(),
+            Config::default()
+                .debounce(DEBOUNCE)
+                .skip_unchanged_generation(true),
+        )
+        .unwrap()
+        .durable_state(db, NAME)
+        .unwrap()
+        .reconcile_on(refs)
+    };
+    let reconciler = |pod: Arc<Pod>, book: Arc<Book>| async move {
+        book.start(&name_of(&pod));
+        Ok::<_, Never>(Action::await_change())
+    };
+    let pods: Vec<String> = (0..5).map(|i| format!("pod-{i}")).collect();
     {
+        // Every pod reconciled (and recorded) once; pod-3's label change skipped as handled.
         let db = Db::open_with(&dir, config()).unwrap();
-        common::sync_pods(&fx.server, &db).await;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let book = Book::new();
+        let controller =
+            controller(&db, futures::stream::pending().boxed()).graceful_shutdown_on(async move {
+                let _ = stop_rx.await;
+            });
+        let (reader, stats) = (controller.reader(), controller.stats());
+        let task =
+            spawn_run(controller.run(reconciler, |_, _, _| Action::await_change(), book.clone()));
+        common::eventually("every pod reconciled", || {
+            pods.iter().all(|p| book.started(p) >= 1)
+        })
+        .await;
+        let rv = relabel(&fx.h, "ns-0", "pod-3", "handled");
+        reader
+            .wait_for_resource_version(Some("ns-0"), "pod-3", &rv, common::WAIT)
+            .await
+            .unwrap();
+        common::eventually("pod-3's label change skipped", || stats.get().skipped == 1).await;
+        assert_eq!(book.started("pod-3"), 1);
+        let _ = stop_tx.send(());
+        task.await.unwrap();
         db.flush().unwrap();
     }
     common::raw_edit(
@@ -644,39 +767,56 @@ async fn a_failed_object_read_is_retried_not_consumed() {
         },
     );
     let db = Db::open_with(&dir, config()).unwrap();
+    // The request waits in the channel: the runner takes it before its startup pass runs.
     let (tx, refs) = unbounded::<ObjectRef<Pod>>();
+    tx.unbounded_send(pod_ref("ns-0", "pod-3")).unwrap();
     let book = Book::new();
-    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let run = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        kube_persist::StreamConfig::default(),
-        Config::default().startup(kube_persist::controller::StartupMode::Nothing),
-    )
-    .unwrap()
-    .reconcile_on(refs)
-    .run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
-            book.start(&name_of(&pod));
-            Ok::<_, Never>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        book.clone(),
-    );
+    let failed = Arc::new(AtomicUsize::new(0));
+    let controller = controller(&db, refs.boxed());
+    let (reader, stats) = (controller.reader(), controller.stats());
+    let run = controller.run(reconciler, |_, _, _| Action::await_change(), book.clone());
     let f = failed.clone();
     let task = tokio::spawn(run.for_each(move |r| {
         if let Err(kube_persist::controller::ControllerError::ReadFailed(e, obj)) = &r {
             eprintln!("controller: read of {obj} failed: {e}");
-            f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            f.fetch_add(1, SeqCst);
         }
         async {}
     }));
-    tx.unbounded_send(pod_ref("ns-0", "pod-3")).unwrap();
-    common::eventually("the failed read is retried", || {
-        failed.load(std::sync::atomic::Ordering::SeqCst) >= 2
-    })
-    .await;
+    // Retried 200 ms (and the debounce) after the first failure; the next retry is 400 ms
+    // (and the debounce) after the second.
+    common::eventually("the failed read is retried", || failed.load(SeqCst) >= 2).await;
+    let second = Instant::now();
     assert_eq!(book.started("pod-3"), 0, "not reconciled while unreadable");
+    // A label: the generation stays, so the durable state shows the new version handled.
+    let rv = relabel(&fx.h, "ns-0", "pod-3", "readable-again");
+    reader
+        .wait_for_resource_version(Some("ns-0"), "pod-3", &rv, common::WAIT)
+        .await
+        .unwrap();
+    assert!(
+        second.elapsed() < Duration::from_millis(400),
+        "the change must come before the retry (400 ms after the second failure); it took {:?}",
+        second.elapsed()
+    );
+    within(
+        DEBOUNCE + Duration::from_secs(4),
+        "pod-3 reconciled once it can be read",
+        || book.started("pod-3") > 0 || stats.get().skipped > 0,
+    )
+    .await;
+    assert_eq!(
+        (book.started("pod-3"), stats.get().skipped),
+        (1, 0),
+        "the reconcile_on request (merged into the startup pass's, its reads failed, then \
+         merged into pod-3's handled change) was skipped as already reconciled, not run"
+    );
+    assert_eq!(failed.load(SeqCst), 2, "failed reads");
+    assert!(
+        pods.iter()
+            .filter(|p| *p != "pod-3")
+            .all(|p| book.started(p) == 0),
+        "nothing else reconciled"
+    );
     task.abort();
 }
