@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::{self, Engine, relabel_pod};
+use crate::triggers::{Never, name_of, store_cfg};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -32,18 +33,20 @@ const PER_RUN: usize = 70;
 const DIR_ENV: &str = "KP_PASSES_DIR";
 const URL_ENV: &str = "KP_PASSES_URL";
 
-#[derive(Debug, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-fn store_cfg() -> kube_persist::StreamConfig {
-    kube_persist::StreamConfig::default()
-        .backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .relist_jitter(Duration::from_millis(10))
-}
-
-fn name_of(pod: &Pod) -> String {
-    pod.metadata.name.clone().unwrap_or_default()
+/// A controller of every Pod of `server` in `db`.
+fn pods_controller(
+    db: &kube_persist::Db,
+    server: &kube_persist_testkit::TestServer,
+    config: Config,
+) -> Controller<Pod> {
+    Controller::for_store(
+        db,
+        "pods",
+        Api::<Pod>::all(server.client()),
+        store_cfg(),
+        config,
+    )
+    .unwrap()
 }
 
 /// The child process: a durable controller of every Pod, `concurrency(1)`, reconciles of
@@ -234,14 +237,18 @@ impl Log {
     }
 }
 
-async fn logged(pod: Arc<Pod>, log: Arc<Log>) -> Result<Action, Never> {
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let label = pod
-        .metadata
+/// The Pod's label `touched` (empty if none).
+fn touched(pod: &Pod) -> String {
+    pod.metadata
         .labels
         .as_ref()
         .and_then(|l| l.get("touched").cloned())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+async fn logged(pod: Arc<Pod>, log: Arc<Log>) -> Result<Action, Never> {
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let label = touched(&pod);
     log.0.lock().unwrap().push((name_of(&pod), label));
     Ok(Action::await_change())
 }
@@ -263,12 +270,7 @@ async fn gated(pod: Arc<Pod>, gate: Arc<Gate>) -> Result<Action, Never> {
         gate.held.send_replace(true);
         let _permit = gate.release.acquire().await.unwrap();
     }
-    let label = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get("touched").cloned())
-        .unwrap_or_default();
+    let label = touched(&pod);
     gate.log.0.lock().unwrap().push((name_of(&pod), label));
     Ok(Action::await_change())
 }
@@ -285,14 +287,7 @@ async fn changes_go_first_and_the_pass_keeps_its_share(engine: Engine) {
     let h = server.handle();
     let dir = tempfile::tempdir().unwrap();
     let db = common::try_open_db(engine, dir.path()).unwrap();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        Api::<Pod>::all(server.client()),
-        store_cfg(),
-        Config::default().concurrency(1),
-    )
-    .unwrap();
+    let controller = pods_controller(&db, &server, Config::default().concurrency(1));
     let stats = controller.stats();
     let (held, mut is_held) = tokio::sync::watch::channel(false);
     let gate = Arc::new(Gate {
@@ -478,14 +473,11 @@ fn one_blocking_thread_serves_the_pass_and_the_reads(engine: Engine) {
             db.flush().unwrap();
         }
         let db = common::try_open_db(engine, dir.path()).unwrap();
-        let controller = Controller::for_store(
+        let controller = pods_controller(
             &db,
-            "pods",
-            Api::<Pod>::all(server.client()),
-            store_cfg(),
+            &server,
             Config::default().concurrency(1).pass_chunk(10),
-        )
-        .unwrap();
+        );
         let log = Arc::new(Log::default());
         let run = tokio::spawn(
             controller

@@ -37,15 +37,16 @@ const PROMPT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 #[error("never fails")]
-struct Never;
+pub(crate) struct Never;
 
-fn store_cfg() -> kube_persist::StreamConfig {
+/// A store that retries fast (the tests' servers fail on purpose).
+pub(crate) fn store_cfg() -> kube_persist::StreamConfig {
     kube_persist::StreamConfig::default()
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .relist_jitter(Duration::from_millis(10))
 }
 
-fn name_of(pod: &Pod) -> String {
+pub(crate) fn name_of(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
 

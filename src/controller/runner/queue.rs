@@ -220,27 +220,23 @@ mod tests {
         let stats = ControllerStats::default();
         let mut q = ChangeQueue::<Pod>::new(Duration::from_secs(1));
         let obj = ObjectRef::<Pod>::new("web-0").within("default");
-        for _ in 0..10_000 {
-            q.schedule(
-                obj.clone(),
-                ReconcileReason::ObjectUpdated,
-                Instant::now(),
-                &stats,
-            );
-        }
+        let burst = |q: &mut ChangeQueue<Pod>| {
+            for _ in 0..10_000 {
+                q.schedule(
+                    obj.clone(),
+                    ReconcileReason::ObjectUpdated,
+                    Instant::now(),
+                    &stats,
+                );
+            }
+        };
+        burst(&mut q);
         assert_eq!(q.sent(), 0, "nothing is sent until the runner takes");
         assert_eq!(q.unsent.len(), 1);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let _ = q.poll_due(&mut cx, |_| false);
-        for _ in 0..10_000 {
-            q.schedule(
-                obj.clone(),
-                ReconcileReason::ObjectUpdated,
-                Instant::now(),
-                &stats,
-            );
-        }
+        burst(&mut q);
         let _ = q.poll_due(&mut cx, |_| false);
         assert!(q.sent() <= 2, "sent {} requests", q.sent());
         assert_eq!(stats.get().queue_depth, 1, "one object waits");
