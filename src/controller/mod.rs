@@ -217,9 +217,11 @@ where
 
     /// A controller of the objects of a shared watch ([`Watcher::shared`](crate::Watcher::shared)),
     /// from its [`Reader`] and one [`Subscriber`](crate::Subscriber): several controllers (or a
-    /// controller and the user's own event loop) on one WATCH. A lagged subscriber (see
-    /// [`SharedWatcher`](crate::SharedWatcher)) reconciles every stored object: nothing it
-    /// missed is lost. Spawn [`SharedWatcher::run`](crate::SharedWatcher::run) to drive it.
+    /// controller and the user's own event loop) on one WATCH. After a lag of the subscriber
+    /// (see [`SharedWatcher`](crate::SharedWatcher)) the controller reads the store again:
+    /// with [`durable_state`](Controller::durable_state) it reconciles the objects changed
+    /// since their last reconcile and forgets deleted ones, without it every stored object.
+    /// Nothing it missed is lost. Spawn [`SharedWatcher::run`](crate::SharedWatcher::run) to drive it.
     ///
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {

@@ -15,7 +15,7 @@
 //! start signal (`InitDone` or `Resumed`) if that was among the dropped events: the start
 //! signal always arrives. Nothing is lost: every dropped event was on disk before it was
 //! dropped, so a subscriber that reads the store again when it sees `Lagged` (a controller
-//! reconciles every object) has all of it.
+//! reconciles what changed, or every object) has all of it.
 //!
 //! The bound that holds: the watch waits at most `max_stall` per event, whatever the number
 //! of subscribers; a subscriber holds it at most `max_stall` in a row, and after a lag is
