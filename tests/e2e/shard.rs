@@ -142,8 +142,16 @@ pub async fn narrowing(server: Arc<Server>) -> Outcome {
         format!("narrowing did not resume: {first:?}")
     })?;
     converge_to(&reader, &want).await?;
-    let lists = server.lists().await? - before;
     let reads = reader.stats().server_version_reads;
+    // kube-apiserver counts a request (`apiserver_request_total`) once its response is
+    // written, which the client may read first: wait (at most 5 s) until it has counted the
+    // store's reads; any LIST beyond them is then counted too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut lists = server.lists().await? - before;
+    while lists < reads && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        lists = server.lists().await? - before;
+    }
     ensure(lists == reads, || {
         format!(
             "narrowing made {lists} LIST calls ({reads} limit=1 reads of the server's resourceVersion)"
