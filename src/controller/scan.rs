@@ -429,7 +429,10 @@ where
         rec: Option<&ReconcileRecord>,
     ) -> Option<Plan<K>> {
         self.counts.objects += 1;
-        self.stats.pass_read(1);
+        // `startup_pass_read` counts the merge's reads, as before the ticks' pass read here.
+        if self.mode != PassMode::Every {
+            self.stats.pass_read(1);
+        }
         let obj_ref = suffix_ref::<K>(suffix, self.dyntype.clone());
         let at = self.position(Some(suffix.to_vec()));
         let reason = match self.mode {
