@@ -33,9 +33,8 @@ use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use serde::de::DeserializeOwned;
 
-pub use config::{StreamConfig, Transform};
-use machine::{Machine, RawEvent};
-pub use relist::RelistMode;
+pub use config::{RelistMode, StreamConfig, Transform};
+use machine::{Driver, DriverParts, RawEvent};
 pub use shared::{SharedEvent, SharedWatcher, Subscriber};
 pub use touched::to_watcher_error;
 pub use verify::{Difference, Verdict, Verification};
@@ -188,7 +187,7 @@ pub type Pair<K> = (Reader<K>, Watcher<K>);
 /// # Ok(()) }
 /// ```
 pub struct Watcher<K> {
-    machine: Machine,
+    machine: Driver,
     /// Marks the stream closing when the watcher is dropped: a reopen then waits for the
     /// jobs this watcher left queued on the disk thread (they hold the lease).
     _closer: LeaseCloser,
@@ -300,7 +299,7 @@ where
         self.machine.set_emit(true);
         futures::stream::unfold(self, move |mut w| async move {
             loop {
-                if let Some(raw) = w.machine.pending.pop_front() {
+                if let Some(raw) = w.machine.pop_event() {
                     if let Some(item) = w.decode(raw, refs) {
                         return Some((item, w));
                     }
@@ -519,17 +518,17 @@ where
     )?;
     let (reader, writer, stats, closer) = (parts.reader, parts.writer, parts.stats, parts.closer);
     let path = dir.path().to_path_buf();
-    let machine = Machine::new(
+    let machine = Driver::new(DriverParts {
         client,
-        name,
+        stream: name.to_string(),
         url,
         metadata_only,
-        config,
+        cfg: config,
         validate,
         writer,
-        dir.worker(),
-        stats.clone(),
-    );
+        worker: dir.worker(),
+        stats: stats.clone(),
+    });
     Ok((
         reader,
         Watcher {

@@ -1,6 +1,7 @@
 //! How hard the watcher may press the API server when lists keep failing: relists close
-//! together back off, a streaming list that keeps being cut falls back to paginated LISTs,
-//! and a list slower than its continue tokens live asks for bigger pages.
+//! together back off, and a list slower than its continue tokens live asks for bigger pages.
+//! (When a streaming list that keeps being cut falls back to paginated LISTs, and when watch
+//! errors in a row relist, is the transition function's: `machine/transition.rs`.)
 //!
 //! client-go's reflector does the same three things: its relists go through a backoff
 //! manager (800 ms to 30 s, reset once it was not used for two minutes: every failed list
@@ -13,16 +14,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
-
-/// Streaming lists cut before their end bookmark, in a row, before the watcher falls back
-/// to paginated LISTs for the rest of the process.
-pub(crate) const STREAMING_CUTS_BEFORE_FALLBACK: u32 = 3;
-
-/// `ERROR` events in a row (other than 410 and `ResourceVersionTooLarge`) on watches from
-/// one checkpoint, with no event delivered in between, before the watcher relists instead
-/// of resuming from that checkpoint again: kube-apiserver without a watch cache answers a
-/// watch from just below its compaction point with `500 PrevKv=nil` every time.
-pub(crate) const WATCH_ERRORS_BEFORE_RELIST: u32 = 5;
 
 /// Each continue token that expires in a row doubles the next list's page size, up to
 /// this factor of the configured one.
@@ -39,12 +30,8 @@ pub(crate) struct Pacing {
     /// Since when the watch has been connected without an error or a relist (the routine
     /// reconnect after a watch's server-side timeout keeps it).
     healthy_since: Option<Instant>,
-    /// Streaming lists cut before their end bookmark, in a row.
-    streaming_cuts: u32,
     /// Continue tokens expired in a row (page size doubled as many times, capped).
     expired_tokens: u32,
-    /// Watch `ERROR` events in a row without an event delivered.
-    watch_errors: u32,
 }
 
 impl Pacing {
@@ -54,9 +41,7 @@ impl Pacing {
             relists: 0,
             reset_after,
             healthy_since: None,
-            streaming_cuts: 0,
             expired_tokens: 0,
-            watch_errors: 0,
         }
     }
 
@@ -114,37 +99,9 @@ impl Pacing {
         self.relists
     }
 
-    /// A streaming list ended or failed before its end bookmark; true if the watcher
-    /// should fall back to paginated LISTs now.
-    pub(crate) fn streaming_cut(&mut self) -> bool {
-        self.streaming_cuts += 1;
-        self.streaming_cuts >= STREAMING_CUTS_BEFORE_FALLBACK
-    }
-
-    pub(crate) fn streaming_cuts(&self) -> u32 {
-        self.streaming_cuts
-    }
-
     /// A list (paginated or streaming) completed.
     pub(crate) fn list_complete(&mut self) {
-        self.streaming_cuts = 0;
         self.expired_tokens = 0;
-    }
-
-    /// A watch delivered events: its checkpoint is moving.
-    pub(crate) fn watch_progress(&mut self) {
-        self.watch_errors = 0;
-    }
-
-    /// A watch ended with an `ERROR` event; true if the watcher should relist now rather
-    /// than resume from the same checkpoint again.
-    pub(crate) fn watch_error(&mut self) -> bool {
-        self.watch_errors += 1;
-        if self.watch_errors >= WATCH_ERRORS_BEFORE_RELIST {
-            self.watch_errors = 0;
-            return true;
-        }
-        false
     }
 
     /// A continue token expired before the list completed.
@@ -238,38 +195,6 @@ mod tests {
         p.watch_up_at(t0 + s(131));
         p.watch_failed_at(t0 + s(200));
         assert!(p.relist_delay_at(t0 + s(201)) >= ms(100));
-    }
-
-    #[test]
-    fn streaming_cuts_fall_back_after_a_few() {
-        let mut p = Pacing::new(
-            Duration::from_millis(1),
-            Duration::from_millis(2),
-            Duration::ZERO,
-        );
-        assert!(!p.streaming_cut());
-        assert!(!p.streaming_cut());
-        assert!(p.streaming_cut());
-        p.list_complete();
-        assert!(!p.streaming_cut());
-    }
-
-    #[test]
-    fn watch_errors_in_a_row_relist() {
-        let mut p = Pacing::new(
-            Duration::from_millis(1),
-            Duration::from_millis(2),
-            Duration::ZERO,
-        );
-        for _ in 1..WATCH_ERRORS_BEFORE_RELIST {
-            assert!(!p.watch_error());
-        }
-        p.watch_progress();
-        for _ in 1..WATCH_ERRORS_BEFORE_RELIST {
-            assert!(!p.watch_error());
-        }
-        assert!(p.watch_error());
-        assert!(!p.watch_error(), "counted afresh after the relist");
     }
 
     #[test]

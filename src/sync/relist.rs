@@ -22,90 +22,14 @@
 
 use serde_json::value::RawValue;
 
-use super::config::StreamConfig;
 use super::parse::{Ingest, Rejected};
 use super::raw::{self, BadObject, ListPage, Listed};
 use crate::model::{Counters, Error, Result};
 use crate::store::Incoming;
 
-/// How a store that already holds objects lists the collection again (after `410 Gone`:
-/// its checkpoint is past the API server's watch history).
-///
-/// A delta relist lists metadata only and fetches, one LIST narrowed to each (the `list`
-/// verb, as every mode: none needs `get`), the objects that are new or changed since the
-/// store saw them: against kube-apiserver it moves a fraction of a full
-/// relist's bytes, in less time, when few objects changed, most for kinds whose bodies
-/// dwarf their metadata
-/// ([BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#relist-past-the-watch-history)).
-/// With kube's `gzip` feature the API server compresses LIST pages but not the small answers
-/// of single-object fetches (under its 128 KiB threshold), so for a kind whose pages compress
-/// well (Pods) full pages move fewer bytes: choose [`RelistMode::Full`] there.
-///
-/// The first list of an empty store is always a full one, and so is any relist of a
-/// metadata-only store ([`Db::metadata_store`](crate::Db::metadata_store): its objects are
-/// the metadata) or of a server whose resourceVersions are not comparable (KEP-5504).
-///
-/// ```
-/// use kube_persist::{RelistMode, StreamConfig};
-/// assert_eq!(StreamConfig::default().get_relist_mode(), RelistMode::Auto);
-/// let cfg = StreamConfig::default().relist_mode(RelistMode::Full);
-/// assert_eq!(cfg.get_relist_mode(), RelistMode::Full);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum RelistMode {
-    /// A delta relist where it applies (the store's checkpoint and the list's
-    /// resourceVersion are comparable, KEP-5504), page by page: a page where more than
-    /// [`RelistMode::AUTO_FULL_PAGE_ABOVE`] of the objects differ from the store is listed
-    /// again in full (the same page of the same snapshot), and so are the pages after it
-    /// while as many differ.
-    #[default]
-    Auto,
-    /// Every relist lists full objects, the relist of kube-runtime and client-go.
-    Full,
-    /// A delta relist wherever it applies, whatever share of the objects changed.
-    Delta,
-}
-
-impl RelistMode {
-    /// The share of a page's objects that, when new or changed, makes [`RelistMode::Auto`]
-    /// list that page in full rather than fetch them one by one: where the times to caught up
-    /// of the two relists meet for Pods, measured against kube-apiserver (ConfigMaps of
-    /// 20 KB, whose bodies weigh more against their metadata, meet later). See
-    /// [BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#relist-past-the-watch-history).
-    pub const AUTO_FULL_PAGE_ABOVE: f64 = 0.06;
-}
-
 /// Bodies a delta relist of one stream fetches at once (the directory caps all its streams'
 /// together, `exec::FETCHES_PER_DIRECTORY`).
 pub(crate) const FETCHES_IN_FLIGHT: usize = 16;
-
-impl StreamConfig {
-    /// How the stream lists again once it holds objects (after `410 Gone`); see
-    /// [`RelistMode`]. Default: [`RelistMode::Auto`].
-    ///
-    /// ```
-    /// use kube_persist::{RelistMode, StreamConfig};
-    /// // Always relist full objects (one LIST page per `page_size` objects, no fetches).
-    /// let cfg = StreamConfig::default().relist_mode(RelistMode::Full);
-    /// assert_eq!(cfg.get_relist_mode(), RelistMode::Full);
-    /// ```
-    #[must_use]
-    pub fn relist_mode(mut self, mode: RelistMode) -> Self {
-        self.relist_mode = mode;
-        self
-    }
-
-    /// See [`StreamConfig::relist_mode`].
-    ///
-    /// ```
-    /// use kube_persist::{RelistMode, StreamConfig};
-    /// assert_eq!(StreamConfig::default().get_relist_mode(), RelistMode::Auto);
-    /// ```
-    pub fn get_relist_mode(&self) -> RelistMode {
-        self.relist_mode
-    }
-}
 
 /// The collection path of the objects of `namespace` (`None`: cluster-scoped) listed at
 /// `list_url` (`/api/v1/pods`, or `/api/v1/namespaces/ns/pods` for a namespaced `Api`): an
