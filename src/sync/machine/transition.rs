@@ -397,6 +397,14 @@ pub(crate) fn page_shape(mode: RelistMode, changed: usize, listed: usize) -> Pag
 /// The transition function: where the stream goes from `at` after `outcome`, and what to do
 /// there. Pure: no I/O, no clock; its logs are its only side effect.
 pub(crate) fn next(mut at: At, outcome: Outcome, rules: &Rules) -> (At, Effect) {
+    if at.stage == Stage::Stopped {
+        // The end: nothing moves a stopped watcher.
+        let effect = Effect {
+            action: Action::Stop,
+            book: Book::default(),
+        };
+        return (at, effect);
+    }
     let Outcome { returned, store } = outcome;
     let was_synced = std::mem::replace(&mut at.synced, store.synced());
     let stage = std::mem::replace(&mut at.stage, Stage::Stopped);
@@ -646,7 +654,6 @@ fn decide(
             return watch_burst(at, book, burst, rules);
         }
         (Stage::Backoff { next, .. }, Returned::Waited) => *next,
-        (Stage::Stopped, _) => Stage::Stopped,
         (stage, returned) => unexpected(stage, returned),
     })
 }
