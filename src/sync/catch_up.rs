@@ -28,7 +28,7 @@ use std::time::Duration;
 use kube::core::Request;
 
 use super::config::StreamConfig;
-use super::list;
+use super::params;
 use crate::model::Counters;
 use crate::model::resource_version;
 use crate::model::{Error, Result};
@@ -318,7 +318,7 @@ async fn server_version(
         #[serde(rename = "resourceVersion")]
         resource_version: Option<String>,
     }
-    let lp = list::params(cfg.selectors(), 1, list::From::Now);
+    let lp = params::list(params::Selectors::of(cfg), 1, params::From::Now);
     let context = || format!("LIST {described} (limit=1, for the server's resourceVersion)");
     let req = request
         .list_metadata(&lp)

@@ -26,6 +26,10 @@ use crate::model::{Shard, ShardKey};
 /// ```
 pub type Transform = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
 
+/// An index function as [`StreamConfig::index`] keeps it (type-erased in the config by the
+/// object type `K`, recovered by `indexers::inspector`).
+pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
 /// How the watcher lists and watches.
 ///
 /// Fields are set through methods that keep them valid (out-of-range values are clamped
@@ -113,13 +117,6 @@ impl std::fmt::Debug for StreamConfig {
 }
 
 impl StreamConfig {
-    /// The selectors every LIST and WATCH of this stream carries.
-    pub(crate) fn selectors(&self) -> super::list::Selectors<'_> {
-        super::list::Selectors {
-            labels: self.label_selector.as_deref(),
-            fields: self.field_selector.as_deref(),
-        }
-    }
     /// The largest page size ([`StreamConfig::page_size`] clamps to it).
     ///
     /// ```
@@ -632,7 +629,7 @@ impl StreamConfig {
         name: &str,
         f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
     ) -> Self {
-        let f: super::indexers::IndexFn<K> = Arc::new(f);
+        let f: IndexFn<K> = Arc::new(f);
         self.indexes.retain(|(n, _)| n != name);
         self.indexes.push((name.to_string(), Arc::new(f)));
         self

@@ -10,8 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::model::{Error, Result};
 use crate::store::IndexEntries;
 
-/// An index function for objects of type `K`.
-pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+use super::config::IndexFn;
 
 /// What one decode of an incoming object gives the write path: its index entries and the
 /// metadata the store keys and compares by (so the JSON is not parsed a second time).

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::config::StreamConfig;
 use super::conn::Line;
 use super::indexers::Inspector;
-use super::raw::{self, BadObject, ListPage, StatusBody, WatchLine};
+use super::raw::{self, BadObject, ListPage, Listed, StatusBody, WatchLine};
 use crate::disk::Compression;
 use crate::disk::record::Packed;
 use crate::model::Counters;
@@ -74,6 +74,18 @@ pub(crate) struct Parsed {
     pub(crate) delivered: u64,
     /// Bookmarks received: the server has sent everything up to theirs.
     pub(crate) bookmarks: u64,
+    pub(crate) rejected: Vec<Rejected>,
+}
+
+/// A parsed metadata-only LIST page.
+#[derive(Debug)]
+pub(crate) struct MetaPage {
+    /// The page's objects in this stream's shard.
+    pub(crate) items: Vec<Listed>,
+    /// Objects in the page, in the shard or not.
+    pub(crate) listed: usize,
+    pub(crate) continue_token: Option<String>,
+    pub(crate) resource_version: Option<String>,
     pub(crate) rejected: Vec<Rejected>,
 }
 
@@ -384,5 +396,67 @@ impl Ingest {
             self.stats.watch_activity();
         }
         p
+    }
+
+    /// Parse a `PartialObjectMetadataList` page (CPU only).
+    pub(crate) fn metadata_page(&self, bytes: &[u8], context: &str) -> Result<MetaPage> {
+        let text = String::from_utf8_lossy(bytes);
+        let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
+            context: context.to_string(),
+            detail: format!("metadata list body does not decode: {e}"),
+        })?;
+        let items = page.items.unwrap_or_default();
+        let mut out = MetaPage {
+            items: Vec::with_capacity(items.len()),
+            listed: items.len(),
+            continue_token: page.metadata.continue_token.filter(|t| !t.is_empty()),
+            resource_version: page.metadata.resource_version.filter(|rv| !rv.is_empty()),
+            rejected: Vec::new(),
+        };
+        for item in items {
+            match raw::listed(item) {
+                Ok(l) if self.in_shard_of(&l.suffix, l.uid.as_deref()) => out.items.push(l),
+                Ok(_) => {}
+                Err(bad) => out.rejected.extend(self.refused(bad)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reduce fetched bodies as a list page's objects are (transform, validation, indexes,
+    /// shard); the refused ones are reported (and, unmarked, swept).
+    pub(crate) fn fetched(&self, bodies: Vec<Vec<u8>>) -> (Vec<Incoming>, Vec<Rejected>) {
+        let (mut objects, mut rejected) = (Vec::with_capacity(bodies.len()), Vec::new());
+        for body in bodies {
+            let raw: &RawValue = match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => {
+                    let bad = BadObject::anonymous(
+                        raw::snippet(&String::from_utf8_lossy(&body)),
+                        format!("fetched object does not decode: {e}"),
+                    );
+                    rejected.extend(self.refused(bad));
+                    continue;
+                }
+            };
+            match self.reduce(raw) {
+                Ok(o) if self.in_shard_of(&o.suffix, Some(&o.uid)) => objects.push(o),
+                Ok(_) => {}
+                Err(r) => rejected.extend(r),
+            }
+        }
+        (objects, rejected)
+    }
+
+    /// Count and log a bad object; the rejection to report when it is identified.
+    fn refused(&self, bad: BadObject) -> Option<Rejected> {
+        Counters::add(&self.stats.bad_objects, 1);
+        tracing::warn!(object = %bad.what, reason = %bad.why, url = %self.url,
+            "skipping bad object from the server");
+        bad.key.map(|_| Rejected {
+            key: bad.what,
+            resource_version: bad.resource_version.unwrap_or_default(),
+            reason: bad.why,
+        })
     }
 }

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 
-use super::{Event, Watcher};
+use super::watcher::{Event, Watcher};
 use crate::model::{Error, Result};
 
 /// What a [`Subscriber`] receives.
@@ -157,7 +157,7 @@ pub struct SharedWatcher<K> {
 impl<K> std::fmt::Debug for SharedWatcher<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedWatcher")
-            .field("path", &self.watcher.path)
+            .field("path", &self.watcher.path())
             .field("buffer", &self.hub.buffer)
             .field("max_stall", &self.max_stall)
             .finish_non_exhaustive()

@@ -9,8 +9,8 @@ use kube::core::Status;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
+use super::watcher::{Event, Watcher};
 use crate::model::Error;
-use crate::sync::{Event, Watcher};
 
 impl<K> Watcher<K>
 where

@@ -1,18 +1,35 @@
-//! The delta relist's actions (see `sync/relist.rs` for the mode and its rules): a page
-//! listed as metadata (and the stored versions of its objects read), the fetches of its new
-//! or changed bodies (`fetch.rs`) committed with it, or a page listed in full.
+//! The delta relist's actions: a page listed as metadata (and the stored versions of its
+//! objects read), the fetches of its new or changed bodies (`fetch.rs`) committed with it,
+//! or a page listed in full. Which of them runs, page by page, is the transition's
+//! (`transition.rs`: `page_shape`, `DeltaGate`); the mode is `RelistMode` (`sync/config.rs`).
+//!
+//! A delta relist lists the collection as `PartialObjectMetadataList` pages (the same
+//! selectors, shard and page size, the same snapshot across pages). For each page it reads the
+//! stored resourceVersions of the page's objects from disk (record heads only), marks the
+//! objects whose stored version is the listed one, and fetches the others with one LIST
+//! narrowed to each (`params::one`: `metadata.name=<name>` within the stream's selectors, not
+//! older than the page), `FETCHES_IN_FLIGHT` at a time: the `list` verb only, and an answer
+//! within the selection. The marks and the fetched bodies are committed in one atomic batch
+//! with the list's continue token, as a full page is; the sweep at the end removes what no
+//! page marked. A fetched body may be newer than the list's resourceVersion; the watch from
+//! that resourceVersion then replays events older than what is stored, and the writer skips
+//! them (`Stats::stale_events_skipped`) while its checkpoint is below the newest answer's
+//! resourceVersion (the window, kept on disk with the page): versions are ordered by
+//! KEP-5504, so the mode is used only where they are comparable. A deletion of the stored
+//! object itself is never skipped. An object whose fetch answers empty (deleted, or out of
+//! the selection now) is left unmarked: it is swept, and the watch replays its deletion.
 
 use futures::StreamExt;
 
 use super::core::Core;
-use super::fetch::{Fetch, Fetcher, Unusable};
+use super::fetch::{FETCHES_IN_FLIGHT, Fetch, Fetcher, Unusable};
 use super::transition::Returned;
 use crate::exec::{PagePermit, compute};
 use crate::model::{Counters, Error, Result, resource_version};
 use crate::store::ListProgress;
-use crate::sync::list;
+use crate::sync::params;
+use crate::sync::parse::MetaPage;
 use crate::sync::raw::Listed;
-use crate::sync::relist::{FETCHES_IN_FLIGHT, MetaPage};
 
 /// A metadata page waiting for its fetches: its objects with their stored versions, and
 /// its place in the page budget.
@@ -33,7 +50,7 @@ pub(super) async fn metadata_page(
 ) -> Result<Returned> {
     let from = continue_token
         .as_deref()
-        .map_or(list::From::Now, list::From::Continue);
+        .map_or(params::From::Now, params::From::Continue);
     let read = match core.lister().read_page(from, true).await {
         Ok(read) => read,
         Err(e) => {
@@ -73,7 +90,10 @@ pub(super) async fn metadata_page(
         });
     }
     let suffixes: Vec<Vec<u8>> = page.items.iter().map(|l| l.suffix.clone()).collect();
-    let stored = core.writer.run(move |w| w.stored_versions(&suffixes)).await?;
+    let stored = core
+        .writer
+        .run(move |w| w.stored_versions(&suffixes))
+        .await?;
     let changed = page
         .items
         .iter()
@@ -132,12 +152,13 @@ pub(super) async fn fetch(core: &mut Core, held: Option<ListedPage>) -> Result<R
     Counters::add(&core.stats.bodies_fetched, fetched.bodies.len() as u64);
     let ingest = core.ingest.clone();
     let bodies = fetched.bodies;
-    let (objects, mut rejected) = compute(move || ingest.fetched(bodies))
-        .await
-        .ok_or_else(|| Error::Protocol {
-            context: format!("LIST {} (a delta relist's fetches)", core.described()),
-            detail: "parsing fetched objects panicked".into(),
-        })?;
+    let (objects, mut rejected) =
+        compute(move || ingest.fetched(bodies))
+            .await
+            .ok_or_else(|| Error::Protocol {
+                context: format!("LIST {} (a delta relist's fetches)", core.described()),
+                detail: "parsing fetched objects panicked".into(),
+            })?;
     rejected.extend(page.rejected);
     let progress = match page.continue_token.clone() {
         Some(t) => ListProgress::More(Some(t)),
@@ -263,11 +284,11 @@ async fn fetch_all(
 /// token, or, for the first page, exactly at the resourceVersion its metadata page was
 /// listed at (the same snapshot: the same objects, and the next pages follow on from it);
 /// without either, a new snapshot (its metadata page was refused).
-fn full_page_from<'a>(token: Option<&'a str>, at: Option<&'a str>) -> list::From<'a> {
+fn full_page_from<'a>(token: Option<&'a str>, at: Option<&'a str>) -> params::From<'a> {
     match (token, at) {
-        (Some(t), _) => list::From::Continue(t),
-        (None, Some(rv)) => list::From::Exactly(rv),
-        (None, None) => list::From::Now,
+        (Some(t), _) => params::From::Continue(t),
+        (None, Some(rv)) => params::From::Exactly(rv),
+        (None, None) => params::From::Now,
     }
 }
 
@@ -306,13 +327,13 @@ mod tests {
     fn a_page_in_full_lists_the_same_snapshot() {
         assert!(matches!(
             full_page_from(None, Some("41")),
-            list::From::Exactly("41")
+            params::From::Exactly("41")
         ));
         assert!(matches!(
             full_page_from(Some("t"), Some("41")),
-            list::From::Continue("t")
+            params::From::Continue("t")
         ));
-        assert!(matches!(full_page_from(None, None), list::From::Now));
+        assert!(matches!(full_page_from(None, None), params::From::Now));
     }
 
     #[test]

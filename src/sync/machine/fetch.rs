@@ -1,5 +1,5 @@
 //! A delta relist's fetch of one new or changed object: a LIST narrowed to it
-//! (`list::one`: its namespace, `metadata.name=<name>` joined to the stream's field
+//! (`params::one`: its namespace, `metadata.name=<name>` joined to the stream's field
 //! selector, the stream's label and shard selectors, not older than the metadata page).
 //! It needs only the `list` verb, answers within the stream's selection (an empty answer:
 //! the object left it or was deleted, and is swept), and is never older than the page.
@@ -19,9 +19,13 @@ use crate::model::{Counters, Error, Result};
 use crate::sync::backoff::{Backoff, jitter};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::with_shard;
-use crate::sync::list;
+use crate::sync::params;
+use crate::sync::params::collection_path;
 use crate::sync::raw::{ListPage, Listed, StatusKind, too_large};
-use crate::sync::relist::collection_path;
+
+/// Bodies a delta relist of one stream fetches at once (the directory caps all its streams'
+/// together, `exec::FETCHES_PER_DIRECTORY`).
+pub(crate) const FETCHES_IN_FLIGHT: usize = 16;
 
 /// Attempts of one object's fetch before the page fails (and is retried from the stored
 /// phase after the stream's backoff).
@@ -132,7 +136,7 @@ impl Fetcher<'_> {
 
     /// One attempt of [`Fetcher::fetch`].
     async fn attempt(&self, path: &str, l: &Listed, at: &str) -> Result<Fetch, Attempt> {
-        let lp = list::one(self.cfg.selectors(), &l.name, at);
+        let lp = params::one(params::Selectors::of(self.cfg), &l.name, at);
         let req = Request::new(path)
             .list(&lp)
             .map_err(|e| Attempt::unusable("the fetch cannot be built", e.to_string()))?;

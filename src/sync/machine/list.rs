@@ -14,7 +14,7 @@ use crate::model::{Counters, Error, Result};
 use crate::store::{Change, ListProgress, Op};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::{WatchConn, invalid_shard, with_shard};
-use crate::sync::list;
+use crate::sync::params;
 use crate::sync::parse::{Ingest, Page, Rejected};
 use crate::sync::raw::StatusKind;
 
@@ -97,7 +97,7 @@ pub(super) async fn page(
         }
         let from = continue_token
             .as_deref()
-            .map_or(list::From::Now, list::From::Continue);
+            .map_or(params::From::Now, params::From::Continue);
         match lister.read_page(from, lister.metadata_only).await? {
             Some((bytes, permit)) => {
                 let page = parse_page(ingest, worker, bytes, page_context).await?;
@@ -298,15 +298,15 @@ impl Lister<'_> {
     /// `PartialObjectMetadataList`.
     pub(super) async fn read_page(
         &self,
-        from: list::From<'_>,
+        from: params::From<'_>,
         metadata: bool,
     ) -> Result<Option<(Vec<u8>, PagePermit)>> {
-        let lp = list::params(self.cfg.selectors(), self.page_size, from);
+        let lp = params::list(params::Selectors::of(self.cfg), self.page_size, from);
         let context = || {
             let at = match from {
-                list::From::Now => "continue: false".to_string(),
-                list::From::Continue(_) => "continue: true".to_string(),
-                list::From::Exactly(rv) => format!("resourceVersion {rv}"),
+                params::From::Now => "continue: false".to_string(),
+                params::From::Continue(_) => "continue: true".to_string(),
+                params::From::Exactly(rv) => format!("resourceVersion {rv}"),
             };
             let shape = if metadata { ", metadata only" } else { "" };
             format!("LIST {} ({at}{shape})", self.described())

@@ -37,9 +37,9 @@ use crate::store::{Phase, Writer};
 
 mod core;
 mod delta;
+mod fetch;
 mod list;
 mod local;
-mod fetch;
 mod transition;
 mod watch;
 

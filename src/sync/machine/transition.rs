@@ -624,12 +624,15 @@ fn decide(
             delta_unusable(at, book, "a LIST narrowed to one object", &reason, &detail);
             full_page(continue_token, Some(listed_at))
         }
-        (Stage::StreamingInitial { connected: false, .. }, Returned::Connected) => {
+        (
             Stage::StreamingInitial {
-                connected: true,
-                received: 0,
-            }
-        }
+                connected: false, ..
+            },
+            Returned::Connected,
+        ) => Stage::StreamingInitial {
+            connected: true,
+            received: 0,
+        },
         (
             Stage::StreamingInitial {
                 connected: true,
@@ -640,11 +643,9 @@ fn decide(
         (Stage::Sweeping { then_connected }, Returned::Chunk { done: false }) => {
             Stage::Sweeping { then_connected }
         }
-        (Stage::Sweeping { then_connected }, Returned::Chunk { done: true }) => {
-            Stage::Watching {
-                connected: then_connected,
-            }
-        }
+        (Stage::Sweeping { then_connected }, Returned::Chunk { done: true }) => Stage::Watching {
+            connected: then_connected,
+        },
         (Stage::Watching { connected: false }, Returned::Connected) => {
             book.live = Some(true);
             book.watch_up = true;
@@ -678,12 +679,18 @@ fn on_failure(
     rules: &Rules,
 ) -> Decided {
     match (stage, status) {
-        (Stage::StreamingInitial { connected: false, .. }, Some(StatusKind::Gone)) => {
-            Ok(relist(at, "streaming list answered 410"))
-        }
-        (Stage::StreamingInitial { connected: false, .. }, Some(StatusKind::Invalid)) => Ok(
-            fall_back(at, &format!("the server refused it: {detail}")),
-        ),
+        (
+            Stage::StreamingInitial {
+                connected: false, ..
+            },
+            Some(StatusKind::Gone),
+        ) => Ok(relist(at, "streaming list answered 410")),
+        (
+            Stage::StreamingInitial {
+                connected: false, ..
+            },
+            Some(StatusKind::Invalid),
+        ) => Ok(fall_back(at, &format!("the server refused it: {detail}"))),
         (Stage::Watching { connected: false }, Some(StatusKind::Gone)) => {
             Ok(relist(at, "watch resourceVersion expired (410)"))
         }
@@ -807,8 +814,10 @@ fn relist(at: &mut At, why: &str) -> Stage {
 
 /// The server does not stream lists: paginated LISTs from now on.
 fn fall_back(at: &mut At, why: &str) -> Stage {
-    tracing::warn!(reason = why,
-        "streaming lists (sendInitialEvents) unusable with this API server; falling back to paginated LIST for this process");
+    tracing::warn!(
+        reason = why,
+        "streaming lists (sendInitialEvents) unusable with this API server; falling back to paginated LIST for this process"
+    );
     at.streaming = false;
     Stage::BeginList { relist: None }
 }
@@ -851,8 +860,12 @@ fn full_page(continue_token: Option<String>, at: Option<String>) -> Stage {
 /// and list the rest of this relist in full.
 fn delta_unusable(at: &mut At, book: &mut Book, what: &str, reason: &str, detail: &str) {
     book.delta_fallback = true;
-    tracing::warn!(refused = what, reason, detail,
-        "a delta relist cannot run here: this relist lists in full from this page on (grant the store `list` on its kind, or choose RelistMode::Full)");
+    tracing::warn!(
+        refused = what,
+        reason,
+        detail,
+        "a delta relist cannot run here: this relist lists in full from this page on (grant the store `list` on its kind, or choose RelistMode::Full)"
+    );
     at.gate = DeltaGate::ClosedForThisRelist;
 }
 

@@ -65,10 +65,7 @@ pub(super) fn status_of(e: &Error) -> Option<StatusKind> {
         Error::Kube {
             source: kube::Error::Api(s),
             ..
-        } => Some(StatusKind::of(
-            s.code,
-            crate::sync::conn::is_too_large(s),
-        )),
+        } => Some(StatusKind::of(s.code, crate::sync::conn::is_too_large(s))),
         _ => None,
     }
 }

@@ -18,7 +18,7 @@ use crate::disk::keys;
 use crate::model::Shard;
 use crate::model::{Error, Result};
 use crate::store::{Dir, StoredVersions, StreamInfo};
-use crate::sync::list;
+use crate::sync::params;
 use crate::sync::raw::StatusKind;
 
 /// Objects requested per LIST page.
@@ -196,16 +196,16 @@ impl VerifyTarget {
         let mut c = Comparison::new(role);
         let mut token: Option<String> = None;
         loop {
-            let selectors = list::Selectors {
+            let selectors = params::Selectors {
                 labels: self.labels.as_deref(),
                 fields: self.fields.as_deref(),
             };
             let from = match (&token, at) {
-                (Some(t), _) => list::From::Continue(t),
-                (None, At::Exactly(rv)) => list::From::Exactly(rv),
-                (None, At::Now) => list::From::Now,
+                (Some(t), _) => params::From::Continue(t),
+                (None, At::Exactly(rv)) => params::From::Exactly(rv),
+                (None, At::Now) => params::From::Now,
             };
-            let lp = list::params(selectors, PAGE, from);
+            let lp = params::list(selectors, PAGE, from);
             let page = match self.api.list_metadata(&lp).await {
                 Ok(page) => page,
                 Err(kube::Error::Api(s)) if StatusKind::of(s.code, false) == StatusKind::Gone => {

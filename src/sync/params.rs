@@ -4,11 +4,23 @@
 
 use kube::core::params::{ListParams, VersionMatch};
 
+use super::config::StreamConfig;
+
 /// Which objects a LIST selects: the stream's label and field selectors.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Selectors<'a> {
     pub(crate) labels: Option<&'a str>,
     pub(crate) fields: Option<&'a str>,
+}
+
+impl<'a> Selectors<'a> {
+    /// The selectors every LIST and WATCH of a stream configured by `cfg` carries.
+    pub(crate) fn of(cfg: &'a StreamConfig) -> Selectors<'a> {
+        Selectors {
+            labels: cfg.label_selector.as_deref(),
+            fields: cfg.field_selector.as_deref(),
+        }
+    }
 }
 
 /// Where a LIST page starts.
@@ -23,7 +35,7 @@ pub(crate) enum From<'a> {
 }
 
 /// `ListParams` for `limit` objects of `selectors`, starting `from`.
-pub(crate) fn params(selectors: Selectors<'_>, limit: u32, from: From<'_>) -> ListParams {
+pub(crate) fn list(selectors: Selectors<'_>, limit: u32, from: From<'_>) -> ListParams {
     let mut lp = ListParams {
         label_selector: selectors.labels.map(str::to_string),
         field_selector: selectors.fields.map(str::to_string),
@@ -74,6 +86,24 @@ pub(crate) fn escape_field_value(value: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// The collection path of the objects of `namespace` (`None`: cluster-scoped) listed at
+/// `list_url` (`/api/v1/pods`, or `/api/v1/namespaces/ns/pods` for a namespaced `Api`): an
+/// object's path is this and its name.
+pub(crate) fn collection_path(list_url: &str, namespace: Option<&str>) -> String {
+    let list_url = list_url.trim_end_matches('/');
+    match namespace {
+        Some(ns) => {
+            let (prefix, plural) = list_url.rsplit_once('/').unwrap_or(("", list_url));
+            if prefix.ends_with(&format!("/namespaces/{ns}")) {
+                list_url.to_string()
+            } else {
+                format!("{prefix}/namespaces/{ns}/{plural}")
+            }
+        }
+        None => list_url.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -140,16 +170,37 @@ mod tests {
             labels: Some("app=web"),
             fields: None,
         };
-        let lp = params(sel, 50, From::Continue("t"));
+        let lp = list(sel, 50, From::Continue("t"));
         assert_eq!(lp.label_selector.as_deref(), Some("app=web"));
         assert_eq!(
             (lp.limit, lp.continue_token.as_deref()),
             (Some(50), Some("t"))
         );
         assert_eq!(lp.resource_version, None);
-        let lp = params(sel, 1, From::Exactly("42"));
+        let lp = list(sel, 1, From::Exactly("42"));
         assert_eq!(lp.resource_version.as_deref(), Some("42"));
         assert!(matches!(lp.version_match, Some(VersionMatch::Exact)));
-        assert!(params(sel, 1, From::Now).resource_version.is_none());
+        assert!(list(sel, 1, From::Now).resource_version.is_none());
+    }
+
+    #[test]
+    fn collection_paths_follow_the_list_url() {
+        assert_eq!(
+            collection_path("/api/v1/pods", Some("ns1")),
+            "/api/v1/namespaces/ns1/pods"
+        );
+        assert_eq!(
+            collection_path("/api/v1/namespaces/ns1/pods", Some("ns1")),
+            "/api/v1/namespaces/ns1/pods"
+        );
+        assert_eq!(
+            collection_path("/apis/apps/v1/deployments", Some("x")),
+            "/apis/apps/v1/namespaces/x/deployments"
+        );
+        assert_eq!(collection_path("/api/v1/nodes", None), "/api/v1/nodes");
+        assert_eq!(
+            collection_path("/api/v1/namespaces", None),
+            "/api/v1/namespaces"
+        );
     }
 }
