@@ -520,15 +520,23 @@ fn violations(files: &[Source]) -> Vec<String> {
         };
         // Forms that make a file's module, or the crate root's name, other than its path.
         for i in 0..f.toks.len() {
-            let attr_path = f.punct(i, '#')
-                && (f.toks.get(i + 1).is_some_and(|t| t.tk == Tk::Open('['))
-                    && f.ident(i + 2) == Some("path")
-                    || f.punct(i + 1, '!') && f.ident(i + 3) == Some("path"));
-            if attr_path {
-                bad.push(f.report(
-                    f.toks[i].at,
-                    "a #[path] module: a file's layer is the folder it is in",
-                ));
+            // An attribute `#[…]` or `#![…]`, `cfg_attr` included: `path = …`, `macro_use`.
+            let open = if f.punct(i + 1, '!') { i + 2 } else { i + 1 };
+            if f.punct(i, '#') && f.toks.get(open).is_some_and(|t| t.tk == Tk::Open('[')) {
+                for j in open + 1..f.close_of(open) {
+                    if f.ident(j) == Some("path") && f.punct(j + 1, '=') {
+                        bad.push(f.report(
+                            f.toks[j].at,
+                            "a #[path] module: a file's layer is the folder it is in",
+                        ));
+                    }
+                    if f.ident(j) == Some("macro_use") {
+                        bad.push(f.report(
+                            f.toks[j].at,
+                            "#[macro_use]: a macro is named by its path, as any item",
+                        ));
+                    }
+                }
             }
             if f.ident(i) == Some("include") && f.punct(i + 1, '!') {
                 bad.push(f.report(
@@ -707,10 +715,11 @@ fn extern_crates() -> HashSet<String> {
         let line = line.trim();
         if line.starts_with('[') {
             inside = line == "[dependencies]";
-        } else if inside && !line.starts_with('#') {
-            if let Some(name) = line.split(['=', '.', ' ']).next().filter(|n| !n.is_empty()) {
-                names.insert(name.replace('-', "_"));
-            }
+        } else if inside
+            && !line.starts_with('#')
+            && let Some(name) = line.split(['=', '.', ' ']).next().filter(|n| !n.is_empty())
+        {
+            names.insert(name.replace('-', "_"));
         }
     }
     names
@@ -1020,7 +1029,7 @@ fn object_keys_above_store(files: &[Source]) -> Vec<String> {
                 && i >= 3
                 && f.ident(i - 3).is_some_and(|m| modules.contains(m));
             let by_import =
-                !f.after_path_sep(i) && !(i > 0 && f.punct(i - 1, '.')) && fns.contains_key(name);
+                !(f.after_path_sep(i) || i > 0 && f.punct(i - 1, '.')) && fns.contains_key(name);
             if !(by_path || by_import) {
                 continue;
             }
@@ -1336,6 +1345,15 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
             "of the higher layer controller/",
         ),
         m(
+            "an upward $crate path in a macro",
+            &[(
+                "disk/mod.rs",
+                s("macro_rules! up { () => { $crate::controller::Config::default() }; }"),
+            )],
+            "disk/mod.rs",
+            "of the higher layer controller/",
+        ),
+        m(
             "a glob of the crate root",
             &[("controller/mod.rs", s("use crate::*;"))],
             "controller/mod.rs",
@@ -1438,6 +1456,21 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
             "a #[path] module",
         ),
         m(
+            "#[cfg_attr(…, path = …)]",
+            &[(
+                "store/mod.rs",
+                s("#[cfg_attr(all(), path = \"../sync/mod.rs\")]\nmod upper;"),
+            )],
+            "store/mod.rs",
+            "a #[path] module",
+        ),
+        m(
+            "#[macro_use] (a higher layer's macros by textual scope)",
+            &[("lib.rs", s("#[macro_use]\nmod more_macros {}"))],
+            "lib.rs",
+            "#[macro_use]",
+        ),
+        m(
             "include! of a higher layer's file",
             &[(
                 "store/mod.rs",
@@ -1489,6 +1522,24 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
             )],
             "sync/mod.rs",
             "other than to take its Dir",
+        ),
+        m(
+            "a method named dir on a Db",
+            &[(
+                "controller/mod.rs",
+                s("fn _m(db: &crate::store::Db) { let _ = db.dir(); }"),
+            )],
+            "controller/mod.rs",
+            "other than to take its Dir",
+        ),
+        m(
+            "Self in a trait impl for Db",
+            &[(
+                "store/mod.rs",
+                s("impl Default for Db { fn default() -> Self { Self::open(\"x\").unwrap() } }"),
+            )],
+            "store/mod.rs",
+            "uses `Self` in a trait impl for `Db`",
         ),
         m(
             "a Db method through a let",
