@@ -16,11 +16,15 @@
 //!   below the top only a module of the file's own layer or a lower one passes.
 //! - The crate root is only ever named `crate`: an alias of it (`use crate as x`,
 //!   `use crate::{self as x}`, `use super::super as x`, `extern crate self as x`) is an
-//!   error, and so are `#[path]` modules and `include!`, which would put a file in a folder's
-//!   module that is not its own.
+//!   error, and so are `#[path]` modules (in `cfg_attr` too), `include!` and `#[macro_use]`,
+//!   which would let a file's code or macros live outside its folder's layer.
+//! - Inherent impls stay in the layer of their type; no code below the top can reach a
+//!   method of `Db` (see `facade_calls`); no layer above the store builds a stream's object
+//!   keys (see `object_keys_above_store`); `disk/` names nothing of Kubernetes and `store/`
+//!   no client.
 //!
 //! The last test applies each forbidden form to a copy of the real `src/` and expects its
-//! rule to fail there, while the unchanged copy passes.
+//! rule to report it in the file it was put in, while the unchanged copy passes.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
