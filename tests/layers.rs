@@ -479,7 +479,11 @@ fn root_paths(f: &Source) -> Vec<(usize, String)> {
             Some("crate") if f.path_sep(i + 1) && !f.after_path_sep(i) => {
                 firsts(i + 3, &mut found, i);
             }
-            Some("super") if !f.after_path_sep(i) => {
+            // A chain's first `super`, after a leading `self::` or none.
+            Some("super")
+                if !f.after_path_sep(i)
+                    || i >= 3 && f.ident(i - 3) == Some("self") && !f.after_path_sep(i - 3) =>
+            {
                 let mut j = i;
                 let mut climbs = 0;
                 while f.ident(j) == Some("super") && f.path_sep(j + 1) {
@@ -982,7 +986,12 @@ fn object_keys_above_store(files: &[Source]) -> Vec<String> {
             let mut leaves = Vec::new();
             use_leaves(&u.tree, &mut Vec::new(), &mut leaves);
             for leaf in leaves {
-                let path: Vec<String> = leaf.path.iter().map(|i| i.to_string()).collect();
+                let path: Vec<String> = leaf
+                    .path
+                    .iter()
+                    .map(|i| i.to_string())
+                    .filter(|s| s != "self")
+                    .collect();
                 let Some(k) = path.iter().position(|s| s == "keys") else {
                     continue;
                 };
@@ -1328,6 +1337,12 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
             "of the higher layer sync/",
         ),
         m(
+            "an upward path through self::super::",
+            &[("store/mod.rs", s("use self::super::sync::StreamConfig;"))],
+            "store/mod.rs",
+            "of the higher layer sync/",
+        ),
+        m(
             "an upward path through super:: from an inline module",
             &[(
                 "store/mod.rs",
@@ -1666,6 +1681,17 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
                 s("use crate::disk::keys as k;\nfn _m(s: &[u8]) -> Vec<u8> { k::tagged(b'i', s) }"),
             )],
             "sync/mod.rs",
+            "gives `keys::tagged` a tag",
+        ),
+        m(
+            "keys imported as {self as x}",
+            &[(
+                "controller/mod.rs",
+                s(
+                    "use crate::disk::{keys::{self as k}};\nfn _m(s: &[u8]) -> Vec<u8> { k::tagged(b'o', s) }",
+                ),
+            )],
+            "controller/mod.rs",
             "gives `keys::tagged` a tag",
         ),
         m(
