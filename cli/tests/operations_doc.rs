@@ -9,7 +9,7 @@
 //! an exit status list of its own, a table of its exit statuses (rows starting with a
 //! digit).
 //!
-//! `cargo test --release -p kube-persist-cli --test docs`.
+//! `cargo test --release -p kube-persist-cli --test operations_doc`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
