@@ -101,10 +101,6 @@ pub use sync::{
 };
 pub use sync::{Difference, Verdict, Verification};
 
-/// The former name of [`StreamConfig`], kept so that code written against it still builds.
-#[deprecated(note = "renamed to `StreamConfig` (kube-runtime's root `Config` is the controller's)")]
-pub type Config = StreamConfig;
-
 /// The README's code blocks are compiled as doctests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

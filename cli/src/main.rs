@@ -121,9 +121,6 @@ enum Command {
     Stats {
         /// The store directory.
         dir: PathBuf,
-        /// The same as `-o json`.
-        #[arg(long, hide = true)]
-        json: bool,
     },
     /// Print one stored object as JSON.
     #[command(after_help = GET_EXIT_STATUS)]
@@ -288,10 +285,7 @@ fn run(cli: Cli) -> Outcome {
     };
     match &cli.command {
         Command::Inspect { dir } => read::inspect(&reading(dir)?, output),
-        Command::Stats { dir, json } => {
-            let output = if *json { Output::Json } else { output };
-            read::stats(&reading(dir)?, output)
-        }
+        Command::Stats { dir } => read::stats(&reading(dir)?, output),
         Command::Get {
             dir,
             stream,

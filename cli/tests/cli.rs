@@ -243,7 +243,7 @@ async fn stats_text_and_json(engine: Engine) {
             run.out
         );
     }
-    let run = tool(&["stats", d, "--json"], &[], None);
+    let run = tool(&["stats", d, "-o", "json"], &[], None);
     assert_eq!(run.code, Some(0), "{}", run.err);
     let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
     assert_eq!(doc["engine"], engine.name());
@@ -451,7 +451,7 @@ async fn stats_shows_controller_state(engine: Engine) {
             run.out
         );
     }
-    let run = tool(&["stats", d, "--json"], &[], None);
+    let run = tool(&["stats", d, "-o", "json"], &[], None);
     let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
     let c = &doc["controllers"][0];
     assert_eq!(

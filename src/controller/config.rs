@@ -230,20 +230,6 @@ impl Config {
         self
     }
 
-    /// The former name of [`Config::pass_chunk`] ("sweep" now means only a relist's
-    /// deletions).
-    ///
-    /// ```
-    /// # #![allow(deprecated)]
-    /// use kube_persist::controller::Config;
-    /// assert_eq!(Config::default().sweep_chunk(100).get_pass_chunk(), 100);
-    /// ```
-    #[must_use]
-    #[deprecated(note = "renamed to `pass_chunk`")]
-    pub fn sweep_chunk(self, refs: usize) -> Self {
-        self.pass_chunk(refs)
-    }
-
     /// The configured concurrency limit (`0`: none).
     ///
     /// ```
@@ -322,17 +308,6 @@ impl Config {
     /// assert_eq!(kube_persist::controller::Config::default().get_pass_chunk(), 500);
     /// ```
     pub fn get_pass_chunk(&self) -> usize {
-        self.pass_chunk
-    }
-
-    /// The former name of [`Config::get_pass_chunk`].
-    ///
-    /// ```
-    /// # #![allow(deprecated)]
-    /// assert_eq!(kube_persist::controller::Config::default().get_sweep_chunk(), 500);
-    /// ```
-    #[deprecated(note = "renamed to `get_pass_chunk`")]
-    pub fn get_sweep_chunk(&self) -> usize {
         self.pass_chunk
     }
 }

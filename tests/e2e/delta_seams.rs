@@ -118,6 +118,8 @@ fn pod(name: &str, node: Option<&str>) -> Result<Pod, Fail> {
     let mut p = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"kp-e2e": "delta-seams"}},
         "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]}});
+    // `delta-relist-rbac` creates them in deploy/'s namespace, which enforces `restricted`.
+    crate::pod_security::restricted(&mut p);
     if let Some(node) = node {
         p["spec"]["nodeName"] = node.into();
     }

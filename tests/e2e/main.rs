@@ -23,6 +23,7 @@ mod delta_seams;
 mod deploy;
 mod fresh;
 mod kill;
+mod pod_security;
 mod scale;
 mod shard;
 mod support;
@@ -317,6 +318,9 @@ async fn default_server(suite: &mut Suite, a: Arc<Server>) {
         .run("deploy-manifests", deploy_manifests(a.clone()))
         .await;
     suite.run("deploy-rbac", deploy_rbac(a.clone())).await;
+    suite
+        .run("pod-security", pod_security::pod_security(a.clone()))
+        .await;
     suite.run("scale-2-3-2", scale::scale(a.clone())).await;
 }
 
