@@ -1,5 +1,5 @@
-//! `--cluster` mode of the example operator: the persistent operator against a real cluster,
-//! as it runs in a Pod (see `deploy/` and docs/kubernetes.md).
+//! The example operator against a real cluster (`--cluster`), as it runs in a Pod (see
+//! `deploy/` and docs/kubernetes.md).
 //!
 //! - The store lives in `--dir` (a volume), the shard comes from `--shard-index` (the
 //!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`,
@@ -45,7 +45,7 @@ use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 /// store is not encrypted when it is unset or empty.
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
-/// What `--cluster` mode needs from the command line.
+/// What the operator needs from the command line.
 #[derive(Debug, Clone)]
 pub struct ClusterOpts {
     /// The store directory (a volume in a Pod).
@@ -69,10 +69,10 @@ pub struct ClusterOpts {
     pub labels: Option<String>,
     /// `/livez` fails once the connected watch has been quiet this long.
     pub stale_after: Duration,
-    /// When the store's commits become durable. [`Durability::EveryBatch`] (the example's
-    /// `--cluster` default) lets the `kube-persist` tool read the store while the operator
-    /// runs (`kubectl exec <pod> -- kube-persist stats <dir>`); `Periodic` holds it
-    /// exclusively (BENCHMARKS.md, "Durability and the tool beside the operator").
+    /// When the store's commits become durable. [`Durability::EveryBatch`] (the operator's
+    /// default) lets the `kube-persist` tool read the store while the operator runs
+    /// (`kubectl exec <pod> -- kube-persist stats <dir>`); `Periodic` holds it exclusively
+    /// (BENCHMARKS.md, "Durability and the tool beside the operator").
     ///
     /// [`Durability::EveryBatch`]: kube_persist::Durability::EveryBatch
     pub durability: kube_persist::Durability,
