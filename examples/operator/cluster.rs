@@ -17,8 +17,10 @@
 //!   unless a restart would cure what is wrong: the watch is connected but
 //!   [`Reader::last_watch_activity`] is older than `--stale-after`, a stuck connection; or
 //!   the store failed on a full disk and space is back, which only a reopen recovers) and
-//!   `/metrics` (the `metrics` feature: `kube_persist_*` read from [`Reader::stats`] at
-//!   scrape time).
+//!   `/metrics` (the `metrics` feature: the store's `kube_persist_*{stream="pods"}` read
+//!   from [`Reader::stats`], and the controller's
+//!   `kube_persist_controller_*{controller="owner-labeler"}` read from its
+//!   `Controller::stats`, at scrape time).
 //! - SIGTERM (or SIGINT) stops the controller gracefully (no new reconcile, running ones
 //!   finish, the last reconcile-state batch is written), then the store is flushed and
 //!   closed and the process exits 0. The next start resumes the watch: no paginated LIST.
@@ -329,7 +331,9 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         #[cfg(feature = "metrics")]
         registry: {
             let mut registry = prometheus_client::registry::Registry::default();
-            kube_persist::metrics::Metrics::register(&mut registry).add("pods", &reader);
+            let metrics = kube_persist::metrics::Metrics::register(&mut registry);
+            metrics.add("pods", &reader);
+            metrics.add_controller(super::CONTROLLER_NAME, &controller.stats());
             std::sync::Arc::new(registry)
         },
     };

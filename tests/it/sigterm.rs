@@ -1,12 +1,13 @@
 //! Graceful shutdown of the example operator's `--cluster` mode (issue 27, item 4), the mode
 //! the `deploy/` manifests run: a child process runs `operator::cluster::run` against the
 //! testkit API server, with its probe port. The test checks the probes (`/readyz`,
-//! `/livez`, `/metrics`), SIGTERMs the operator while it labels Pods, and checks that it
-//! exits 0 well within a `terminationGracePeriodSeconds` of 30 s, that every Pod it labeled
-//! has its reconcile state on disk (the last batch written on shutdown), and that the
-//! restart makes 0 LIST calls and labels exactly the Pods left. And its liveness after a
-//! full disk (root: a tmpfs): `/livez` asks for a restart once space is back, not before,
-//! and the restarted operator recovers.
+//! `/livez`, `/metrics` with the store's and the controller's series), SIGTERMs the
+//! operator while it labels Pods, and checks that it exits 0 well within a
+//! `terminationGracePeriodSeconds` of 30 s, that every Pod it labeled has its reconcile
+//! state on disk (the last batch written on shutdown), and that the restart makes 0 LIST
+//! calls and labels exactly the Pods left. And its liveness after a full disk (root: a
+//! tmpfs): `/livez` asks for a restart once space is back, not before, and the restarted
+//! operator recovers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -204,6 +205,12 @@ fn assert_state_covers(dir: &std::path::Path, labeled: &[String]) {
     );
 }
 
+/// The value of the sample `series` (`name{labels}`) in an OpenMetrics text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// `operator stopped: <W> pods labeled, ...` -> W.
 fn writes(stopped: &str) -> usize {
     stopped
@@ -236,6 +243,14 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
             body.contains("kube_persist_ready{stream=\"pods\"} 1"),
             "metrics: {body}"
         );
+        // The controller's series beside the store's, under its durable state's name.
+        assert!(
+            body.contains(&format!(
+                "kube_persist_controller_active_workers{{controller=\"{}\"}}",
+                operator::CONTROLLER_NAME
+            )),
+            "no controller metrics: {body}"
+        );
     } else {
         assert_eq!(code, 404);
     }
@@ -243,6 +258,28 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
         h.counts().update as usize >= PODS / 3
     })
     .await;
+    if cfg!(feature = "metrics") {
+        // Each label written is a reconcile that returned `Ok` with its hourly requeue.
+        let reconciled = format!(
+            "kube_persist_controller_reconcile_total{{controller=\"{}\",result=\"requeue_after\"}}",
+            operator::CONTROLLER_NAME
+        );
+        let deadline = Instant::now() + common::WAIT;
+        loop {
+            let (code, body) = get(&addr, "/metrics").await;
+            assert_eq!(code, 200);
+            let count = sample(&body, &reconciled);
+            if count.is_some_and(|n| n >= (PODS / 3) as f64) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{reconciled} is {count:?}, not the {} reconciles of the pods labeled: {body}",
+                PODS / 3
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let (ok, took, stopped) = first.terminate();
     let before = labeled(&h);
     println!(
