@@ -44,7 +44,8 @@ use tokio::sync::watch;
 use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
 /// The environment variable holding the store's encryption key (64 hex characters); the
-/// store is not encrypted when it is unset or empty.
+/// store is not encrypted when it is unset or empty
+/// ([`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional)).
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
 /// What the operator needs from the command line.
@@ -282,15 +283,15 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         eprintln!("shard index {index} is not below --shards {shards}");
         return ExitCode::from(2);
     }
-    // Encrypted at rest when the key is given (deploy/: from an optional Secret).
+    // Encrypted at rest when the key is given (deploy/: from an optional Secret); unset or
+    // empty is no key, as for the `kube-persist` tool.
     let mut config = kube_persist::DbConfig::default().durability(opts.durability);
-    if std::env::var_os(KEY_ENV).is_some_and(|k| !k.is_empty()) {
-        match kube_persist::EncryptionKey::from_env(KEY_ENV) {
-            Ok(key) => config = config.encryption_key(key),
-            Err(e) => {
-                eprintln!("{KEY_ENV}: {e}");
-                return ExitCode::from(2);
-            }
+    match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
+        Ok(Some(key)) => config = config.encryption_key(key),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
         }
     }
     let db = match kube_persist::Db::open_with(&opts.dir, config) {

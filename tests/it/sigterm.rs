@@ -57,10 +57,18 @@ pub(crate) struct Operator {
 
 impl Operator {
     pub(crate) fn spawn(dir: &std::path::Path, url: &str) -> Operator {
-        let mut child = common::spawn_self(
-            "sigterm::cluster_child",
-            &[(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())],
-        );
+        Operator::spawn_with(dir, url, &[])
+    }
+
+    /// [`Operator::spawn`] with more environment variables.
+    pub(crate) fn spawn_with(
+        dir: &std::path::Path,
+        url: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Operator {
+        let mut envs = vec![(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())];
+        envs.extend_from_slice(env);
+        let mut child = common::spawn_self("sigterm::cluster_child", &envs);
         // libtest may print `test cluster_child ... ` in front of the first line.
         let lines = common::collect_stdout(&mut child, |l| {
             l.contains("operator listening on ") || l.contains("operator stopped: ")
@@ -97,6 +105,14 @@ impl Operator {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits until the process exits by itself: (success, the lines it printed).
+    pub(crate) fn wait(mut self) -> (bool, Vec<String>) {
+        let status = self.child.wait().expect("wait for the operator");
+        // The stdout thread has the last line once the pipe is closed.
+        std::thread::sleep(Duration::from_millis(100));
+        (status.success(), self.lines.lock().unwrap().clone())
     }
 
     /// SIGKILL (a crash, an OOM kill), then reaps the process.
@@ -399,4 +415,49 @@ async fn livez_asks_for_a_restart_once_space_is_back() {
     let (ok, _, stopped) = op.terminate();
     assert!(ok, "the restarted operator exits 0: {stopped}");
     drop(fs);
+}
+
+/// `KUBE_PERSIST_KEY` as the operator reads it, by the library's one rule
+/// (`EncryptionKey::from_env_optional`, which the `kube-persist` tool follows too): empty is
+/// no key (the store is written unencrypted), 64 hex characters encrypt the store, and any
+/// other value stops the operator before it opens the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_env_empty_is_no_key() {
+    common::init_tracing();
+    let server = common::pod_server(20).await;
+    let url = server.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let hex = "5a".repeat(32);
+    let fingerprint = kube_persist::EncryptionKey::from_hex(&hex)
+        .unwrap()
+        .fingerprint();
+    for (value, want) in [("", None), (hex.as_str(), Some(fingerprint))] {
+        let dir = tmp.path().join(format!("store-{}", value.len()));
+        let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", value.as_ref())]);
+        op.ready().await;
+        let (ok, _, stopped) = op.terminate();
+        assert!(
+            ok,
+            "KUBE_PERSIST_KEY={value:?}: the operator failed: {stopped}"
+        );
+        let db = Db::open(&dir).unwrap();
+        let streams = db.streams().unwrap();
+        assert_eq!(streams.len(), 1, "{streams:?}");
+        assert_eq!(
+            streams[0].key_fingerprint, want,
+            "KUBE_PERSIST_KEY={value:?}: the store's key"
+        );
+    }
+    let dir = tmp.path().join("store-bad");
+    let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", "not-a-key".as_ref())]);
+    let (ok, lines) = op.wait();
+    assert!(
+        !ok,
+        "the operator ran with KUBE_PERSIST_KEY=not-a-key: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("operator listening on ")),
+        "{lines:?}"
+    );
+    assert!(!dir.exists(), "a store was created with a bad key");
 }
