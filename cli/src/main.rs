@@ -331,11 +331,7 @@ fn key(file: Option<&Path>) -> Result<Option<EncryptionKey>, Failure> {
     if let Some(path) = file {
         return Ok(Some(EncryptionKey::from_file(path)?));
     }
-    match std::env::var_os("KUBE_PERSIST_KEY") {
-        // from_env wipes its copy of the variable's value once parsed.
-        Some(_) => EncryptionKey::from_env("KUBE_PERSIST_KEY")
-            .map(Some)
-            .map_err(|e| Failure::Error(format!("KUBE_PERSIST_KEY: {e}"))),
-        None => Ok(None),
-    }
+    // Unset or empty: no key, as in the example operator (the library's one rule, which
+    // also wipes its copy of the variable's value once parsed).
+    Ok(EncryptionKey::from_env_optional("KUBE_PERSIST_KEY")?)
 }

@@ -334,6 +334,18 @@ async fn cli_inspect_get_dump_with_and_without_key(engine: Engine) {
     let (code, out, err) = cli(&["get", d, "pods", "ns-1/pod-1"], false);
     assert_eq!(code, Some(2), "{out}");
     assert!(err.contains("encrypted") && out.is_empty(), "{err}");
+    // An empty KUBE_PERSIST_KEY is no key: the same refusal, not a bad key.
+    let run = tool(
+        &["get", d, "pods", "ns-1/pod-1"],
+        &[("KUBE_PERSIST_KEY", "")],
+        None,
+    );
+    assert_eq!(run.code, Some(2), "{}", run.out);
+    assert!(
+        run.err.contains("encrypted") && !run.err.contains("KUBE_PERSIST_KEY"),
+        "{}",
+        run.err
+    );
     let (code, out, _) = cli(&["get", d, "pods", "ns-1/pod-1"], true);
     assert_eq!(code, Some(0));
     let pod: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -810,6 +822,28 @@ fn help_lists_exit_statuses() {
         );
         assert_eq!(documented_status(&run.out, "an error"), 2, "{command}");
     }
+}
+
+/// `KUBE_PERSIST_KEY` unset or empty is no key (as for the example operator, whose
+/// optional Secret may leave it empty): the tool reads an unencrypted store either way. Any
+/// other value that is not 64 hex characters is an error naming the variable.
+#[test]
+fn empty_key_env_is_no_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    drop(Db::open(&dir).unwrap());
+    let d = dir.to_str().unwrap();
+    for env in [
+        &[][..],
+        &[("KUBE_PERSIST_KEY", "")],
+        &[("KUBE_PERSIST_KEY", " \n")],
+    ] {
+        let run = tool(&["inspect", d], env, None);
+        assert_eq!(run.code, Some(0), "{env:?}: {}", run.err);
+    }
+    let run = tool(&["inspect", d], &[("KUBE_PERSIST_KEY", "0a0b")], None);
+    assert_eq!(run.code, Some(2), "{}", run.out);
+    assert!(run.err.contains("KUBE_PERSIST_KEY"), "{}", run.err);
 }
 
 engine_tests! {

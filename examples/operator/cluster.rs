@@ -1,5 +1,5 @@
-//! `--cluster` mode of the example operator: the persistent operator against a real cluster,
-//! as it runs in a Pod (see `deploy/` and docs/kubernetes.md).
+//! The example operator against a real cluster (`--cluster`), as it runs in a Pod (see
+//! `deploy/` and docs/kubernetes.md).
 //!
 //! - The store lives in `--dir` (a volume), the shard comes from `--shard-index` (the
 //!   StatefulSet ordinal: a number, or a Pod name ending in `-<ordinal>`) and `--shards`,
@@ -17,8 +17,10 @@
 //!   unless a restart would cure what is wrong: the watch is connected but
 //!   [`Reader::last_watch_activity`] is older than `--stale-after`, a stuck connection; or
 //!   the store failed on a full disk and space is back, which only a reopen recovers) and
-//!   `/metrics` (the `metrics` feature: `kube_persist_*` read from [`Reader::stats`] at
-//!   scrape time).
+//!   `/metrics` (the `metrics` feature: the store's `kube_persist_*{stream="pods"}` read
+//!   from [`Reader::stats`], and the controller's
+//!   `kube_persist_controller_*{controller="owner-labeler"}` read from its
+//!   `Controller::stats`, at scrape time).
 //! - SIGTERM (or SIGINT) stops the controller gracefully (no new reconcile, running ones
 //!   finish, the last reconcile-state batch is written), then the store is flushed and
 //!   closed and the process exits 0. The next start resumes the watch: no paginated LIST.
@@ -42,10 +44,11 @@ use tokio::sync::watch;
 use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
 /// The environment variable holding the store's encryption key (64 hex characters); the
-/// store is not encrypted when it is unset or empty.
+/// store is not encrypted when it is unset or empty
+/// ([`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional)).
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
-/// What `--cluster` mode needs from the command line.
+/// What the operator needs from the command line.
 #[derive(Debug, Clone)]
 pub struct ClusterOpts {
     /// The store directory (a volume in a Pod).
@@ -69,10 +72,10 @@ pub struct ClusterOpts {
     pub labels: Option<String>,
     /// `/livez` fails once the connected watch has been quiet this long.
     pub stale_after: Duration,
-    /// When the store's commits become durable. [`Durability::EveryBatch`] (the example's
-    /// `--cluster` default) lets the `kube-persist` tool read the store while the operator
-    /// runs (`kubectl exec <pod> -- kube-persist stats <dir>`); `Periodic` holds it
-    /// exclusively (BENCHMARKS.md, "Durability and the tool beside the operator").
+    /// When the store's commits become durable. [`Durability::EveryBatch`] (the operator's
+    /// default) lets the `kube-persist` tool read the store while the operator runs
+    /// (`kubectl exec <pod> -- kube-persist stats <dir>`); `Periodic` holds it exclusively
+    /// (BENCHMARKS.md, "Durability and the tool beside the operator").
     ///
     /// [`Durability::EveryBatch`]: kube_persist::Durability::EveryBatch
     pub durability: kube_persist::Durability,
@@ -280,15 +283,15 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         eprintln!("shard index {index} is not below --shards {shards}");
         return ExitCode::from(2);
     }
-    // Encrypted at rest when the key is given (deploy/: from an optional Secret).
+    // Encrypted at rest when the key is given (deploy/: from an optional Secret); unset or
+    // empty is no key, as for the `kube-persist` tool.
     let mut config = kube_persist::DbConfig::default().durability(opts.durability);
-    if std::env::var_os(KEY_ENV).is_some_and(|k| !k.is_empty()) {
-        match kube_persist::EncryptionKey::from_env(KEY_ENV) {
-            Ok(key) => config = config.encryption_key(key),
-            Err(e) => {
-                eprintln!("{KEY_ENV}: {e}");
-                return ExitCode::from(2);
-            }
+    match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
+        Ok(Some(key)) => config = config.encryption_key(key),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
         }
     }
     let db = match kube_persist::Db::open_with(&opts.dir, config) {
@@ -329,7 +332,9 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         #[cfg(feature = "metrics")]
         registry: {
             let mut registry = prometheus_client::registry::Registry::default();
-            kube_persist::metrics::Metrics::register(&mut registry).add("pods", &reader);
+            let metrics = kube_persist::metrics::Metrics::register(&mut registry);
+            metrics.add("pods", &reader);
+            metrics.add_controller(super::CONTROLLER_NAME, &controller.stats());
             std::sync::Arc::new(registry)
         },
     };

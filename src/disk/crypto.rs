@@ -110,7 +110,8 @@ impl EncryptionKey {
         Self::from_hex(&text)
     }
 
-    /// Read a hex key from an environment variable.
+    /// Read a hex key from an environment variable that must hold one. For a key that may
+    /// be left out, [`EncryptionKey::from_env_optional`].
     ///
     /// ```
     /// use kube_persist::EncryptionKey;
@@ -124,6 +125,48 @@ impl EncryptionKey {
                 .map_err(|_| Error::Config(format!("environment variable {var} is not set")))?,
         );
         Self::from_hex(&text)
+    }
+
+    /// Read an optional hex key from an environment variable: no key (`Ok(None)`) when the
+    /// variable is unset or empty, the key when it holds 64 hexadecimal characters, and
+    /// [`Error::Config`] naming the variable otherwise (another text, or not UTF-8).
+    /// Whitespace around the key is ignored, as [`EncryptionKey::from_hex`] does, so a
+    /// value of whitespace alone is empty.
+    ///
+    /// This is what `KUBE_PERSIST_KEY` means to the `kube-persist` tool and to the example
+    /// operator: in Kubernetes the variable comes from an optional Secret
+    /// (`secretKeyRef` with `optional: true`, as in `deploy/statefulset.yaml`), which leaves
+    /// it unset when the Secret is missing, and a Secret whose value is empty gives no key
+    /// either. Without a key a new store is written unencrypted; a store written with one
+    /// is refused without it ([`Error::Encryption`]), never read or wiped.
+    ///
+    /// ```
+    /// use kube_persist::EncryptionKey;
+    /// // Unset (or empty): no key, not an error.
+    /// assert!(EncryptionKey::from_env_optional("KUBE_PERSIST_DOC_UNSET_KEY")?.is_none());
+    /// # Ok::<(), kube_persist::Error>(())
+    /// ```
+    pub fn from_env_optional(var: &str) -> Result<Option<Self>> {
+        Self::from_optional_value(var, std::env::var_os(var))
+    }
+
+    /// [`EncryptionKey::from_env_optional`]'s rule on the variable's value (`None`: unset).
+    fn from_optional_value(var: &str, value: Option<std::ffi::OsString>) -> Result<Option<Self>> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let text = Zeroizing::new(value.into_string().map_err(|raw| {
+            // Wipe the bytes, which are not a key either.
+            drop(Zeroizing::new(raw.into_encoded_bytes()));
+            Error::Config(format!("environment variable {var} is not UTF-8"))
+        })?);
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        Self::from_hex(&text).map(Some).map_err(|e| match e {
+            Error::Config(why) => Error::Config(format!("environment variable {var}: {why}")),
+            e => e,
+        })
     }
 
     /// A short, non-reversible identifier of the key (first 8 bytes of a domain-separated
@@ -243,6 +286,35 @@ mod tests {
             fp.bytes()
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         );
+    }
+
+    /// Unset, empty and whitespace are no key; a key is a key; anything else is an error
+    /// naming the variable.
+    #[test]
+    fn optional_env_key() {
+        use std::ffi::OsString;
+        let key = |v: Option<&str>| {
+            EncryptionKey::from_optional_value("KEY_VAR", v.map(OsString::from))
+                .map(|k| k.map(|k| **k.0))
+        };
+        for none in [None, Some(""), Some(" \n")] {
+            assert_eq!(key(none).unwrap(), None, "{none:?}");
+        }
+        assert_eq!(key(Some(&"0a".repeat(32))).unwrap(), Some([10; 32]));
+        for bad in ["0a", "no key", &"0a".repeat(33)] {
+            let err = key(Some(bad)).unwrap_err();
+            assert!(
+                matches!(&err, Error::Config(m) if m.contains("KEY_VAR")),
+                "{bad:?}: {err}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let raw = OsString::from_vec(vec![0xff; 64]);
+            let err = EncryptionKey::from_optional_value("KEY_VAR", Some(raw)).unwrap_err();
+            assert!(err.to_string().contains("KEY_VAR is not UTF-8"), "{err}");
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Graceful shutdown of the example operator's `--cluster` mode (issue 27, item 4), the mode
 //! the `deploy/` manifests run: a child process runs `operator::cluster::run` against the
 //! testkit API server, with its probe port. The test checks the probes (`/readyz`,
-//! `/livez`, `/metrics`), SIGTERMs the operator while it labels Pods, and checks that it
-//! exits 0 well within a `terminationGracePeriodSeconds` of 30 s, that every Pod it labeled
-//! has its reconcile state on disk (the last batch written on shutdown), and that the
-//! restart makes 0 LIST calls and labels exactly the Pods left. And its liveness after a
-//! full disk (root: a tmpfs): `/livez` asks for a restart once space is back, not before,
-//! and the restarted operator recovers.
+//! `/livez`, `/metrics` with the store's and the controller's series), SIGTERMs the
+//! operator while it labels Pods, and checks that it exits 0 well within a
+//! `terminationGracePeriodSeconds` of 30 s, that every Pod it labeled has its reconcile
+//! state on disk (the last batch written on shutdown), and that the restart makes 0 LIST
+//! calls and labels exactly the Pods left. And its liveness after a full disk (root: a
+//! tmpfs): `/livez` asks for a restart once space is back, not before, and the restarted
+//! operator recovers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,10 +57,18 @@ pub(crate) struct Operator {
 
 impl Operator {
     pub(crate) fn spawn(dir: &std::path::Path, url: &str) -> Operator {
-        let mut child = common::spawn_self(
-            "sigterm::cluster_child",
-            &[(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())],
-        );
+        Operator::spawn_with(dir, url, &[])
+    }
+
+    /// [`Operator::spawn`] with more environment variables.
+    pub(crate) fn spawn_with(
+        dir: &std::path::Path,
+        url: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Operator {
+        let mut envs = vec![(DIR_ENV, dir.as_os_str()), (URL_ENV, url.as_ref())];
+        envs.extend_from_slice(env);
+        let mut child = common::spawn_self("sigterm::cluster_child", &envs);
         // libtest may print `test cluster_child ... ` in front of the first line.
         let lines = common::collect_stdout(&mut child, |l| {
             l.contains("operator listening on ") || l.contains("operator stopped: ")
@@ -96,6 +105,14 @@ impl Operator {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits until the process exits by itself: (success, the lines it printed).
+    pub(crate) fn wait(mut self) -> (bool, Vec<String>) {
+        let status = self.child.wait().expect("wait for the operator");
+        // The stdout thread has the last line once the pipe is closed.
+        std::thread::sleep(Duration::from_millis(100));
+        (status.success(), self.lines.lock().unwrap().clone())
     }
 
     /// SIGKILL (a crash, an OOM kill), then reaps the process.
@@ -204,6 +221,12 @@ fn assert_state_covers(dir: &std::path::Path, labeled: &[String]) {
     );
 }
 
+/// The value of the sample `series` (`name{labels}`) in an OpenMetrics text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// `operator stopped: <W> pods labeled, ...` -> W.
 fn writes(stopped: &str) -> usize {
     stopped
@@ -236,6 +259,14 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
             body.contains("kube_persist_ready{stream=\"pods\"} 1"),
             "metrics: {body}"
         );
+        // The controller's series beside the store's, under its durable state's name.
+        assert!(
+            body.contains(&format!(
+                "kube_persist_controller_active_workers{{controller=\"{}\"}}",
+                operator::CONTROLLER_NAME
+            )),
+            "no controller metrics: {body}"
+        );
     } else {
         assert_eq!(code, 404);
     }
@@ -243,6 +274,28 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
         h.counts().update as usize >= PODS / 3
     })
     .await;
+    if cfg!(feature = "metrics") {
+        // Each label written is a reconcile that returned `Ok` with its hourly requeue.
+        let reconciled = format!(
+            "kube_persist_controller_reconcile_total{{controller=\"{}\",result=\"requeue_after\"}}",
+            operator::CONTROLLER_NAME
+        );
+        let deadline = Instant::now() + common::WAIT;
+        loop {
+            let (code, body) = get(&addr, "/metrics").await;
+            assert_eq!(code, 200);
+            let count = sample(&body, &reconciled);
+            if count.is_some_and(|n| n >= (PODS / 3) as f64) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{reconciled} is {count:?}, not the {} reconciles of the pods labeled: {body}",
+                PODS / 3
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let (ok, took, stopped) = first.terminate();
     let before = labeled(&h);
     println!(
@@ -362,4 +415,49 @@ async fn livez_asks_for_a_restart_once_space_is_back() {
     let (ok, _, stopped) = op.terminate();
     assert!(ok, "the restarted operator exits 0: {stopped}");
     drop(fs);
+}
+
+/// `KUBE_PERSIST_KEY` as the operator reads it, by the library's one rule
+/// (`EncryptionKey::from_env_optional`, which the `kube-persist` tool follows too): empty is
+/// no key (the store is written unencrypted), 64 hex characters encrypt the store, and any
+/// other value stops the operator before it opens the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_env_empty_is_no_key() {
+    common::init_tracing();
+    let server = common::pod_server(20).await;
+    let url = server.url();
+    let tmp = tempfile::tempdir().unwrap();
+    let hex = "5a".repeat(32);
+    let fingerprint = kube_persist::EncryptionKey::from_hex(&hex)
+        .unwrap()
+        .fingerprint();
+    for (value, want) in [("", None), (hex.as_str(), Some(fingerprint))] {
+        let dir = tmp.path().join(format!("store-{}", value.len()));
+        let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", value.as_ref())]);
+        op.ready().await;
+        let (ok, _, stopped) = op.terminate();
+        assert!(
+            ok,
+            "KUBE_PERSIST_KEY={value:?}: the operator failed: {stopped}"
+        );
+        let db = Db::open(&dir).unwrap();
+        let streams = db.streams().unwrap();
+        assert_eq!(streams.len(), 1, "{streams:?}");
+        assert_eq!(
+            streams[0].key_fingerprint, want,
+            "KUBE_PERSIST_KEY={value:?}: the store's key"
+        );
+    }
+    let dir = tmp.path().join("store-bad");
+    let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", "not-a-key".as_ref())]);
+    let (ok, lines) = op.wait();
+    assert!(
+        !ok,
+        "the operator ran with KUBE_PERSIST_KEY=not-a-key: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("operator listening on ")),
+        "{lines:?}"
+    );
+    assert!(!dir.exists(), "a store was created with a bad key");
 }
