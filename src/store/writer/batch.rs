@@ -40,6 +40,16 @@ impl Writer {
         let mut batch = WriteBatch::default();
         let window = self.window_update(&mut batch, &next, fetched);
         let epoch = next.epoch;
+        // Records and marks carry the epoch of the list under way: a new epoch begins with
+        // an empty batch (`begin_list`), so no object is written in a batch that changes it.
+        debug_assert!(
+            ops.is_empty() || epoch == self.state.epoch,
+            "objects written in the batch that begins epoch {epoch}"
+        );
+        // Only a list may replace a stored version with an older one (its pages are the
+        // server's state at the list's resourceVersion, older than what a delta relist
+        // fetched); a watch applies the events after the checkpoint, in the server's order.
+        let relisting = matches!(self.state.phase, Phase::Listing { .. });
         let mut changes = Vec::new();
         // Versions written earlier in this batch (a burst may touch one object twice).
         let mut pending: HashMap<Vec<u8>, Option<Head>> = HashMap::new();
@@ -74,6 +84,20 @@ impl Writer {
                 }
                 Op::Put(o) => {
                     if let Some(head) = &existing {
+                        debug_assert!(
+                            relisting
+                                || !matches!(
+                                    resource_version::compare(
+                                        &o.resource_version,
+                                        &head.resource_version
+                                    ),
+                                    Ok(std::cmp::Ordering::Less)
+                                ),
+                            "outside a relist, stored version {} of {} replaced by the older {}",
+                            head.resource_version,
+                            keys::display(&o.suffix),
+                            o.resource_version
+                        );
                         if head.resource_version == o.resource_version {
                             unchanged += 1;
                             if mark_unchanged && head.epoch != epoch {

@@ -394,6 +394,16 @@ impl Writer {
         tally: Tally,
         window: Option<String>,
     ) -> Result<()> {
+        debug_assert_eq!(
+            self.state.violation(&next),
+            None,
+            "a batch of {} breaks an invariant of its state: {:?} after {:?}",
+            self.path.display(),
+            next,
+            self.state
+        );
+        // The state is the batch's last write: the checkpoint goes to disk with the data
+        // it covers, never in a batch of its own.
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
         // Readers must not keep (or re-insert) cached versions of what this batch changes.
