@@ -46,9 +46,8 @@ impl Writer {
             ops.is_empty() || epoch == self.state.epoch,
             "objects written in the batch that begins epoch {epoch}"
         );
-        // Only a list may replace a stored version with an older one (its pages are the
-        // server's state at the list's resourceVersion, older than what a delta relist
-        // fetched); a watch applies the events after the checkpoint, in the server's order.
+        // A list may replace a stored version with an older one (its pages are the server's
+        // state at the list's resourceVersion, older than what a delta relist fetched).
         let relisting = matches!(self.state.phase, Phase::Listing { .. });
         let mut changes = Vec::new();
         // Versions written earlier in this batch (a burst may touch one object twice).
@@ -84,8 +83,16 @@ impl Writer {
                 }
                 Op::Put(o) => {
                     if let Some(head) = &existing {
+                        // What the writer itself guarantees: while a delta relist's window is
+                        // open, a watch never brings back a version older than the one stored
+                        // (the fetched bodies are newer than the replayed events). Outside the
+                        // window the server's order is authoritative, even for an event older
+                        // than the stored version (`tests/it/delta_seams.rs`,
+                        // `outside_the_window_an_older_event_applies`): an assertion there
+                        // would panic on what a server sent.
                         debug_assert!(
                             relisting
+                                || !newest_kept
                                 || !matches!(
                                     resource_version::compare(
                                         &o.resource_version,
@@ -93,7 +100,7 @@ impl Writer {
                                     ),
                                     Ok(std::cmp::Ordering::Less)
                                 ),
-                            "outside a relist, stored version {} of {} replaced by the older {}",
+                            "in a delta relist's window, stored version {} of {} replaced by the older {}",
                             head.resource_version,
                             keys::display(&o.suffix),
                             o.resource_version
