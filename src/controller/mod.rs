@@ -412,24 +412,6 @@ where
         self.reader.clone()
     }
 
-    /// The [`Reader`] of the controlled objects, under kube-runtime's name
-    /// (`Controller::store`), so that ported code keeps its calls. The same as
-    /// [`Controller::reader`].
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///     Default::default(), Config::default())?;
-    /// let store = controller.store();
-    /// println!("{} pods", store.len());
-    /// # Ok(()) }
-    /// ```
-    pub fn store(&self) -> Reader<K> {
-        self.reader.clone()
-    }
-
     /// Reconciles each object reference `trigger` yields (kube-runtime's `reconcile_on`).
     ///
     /// ```no_run

@@ -149,12 +149,12 @@ pub(crate) fn suffix_ref<K: Resource>(suffix: &[u8], dyntype: K::DynamicType) ->
     }
 }
 
-/// The read of one chunk, on the blocking pool: the sweep comes back with the chunk.
-type Reading<K> = JoinHandle<(Box<Sweep<K>>, crate::model::Result<Chunk<K>>)>;
+/// The read of one chunk, on the blocking pool: the walk comes back with the chunk.
+type Reading<K> = JoinHandle<(Box<Walk<K>>, crate::model::Result<Chunk<K>>)>;
 
 /// A running pass; dropping it stops it after the chunk being read, if any.
 pub(crate) struct Pass<K: Resource> {
-    sweep: Option<Box<Sweep<K>>>,
+    walk: Option<Box<Walk<K>>>,
     reading: Option<Reading<K>>,
 }
 
@@ -174,7 +174,7 @@ where
         options: MergeOptions,
         stats: ControllerStats,
     ) -> Self {
-        let sweep = Sweep {
+        let walk = Walk {
             reader,
             ks: ks.filter(|_| record.mode != PassMode::Every),
             dyntype,
@@ -190,7 +190,7 @@ where
             stats,
         };
         Pass {
-            sweep: Some(Box::new(sweep)),
+            walk: Some(Box::new(walk)),
             reading: None,
         }
     }
@@ -202,18 +202,18 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<crate::model::Result<Chunk<K>>>> {
         if self.reading.is_none() {
-            let Some(mut sweep) = self.sweep.take() else {
+            let Some(mut walk) = self.walk.take() else {
                 return Poll::Ready(None);
             };
             self.reading = Some(tokio::task::spawn_blocking(move || {
-                let chunk = sweep.next_chunk();
-                (sweep, chunk)
+                let chunk = walk.next_chunk();
+                (walk, chunk)
             }));
         }
         let reading = self.reading.as_mut().expect("set above");
         let done = futures::ready!(reading.poll_unpin(cx));
         self.reading = None;
-        let (sweep, chunk) = match done {
+        let (walk, chunk) = match done {
             Ok(done) => done,
             Err(e) => {
                 return Poll::Ready(Some(Err(crate::model::Error::Storage {
@@ -224,9 +224,9 @@ where
         };
         if let Ok(chunk) = &chunk {
             if chunk.end {
-                sweep.finished();
+                walk.finished();
             } else {
-                self.sweep = Some(sweep);
+                self.walk = Some(walk);
             }
         }
         Poll::Ready(Some(chunk))
@@ -284,8 +284,8 @@ struct Counts {
     forgotten: u64,
 }
 
-/// The state of a pass between chunks.
-struct Sweep<K: Resource> {
+/// A pass walking its circle: its state between chunks.
+struct Walk<K: Resource> {
     reader: Reader<K>,
     /// The reconcile records, for a merge (`None`: every object, no records).
     ks: Option<Arc<ControllerKeyspace>>,
@@ -303,7 +303,7 @@ struct Sweep<K: Resource> {
     stats: ControllerStats,
 }
 
-impl<K> Sweep<K>
+impl<K> Walk<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone,

@@ -72,6 +72,12 @@ pub(crate) fn chunk(
     after: Option<&[u8]>,
     limit: usize,
 ) -> std::iter::Take<Box<dyn Iterator<Item = Result<Entry>> + Send>> {
+    // A cursor is the last key of a chunk of this same scan: one of another tag (or
+    // none at all, an empty key) would resume another scan, or start this one over.
+    debug_assert!(
+        after.is_none_or(|k| k.first() == Some(&tag)),
+        "a cursor of another scan: {after:?} for tag {tag}"
+    );
     let (start, end) = range(tag, None);
     let from = match after {
         Some(last) => {

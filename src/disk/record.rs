@@ -241,6 +241,24 @@ impl Packed {
     }
 }
 
+/// What an object record is made of, for [`Record::sealed`].
+pub(crate) struct Sealing<'a> {
+    /// The record's key: encrypted bodies are bound to it.
+    pub(crate) key: &'a [u8],
+    pub(crate) resource_version: String,
+    pub(crate) uid: String,
+    /// The list epoch that writes it.
+    pub(crate) epoch: u64,
+    /// The plaintext JSON body (empty for a keys-only store).
+    pub(crate) plain: &'a [u8],
+    /// The body already compressed with `compress` ([`Packed::new`], done where the object
+    /// was parsed), or `None` to compress it here.
+    pub(crate) packed: Option<Packed>,
+    /// The store's cipher, if it is encrypted.
+    pub(crate) cipher: Option<&'a Cipher>,
+    pub(crate) compress: Compression,
+}
+
 impl Record {
     /// Authenticated data binding an encrypted body to its key and envelope.
     fn aad(&self, key: &[u8]) -> Vec<u8> {
@@ -253,20 +271,19 @@ impl Record {
         )
     }
 
-    /// A record for `key` whose body is sealed with `cipher` (if the store is encrypted).
-    /// `packed`: the body already compressed with `compress` ([`Packed::new`], done where
-    /// the object was parsed), or `None` to compress it here.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sealed(
-        key: &[u8],
-        resource_version: String,
-        uid: String,
-        epoch: u64,
-        plain: &[u8],
-        packed: Option<Packed>,
-        cipher: Option<&Cipher>,
-        compress: Compression,
-    ) -> Record {
+    /// The record [`Sealing`] describes: its body packed and sealed with its cipher (if
+    /// the store is encrypted).
+    pub(crate) fn sealed(sealing: Sealing<'_>) -> Record {
+        let Sealing {
+            key,
+            resource_version,
+            uid,
+            epoch,
+            plain,
+            packed,
+            cipher,
+            compress,
+        } = sealing;
         let packed = packed.unwrap_or_else(|| Packed::new(plain, compress)).0;
         let mut rec = Record {
             resource_version,
@@ -404,7 +421,16 @@ mod tests {
             (Compression::Lz4, Some(&cipher)),
             (Compression::Zstd, Some(&cipher)),
         ] {
-            let rec = Record::sealed(key, "7".into(), "u".into(), 1, json, None, c, compress);
+            let rec = Record::sealed(Sealing {
+                key,
+                resource_version: "7".into(),
+                uid: "u".into(),
+                epoch: 1,
+                plain: json,
+                packed: None,
+                cipher: c,
+                compress,
+            });
             let bytes = encode(&rec);
             let view = decode_ref(&bytes).unwrap();
             assert_eq!(&*view.open(key, c).unwrap(), json, "compress {compress:?}");

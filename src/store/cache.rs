@@ -197,7 +197,17 @@ impl HotCache {
             return;
         }
         let mut inner = self.lock();
+        debug_assert!(
+            inner.in_flight.is_empty(),
+            "write-through during a write: the cache could hold an object older than the disk"
+        );
         for (key, value, json_len) in fresh {
+            // The hot cache is never older than the disk: a fresh object is of the write
+            // that just ended (no write began since), so it is the newest version of its key.
+            debug_assert!(
+                inner.written_by_last_write(&key),
+                "write-through of {key:?}, which the last write did not write"
+            );
             let cost = json_len.saturating_mul(DECODED_PER_JSON_BYTE);
             if cost > max_bytes {
                 continue;
@@ -219,6 +229,10 @@ impl HotCache {
             return;
         }
         let mut inner = self.lock();
+        debug_assert!(
+            inner.in_flight.is_empty(),
+            "two writes at once: a stream has a single writer"
+        );
         inner.seq += 1;
         for k in keys {
             if let Some((_, c)) = inner.map.pop(k) {
@@ -248,6 +262,15 @@ impl HotCache {
 }
 
 impl Inner {
+    /// Whether `key` was written by the write that ended last, with no write begun since:
+    /// remembered with the current sequence number, or forgotten by that same write.
+    fn written_by_last_write(&self, key: &[u8]) -> bool {
+        match self.recent.peek(key) {
+            Some(&at) => at == self.seq,
+            None => self.forgotten == self.seq,
+        }
+    }
+
     fn put(&mut self, key: Vec<u8>, value: Arc<dyn Any + Send + Sync>, cost: usize) {
         if let Some((_, old)) = self.map.put(key, (value, cost)) {
             self.bytes -= old;
@@ -263,6 +286,11 @@ impl Inner {
                 None => break,
             }
         }
+        debug_assert!(
+            self.bytes <= max_bytes,
+            "{} bytes cached over a budget of {max_bytes}",
+            self.bytes
+        );
     }
 }
 
@@ -350,12 +378,43 @@ mod tests {
         c.put_fresh(vec![(b"a".to_vec(), Arc::new(2u32), 10)]);
         assert_eq!(*c.get(b"a").unwrap().downcast::<u32>().unwrap(), 2);
         // Within the budget: 10 entries of 100 bytes; too large ones are not cached.
+        let keys: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i]).collect();
+        c.begin_write(keys.iter().map(Vec::as_slice));
+        c.end_write();
         c.put_fresh((0..12u8).map(|i| (vec![i], Arc::new(i) as _, 10)).collect());
         assert!(!c.contains(b"a") && !c.contains(&[0]) && c.contains(&[11]));
+        c.begin_write([b"big".as_slice()].into_iter());
+        c.end_write();
         c.put_fresh(vec![(b"big".to_vec(), Arc::new(0u8), 101)]);
         assert!(!c.contains(b"big"));
         c.reset(1000);
         assert!(!c.contains(&[11]), "a reopen forgets them");
+    }
+
+    /// The write-through invariant is asserted in the test command (debug assertions on
+    /// for this workspace's packages in the release profile, `Cargo.toml`): caching an
+    /// object the last write did not write panics there. Fails if the test command runs
+    /// without debug assertions, or if `put_fresh` stops checking.
+    #[test]
+    fn a_write_through_of_an_unwritten_key_panics_in_the_test_command() {
+        let c = HotCache::new(1000);
+        c.begin_write([b"a".as_slice()].into_iter());
+        c.end_write();
+        c.put_fresh(vec![(b"a".to_vec(), Arc::new(1u32), 10)]);
+        let stale = std::panic::catch_unwind(|| {
+            c.put_fresh(vec![(b"b".to_vec(), Arc::new(2u32), 10)]);
+        });
+        assert!(
+            stale.is_err(),
+            "a write-through of a key the last write did not write was accepted: are debug \
+             assertions off in the test command?"
+        );
+        // So is one during a write (before its end): the disk may not hold it yet.
+        c.begin_write([b"a".as_slice()].into_iter());
+        let early = std::panic::catch_unwind(|| {
+            c.put_fresh(vec![(b"a".to_vec(), Arc::new(3u32), 10)]);
+        });
+        assert!(early.is_err(), "a write-through before the write ended");
     }
 
     #[test]

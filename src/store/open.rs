@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::stream_state::{Identity, Phase, State};
+use super::writer::WriterParts;
 use super::{Dir, Reader, StatusTx, Writer};
 use crate::disk::record;
 use crate::disk::{Backend, LeaseCloser, StreamLease, WriteBatch, keys};
@@ -56,16 +57,16 @@ impl Dir {
         let cache = self.hot_cache(name, hot_cache_bytes);
         let cipher = self.cipher();
         let closer = opened.lease.closer();
-        let mut writer = Writer::new(
-            opened.backend.clone(),
-            path.clone(),
-            opened.state,
-            tx,
-            stats.clone(),
-            cache.clone(),
-            cipher.clone(),
-            opened.lease,
-        );
+        let mut writer = Writer::new(WriterParts {
+            backend: opened.backend.clone(),
+            path: path.clone(),
+            state: opened.state,
+            status: tx,
+            stats: stats.clone(),
+            cache: cache.clone(),
+            cipher: cipher.clone(),
+            lease: opened.lease,
+        });
         let reader = Reader::new(opened.backend, path, rx, stats.clone(), cache, cipher);
         writer.set_fetched_through(fetched_through);
         // A narrowed shard still holding objects it no longer owns is not ready.
@@ -421,16 +422,16 @@ mod tests {
             let mut b = WriteBatch::default();
             b.put(
                 key.clone(),
-                record::encode(&Record::sealed(
-                    &key,
-                    "7".into(),
-                    "u".into(),
-                    1,
-                    json,
-                    None,
-                    None,
-                    Compression::Lz4,
-                )),
+                record::encode(&Record::sealed(record::Sealing {
+                    key: &key,
+                    resource_version: "7".into(),
+                    uid: "u".into(),
+                    epoch: 1,
+                    plain: json,
+                    packed: None,
+                    cipher: None,
+                    compress: Compression::Lz4,
+                })),
             );
             b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
             s.backend.apply(b).unwrap();

@@ -52,6 +52,48 @@ impl Default for State {
     }
 }
 
+impl State {
+    /// Which invariant of a stream's state `next` would break if a batch wrote it after
+    /// `self`, if any. The writer asserts `None` for every batch (`debug_assert!`, on in
+    /// the test command): a cheap check of values it already holds.
+    ///
+    /// - The epoch only grows, one list at a time, and a new epoch begins only with the
+    ///   first batch of a new list (no continue token yet): the relist marks and object
+    ///   records a batch writes carry its epoch, so they stay bound to the list that wrote
+    ///   them.
+    /// - The checkpoint readers see (`last_synced`) is never ahead of the data: it moves
+    ///   only with the batch that makes the store synced at it (the end of a list, of a
+    ///   sweep, or a watch burst), and a synced state's checkpoint is its phase's.
+    pub(crate) fn violation(&self, next: &State) -> Option<&'static str> {
+        if next.epoch < self.epoch {
+            return Some("the epoch went back");
+        }
+        if next.epoch > self.epoch {
+            if next.epoch != self.epoch + 1 {
+                return Some("the epoch skipped a list");
+            }
+            if !matches!(
+                next.phase,
+                Phase::Listing {
+                    continue_token: None,
+                    ..
+                }
+            ) {
+                return Some("a new epoch began without a new list");
+            }
+        }
+        if let Phase::Synced { resource_version } = &next.phase
+            && next.last_synced.as_ref() != Some(resource_version)
+        {
+            return Some("a synced state's checkpoint is not its phase's");
+        }
+        if next.last_synced != self.last_synced && !matches!(next.phase, Phase::Synced { .. }) {
+            return Some("the checkpoint moved while the store was not synced at it");
+        }
+        None
+    }
+}
+
 /// What a store caches. Opening a store with another identity does not resume it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Identity {
@@ -109,5 +151,74 @@ impl Identity {
         cmp!(transform);
         cmp!(encryption);
         diffs.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synced(rv: &str, epoch: u64) -> State {
+        State {
+            phase: Phase::Synced {
+                resource_version: rv.into(),
+            },
+            epoch,
+            count: 1,
+            last_synced: Some(rv.into()),
+        }
+    }
+
+    fn listing(token: Option<&str>, epoch: u64, last_synced: Option<&str>) -> State {
+        State {
+            phase: Phase::Listing {
+                continue_token: token.map(str::to_string),
+                sweep: true,
+            },
+            epoch,
+            count: 1,
+            last_synced: last_synced.map(str::to_string),
+        }
+    }
+
+    /// The writer's own transitions pass; each broken invariant is named.
+    #[test]
+    fn the_state_invariants_name_what_a_batch_broke() {
+        let at5 = synced("5", 1);
+        // Watch bursts, a relist begun, its pages, its end.
+        assert_eq!(at5.violation(&synced("6", 1)), None);
+        let begun = listing(None, 2, Some("5"));
+        assert_eq!(at5.violation(&begun), None);
+        let page = listing(Some("t"), 2, Some("5"));
+        assert_eq!(begun.violation(&page), None);
+        assert_eq!(page.violation(&synced("9", 2)), None);
+        assert_eq!(State::default().violation(&listing(None, 1, None)), None);
+        // What no batch may do.
+        assert_eq!(
+            synced("9", 2).violation(&synced("9", 1)),
+            Some("the epoch went back")
+        );
+        assert_eq!(
+            at5.violation(&listing(None, 3, Some("5"))),
+            Some("the epoch skipped a list")
+        );
+        assert_eq!(
+            at5.violation(&synced("6", 2)),
+            Some("a new epoch began without a new list")
+        );
+        assert_eq!(
+            at5.violation(&listing(Some("t"), 2, Some("5"))),
+            Some("a new epoch began without a new list")
+        );
+        let mut torn = synced("6", 1);
+        torn.last_synced = Some("5".into());
+        assert_eq!(
+            at5.violation(&torn),
+            Some("a synced state's checkpoint is not its phase's")
+        );
+        assert_eq!(
+            begun.violation(&listing(Some("t"), 2, Some("9"))),
+            Some("the checkpoint moved while the store was not synced at it")
+        );
     }
 }

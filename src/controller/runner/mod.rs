@@ -25,12 +25,12 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-mod fetch;
+mod object_read;
 mod passes;
 mod progress;
 mod queue;
 
-use fetch::{Fetch, Fetched};
+use object_read::{ObjectRead, PendingRead};
 use passes::{Heard, Slot};
 use queue::{ChangeQueue, Share, Turn};
 
@@ -102,7 +102,7 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     queue: ChangeQueue<K>,
     /// Whose turn the next dispatch is: changes or pass work.
     share: Share,
-    fetching: FuturesUnordered<Fetch<K>>,
+    reading: FuturesUnordered<PendingRead<K>>,
     running: FuturesUnordered<BoxFuture<'static, Done<K, E>>>,
     /// Objects being read or reconciled: never two reconciles of one object at once.
     running_refs: HashSet<ObjectRef<K>>,
@@ -172,7 +172,7 @@ where
             triggers: Some(futures::stream::select_all(triggers)),
             queue,
             share: Share::default(),
-            fetching: FuturesUnordered::new(),
+            reading: FuturesUnordered::new(),
             running: FuturesUnordered::new(),
             running_refs: HashSet::new(),
             ticks: None,
@@ -207,7 +207,7 @@ where
             self.triggers = None;
             self.stop_passes();
             // Objects still being read are not reconciled.
-            self.fetching = FuturesUnordered::new();
+            self.reading = FuturesUnordered::new();
         }
     }
 
@@ -313,13 +313,13 @@ where
     }
 
     /// Starts the reconcile of one object read from disk.
-    fn start(&mut self, fetched: Fetched<K>) {
-        let Fetched {
+    fn start(&mut self, read: ObjectRead<K>) {
+        let ObjectRead {
             request,
             forced,
-            read,
+            object: read,
             record,
-        } = fetched;
+        } = read;
         if read.is_ok() {
             self.read_failures.remove(&request.obj_ref);
         }
@@ -492,8 +492,8 @@ where
             }
             let mut progressed = false;
             if !this.shutting_down {
-                while let Poll::Ready(Some(fetched)) = this.fetching.poll_next_unpin(cx) {
-                    this.start(fetched);
+                while let Poll::Ready(Some(read)) = this.reading.poll_next_unpin(cx) {
+                    this.start(read);
                     progressed = true;
                 }
             }
@@ -530,7 +530,7 @@ where
                 }
             }
             let limit = this.p.config.concurrency as usize;
-            let busy = this.running.len() + this.fetching.len();
+            let busy = this.running.len() + this.reading.len();
             if this.ready
                 && (limit == 0 || busy < limit)
                 && let Some(request) = this.next_request(cx)

@@ -58,6 +58,13 @@ impl<R: Clone + Eq + Hash> Progress<R> {
 
     fn entry(&mut self, obj: &R) -> Option<&mut Item> {
         let seq = *self.index.get(obj)?;
+        // The index points only at entries still owed: one that `advance` settled (and
+        // popped) is removed from it, or replaced by the object's later entry.
+        debug_assert!(
+            seq >= self.base,
+            "entry {seq} of an object settled (the first owed is {})",
+            self.base
+        );
         match self.entries.get_mut((seq - self.base) as usize) {
             Some(Entry::Object { item, .. }) => Some(item),
             _ => None,
@@ -84,6 +91,12 @@ impl<R: Clone + Eq + Hash> Progress<R> {
             item: Item::Waiting,
         });
         self.waiting += 1;
+        debug_assert!(
+            self.waiting <= self.index.len(),
+            "{} objects waiting, {} owed",
+            self.waiting,
+            self.index.len()
+        );
     }
 
     /// Every key up to `at` not asked for needed nothing.
@@ -160,6 +173,7 @@ impl<R: Clone + Eq + Hash> Progress<R> {
         let Some(&seq) = self.index.get(obj) else {
             return false;
         };
+        debug_assert!(seq >= self.base, "entry {seq} of an object settled");
         matches!(
             self.entries.get((seq - self.base) as usize),
             Some(Entry::Object {

@@ -32,10 +32,12 @@ pub(crate) struct WriteBatch {
 
 impl WriteBatch {
     pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        debug_assert!(!key.is_empty(), "a put without a key");
         self.ops.push((key, Some(value)));
     }
 
     pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        debug_assert!(!key.is_empty(), "a delete without a key");
         self.ops.push((key, None));
     }
 

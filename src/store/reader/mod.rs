@@ -1,8 +1,11 @@
-//! Concurrent, disk-backed reads of one stream.
+//! Concurrent, disk-backed reads of one stream: every method of [`Reader`].
 //!
-//! Longer than 600 lines because each public read method carries its doc example (half of
-//! the file); the scans are in `reader/iter.rs`, the hot-cache path in `reader/hot.rs` and
-//! read-ahead in `reader/read_ahead.rs`.
+//! Longer than 600 lines because it is the whole of the reader's public surface, each
+//! method with its doc example (most of the file), in one place; each method is short and
+//! the work of each concept is in a file of its own: the iterators in `reader/iter.rs`,
+//! read-ahead in `reader/read_ahead.rs`, the blocking pool's scans in
+//! `reader/nonblocking.rs`, the catch-up rules and the read-your-writes wait in
+//! `store/caught_up.rs`.
 
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -14,14 +17,19 @@ use kube::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-mod hot;
 mod iter;
 mod nonblocking;
 mod read_ahead;
 
 pub use iter::{ByIndex, Iter};
 
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use nonblocking::{blocking, scan};
+
 use super::cache::HotCache;
+use super::caught_up::{self, Freshness};
 use super::{Status, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
@@ -170,6 +178,19 @@ where
             head.resource_version.to_string(),
             head.uid.to_string(),
         )))
+    }
+
+    /// The object from the hot cache, if it holds it (an object written by a recent watch
+    /// event always is, within the cache's budget): no disk read, no decode. `None` means
+    /// "not cached", not "absent": read it with [`Reader::get`] then. For callers on async
+    /// workers that must not touch the disk (the controller runner's reconcile path).
+    pub(crate) fn cached(&self, obj_ref: &ObjectRef<K>) -> Option<Arc<K>> {
+        if self.keys_only || !self.cache.enabled() {
+            return None;
+        }
+        let suffix = keys::object_suffix(obj_ref.namespace.as_deref(), &obj_ref.name);
+        let hit = self.cache.peek(&keys::tagged(OBJECT, &suffix))?;
+        hit.downcast::<K>().ok()
     }
 
     /// The stored object for `obj_ref`, if any.
@@ -601,6 +622,562 @@ where
     /// ```
     pub fn stats(&self) -> Stats {
         self.cache.stats(&self.stats)
+    }
+
+    // Many objects: the iterators are `reader/iter.rs`'s.
+
+    /// This reader with its iterations ([`Reader::iter`] and the like, [`Reader::by_index`])
+    /// decoded ahead on the process's CPU threads, `threads` chunks of 64 objects at once
+    /// (the calling thread decodes too when it would wait); 0: one per core; 1 (the
+    /// default): on the calling thread only, no read-ahead.
+    ///
+    /// Read-ahead is not the default because its gain depends on the allocator: the objects
+    /// are allocated on a CPU thread and freed on the caller's, and glibc's malloc pays for
+    /// every such free. On the project's 2-core machine with glibc, `iter()` over 100,000
+    /// Pods was slower with read-ahead than without
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply), the `read_threads(0)` row;
+    /// the `lookup_mimalloc` bench measures it with mimalloc). With an allocator whose
+    /// cross-thread frees are cheap and more idle cores, ask for it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let ahead = reader.clone().read_threads(0); // one chunk per core at once
+    /// assert_eq!(ahead.iter().count(), reader.iter().count());
+    /// # Ok(()) }
+    /// ```
+    pub fn read_threads(mut self, threads: usize) -> Self {
+        self.read_threads = threads;
+        self
+    }
+
+    /// All stored objects, ordered by namespace then name, read lazily from disk in
+    /// chunks and decoded on the calling thread (or ahead of it on the CPU threads, see
+    /// [`Reader::read_threads`]), handed out in key order; memory is bounded by a few
+    /// chunks of 64 objects.
+    ///
+    /// Blocking: each `next()` reads the disk and decodes on the calling thread: tens of
+    /// thousands of Pods per second
+    /// ([BENCHMARKS.md, *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::iter_stream`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let mut names = Vec::new();
+    /// for pod in reader.iter() {
+    ///     names.push(pod?.metadata.name.clone().unwrap_or_default());
+    /// }
+    /// assert_eq!(names, ["web-0", "web-1"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter(&self) -> Iter<K> {
+        let (start, end) = keys::range(OBJECT, None);
+        Iter::over(self, &start, &end)
+    }
+
+    /// The stored objects of one namespace (one prefix scan), ordered by name.
+    ///
+    /// Blocking, like [`Reader::iter`]; in async code use [`Reader::iter_namespace_stream`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.iter_namespace("default").count(), 2);
+    /// assert_eq!(reader.iter_namespace("kube-system").count(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_namespace(&self, namespace: &str) -> Iter<K> {
+        let (start, end) = keys::range(OBJECT, Some(namespace));
+        Iter::over(self, &start, &end)
+    }
+
+    /// All stored objects decoded into another type `T`, in key order: a partial scan for
+    /// what needs a few fields (decoding fewer fields is faster and allocates less than
+    /// `K`). Decoded in parallel like [`Reader::iter`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// #[derive(serde::Deserialize)]
+    /// struct NodeOnly {
+    ///     spec: Option<Spec>,
+    /// }
+    /// #[derive(serde::Deserialize)]
+    /// #[serde(rename_all = "camelCase")]
+    /// struct Spec {
+    ///     node_name: Option<String>,
+    /// }
+    /// reader.wait_until_ready().await?;
+    /// let nodes: Vec<_> = reader
+    ///     .iter_as::<NodeOnly>()
+    ///     .map(|p| p.map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())))
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(nodes, [Some("node-1".to_string()), Some("node-2".to_string())]);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_as<T: DeserializeOwned + Send + Sync + 'static>(&self) -> Iter<T> {
+        let (start, end) = keys::range(OBJECT, None);
+        Iter::over(self, &start, &end)
+    }
+
+    /// The stored objects of one namespace decoded into another type `T`, ordered by
+    /// name; see [`Reader::iter_as`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use kube::core::PartialObjectMeta;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// reader.wait_until_ready().await?;
+    /// let metas = reader.iter_namespace_as::<PartialObjectMeta<Pod>>("default");
+    /// assert_eq!(metas.count(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_namespace_as<T: DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        namespace: &str,
+    ) -> Iter<T> {
+        let (start, end) = keys::range(OBJECT, Some(namespace));
+        Iter::over(self, &start, &end)
+    }
+
+    /// The objects found under `value` in the secondary index `index` (see
+    /// [`StreamConfig::index`](crate::StreamConfig::index)), read lazily from disk without a scan,
+    /// in chunks read in parallel like [`Reader::iter`].
+    /// Fails if the index is not configured or still being built.
+    ///
+    /// Blocking: each `next()` reads and decodes on the calling thread (tens of thousands
+    /// of Pods per second: [BENCHMARKS.md](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply)). In async code use
+    /// [`Reader::by_index_stream`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let config = kube_persist::StreamConfig::default().index("node", |p: &Pod| {
+    ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    /// });
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), config)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let on_node_2: Vec<_> = reader.by_index("node", "node-2")?.collect::<Result<_, _>>()?;
+    /// assert_eq!(on_node_2.len(), 1);
+    /// assert_eq!(on_node_2[0].metadata.name.as_deref(), Some("web-1"));
+    /// assert!(reader.by_index("zone", "a").is_err()); // not configured
+    /// # Ok(()) }
+    /// ```
+    pub fn by_index(&self, index: &str, value: &str) -> Result<ByIndex<K>> {
+        ByIndex::new(self, index, value)
+    }
+
+    // The async forms, on tokio's blocking pool (`reader/nonblocking.rs`).
+
+    /// [`Reader::get`] on tokio's blocking pool: never blocks the calling task's worker.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use kube::runtime::reflector::ObjectRef;
+    /// reader.wait_until_ready().await?;
+    /// let pod = reader.get_async(&ObjectRef::new("web-0").within("default")).await?;
+    /// assert_eq!(pod.unwrap().spec.as_ref().unwrap().node_name.as_deref(), Some("node-1"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_async(&self, obj_ref: &ObjectRef<K>) -> Result<Option<Arc<K>>>
+    where
+        K::DynamicType: Clone + Send + Sync,
+    {
+        let (reader, obj_ref) = (self.clone(), obj_ref.clone());
+        blocking(move || reader.get(&obj_ref)).await
+    }
+
+    /// [`Reader::get_named`] on tokio's blocking pool.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// assert!(reader.get_named_async(Some("default"), "web-1").await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_named_async(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Arc<K>>>
+    where
+        K::DynamicType: Send + Sync,
+    {
+        let (reader, namespace, name) = (
+            self.clone(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        );
+        blocking(move || reader.get_named(namespace.as_deref(), &name)).await
+    }
+
+    /// Every object, in key order, read on tokio's blocking pool: the async form of
+    /// [`Reader::iter`], for reconcilers and event loops.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use futures::TryStreamExt;
+    /// reader.wait_until_ready().await?;
+    /// let pods: Vec<_> = reader.iter_stream().try_collect().await?;
+    /// assert_eq!(pods.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_stream(&self) -> BoxStream<'static, Result<Arc<K>>>
+    where
+        K::DynamicType: Send + Sync,
+    {
+        let reader = self.clone();
+        scan(move || Ok(reader.iter()))
+    }
+
+    /// The objects of one namespace, read on tokio's blocking pool: the async form of
+    /// [`Reader::iter_namespace`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use futures::StreamExt;
+    /// reader.wait_until_ready().await?;
+    /// assert_eq!(reader.iter_namespace_stream("default").count().await, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_namespace_stream(&self, namespace: &str) -> BoxStream<'static, Result<Arc<K>>>
+    where
+        K::DynamicType: Send + Sync,
+    {
+        let (reader, namespace) = (self.clone(), namespace.to_string());
+        scan(move || Ok(reader.iter_namespace(&namespace)))
+    }
+
+    /// The objects matching `selector`, read on tokio's blocking pool: the async form of
+    /// [`Reader::select`] (an error of the selection is the stream's first item).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # tokio::spawn(watcher.run());
+    /// use futures::TryStreamExt;
+    /// use kube::core::{Expression, Selector};
+    /// reader.wait_until_ready().await?;
+    /// let web: Selector = Expression::Equal("app".into(), "web".into()).into();
+    /// let pods: Vec<_> = reader.select_stream(&web).try_collect().await?;
+    /// assert_eq!(pods.len(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn select_stream(&self, selector: &Selector) -> BoxStream<'static, Result<Arc<K>>>
+    where
+        K::DynamicType: Send + Sync,
+    {
+        let (reader, selector) = (self.clone(), selector.clone());
+        scan(move || reader.select(&selector))
+    }
+
+    /// The objects whose index `index` has `value`, read on tokio's blocking pool: the
+    /// async form of [`Reader::by_index`] (an unknown index is the stream's first item).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// use futures::TryStreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// let config = kube_persist::StreamConfig::default().index("node", |p: &Pod| {
+    ///     p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    /// });
+    /// let (reader, watcher) = db.store("pods", api, config)?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let on_node_2: Vec<_> = reader.by_index_stream("node", "node-2").try_collect().await?;
+    /// assert_eq!(on_node_2.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn by_index_stream(&self, index: &str, value: &str) -> BoxStream<'static, Result<Arc<K>>>
+    where
+        K::DynamicType: Send + Sync,
+    {
+        let (reader, index, value) = (self.clone(), index.to_string(), value.to_string());
+        scan(move || reader.by_index(&index, &value))
+    }
+
+    // Caught up with the server, and read-your-writes waits (`store/caught_up.rs`).
+
+    /// Whether the store has caught up with the server, not just connected; see
+    /// [`Freshness::caught_up`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_caught_up().await?;
+    /// assert!(reader.is_caught_up() && reader.is_ready());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_caught_up(&self) -> bool {
+        self.status.borrow().catch_up.caught_up
+    }
+
+    /// Whether the store has caught up, how that is known, and how far behind it is.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// use kube_persist::CatchUpRule;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_caught_up().await?;
+    /// let fresh = reader.freshness();
+    /// // A new store lists first: the list is a consistent read.
+    /// assert_eq!(fresh.rule, CatchUpRule::List);
+    /// assert_eq!(fresh.behind, Some(0));
+    /// # Ok(()) }
+    /// ```
+    pub fn freshness(&self) -> Freshness {
+        self.status.borrow().catch_up.clone()
+    }
+
+    /// Resolves once the store has caught up with the server: after a warm restart, once
+    /// the events missed while down are applied (or, after `410 Gone`, the relist and its
+    /// sweep are done). Fails if the watcher was dropped before.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let api = || kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
+    /// # let (reader, watcher) = db.store("pods", api(), kube_persist::StreamConfig::default())?;
+    /// # let task = tokio::spawn(watcher.run());
+    /// # reader.wait_until_ready().await?;
+    /// # task.abort(); let _ = task.await; drop(reader);
+    /// # server.handle().delete(&kube_persist_testkit::ResourceType::pods(), Some("default"), "web-1");
+    /// // A warm restart is ready at once, on the data of the last run ...
+    /// let (reader, watcher) = db.store("pods", api(), kube_persist::StreamConfig::default())?;
+    /// assert!(reader.is_ready());
+    /// tokio::spawn(watcher.run());
+    /// // ... and caught up once it has applied what it missed.
+    /// reader.wait_until_caught_up().await?;
+    /// assert_eq!(reader.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_until_caught_up(&self) -> Result<()> {
+        self.wait_status(|s| s.catch_up.caught_up).await
+    }
+
+    /// Resolves once the store holds version `resource_version` of the object
+    /// `namespace`/`name` or a newer state of it (a later version, or its deletion): what a
+    /// controller needs after a write, to read it back (read your own writes). Fails with
+    /// [`Error::Timeout`] after `timeout`.
+    ///
+    /// With comparable resourceVersions (KEP-5504) it waits until the store's checkpoint is
+    /// at `resource_version` or past it, so it also resolves for an object the stream does
+    /// not hold (outside its selectors or shard). Otherwise (opaque versions, which compare
+    /// only for equality) it waits until the stored object has exactly that version, is
+    /// deleted after the wait saw it, or a list begun after the call completes: another
+    /// version could be older than the awaited one, so if the object changes again before
+    /// the store applies the awaited version in a burst of its own, the wait ends with the
+    /// next relist or the timeout. Knowing only the name, this wait cannot tell the
+    /// deletion of an earlier object of that name (deleted, then created again) from one
+    /// of the written object: [`Reader::wait_for_write`], which knows the written object's
+    /// uid, resolves on a deletion only of that object.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::api::{Api, PostParams};
+    /// let pods = Api::<Pod>::namespaced(server.client(), "default");
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), Default::default())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let mut pod = pods.get("web-0").await?;
+    /// pod.metadata.labels.get_or_insert_default().insert("tier".into(), "front".into());
+    /// let written = pods.replace("web-0", &PostParams::default(), &pod).await?;
+    /// let rv = written.metadata.resource_version.as_deref().unwrap();
+    /// reader.wait_for_resource_version(Some("default"), "web-0", rv, Duration::from_secs(10)).await?;
+    /// let stored = reader.get_named(Some("default"), "web-0")?.unwrap();
+    /// assert_eq!(stored.metadata.labels.as_ref().unwrap()["tier"], "front");
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_resource_version(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> Result<()> {
+        caught_up::wait_for_version(self, namespace, name, resource_version, None, timeout).await
+    }
+
+    /// [`Reader::wait_for_resource_version`] for an object as a write returned it (its
+    /// namespace, name and resourceVersion). With opaque resourceVersions its uid tells
+    /// the written object from an earlier one of the same name: after a delete and a
+    /// create, the earlier object's deletion does not end the wait, the created version
+    /// (or a later end of the created object) does.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::api::{Api, PostParams};
+    /// let pods = Api::<Pod>::namespaced(server.client(), "default");
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), Default::default())?;
+    /// tokio::spawn(watcher.run());
+    /// let mut pod = Pod::default();
+    /// pod.metadata.name = Some("web-2".into());
+    /// let created = pods.create(&PostParams::default(), &pod).await?;
+    /// reader.wait_for_write(&created, Duration::from_secs(10)).await?;
+    /// assert!(reader.get_named(Some("default"), "web-2")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_write(&self, written: &K, timeout: Duration) -> Result<()> {
+        let meta = written.meta();
+        let (Some(name), Some(rv)) = (meta.name.as_deref(), meta.resource_version.as_deref())
+        else {
+            return Err(Error::Config(
+                "wait_for_write needs an object with metadata.name and metadata.resourceVersion (as a write returns it)".into(),
+            ));
+        };
+        caught_up::wait_for_version(
+            self,
+            meta.namespace.as_deref(),
+            name,
+            rv,
+            meta.uid.as_deref(),
+            timeout,
+        )
+        .await
+    }
+
+    /// Waits until the status satisfies `f`; an error if the watcher was dropped first.
+    pub(crate) async fn wait_status(&self, f: impl Fn(&Status) -> bool) -> Result<()> {
+        let mut rx = self.status.clone();
+        rx.wait_for(|s| f(s))
+            .await
+            .map(|_| ())
+            .map_err(|_| self.dropped())
+    }
+
+    pub(crate) fn dropped(&self) -> Error {
+        Error::Config(format!(
+            "the watcher of the store at {} was dropped before it got there",
+            self.path.display()
+        ))
+    }
+
+    /// The resourceVersion and uid of the stored object (`None` when absent), read on the
+    /// blocking pool.
+    pub(crate) async fn stored_version(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<(String, String)>> {
+        let (reader, ns, name) = (
+            self.clone(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        );
+        tokio::task::spawn_blocking(move || reader.stored_version_and_uid(ns.as_deref(), &name))
+            .await
+            .map_err(|e| Error::Config(format!("reading a stored version failed: {e}")))?
     }
 }
 

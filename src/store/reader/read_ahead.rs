@@ -32,7 +32,7 @@ type Scan = Box<dyn Iterator<Item = Result<Entry>> + Send>;
 
 /// The mapped entries of a range, in key order.
 pub(super) struct ReadAhead<T> {
-    state: State<T>,
+    supply: Supply<T>,
     ready: VecDeque<T>,
     map: MapFn<T>,
     /// An error in the place of an entry (a failed read).
@@ -44,7 +44,9 @@ pub(super) struct ReadAhead<T> {
     threads: usize,
 }
 
-enum State<T> {
+/// Where the next entries come from: read and mapped on the calling thread, or handed
+/// over by the CPU threads' pipe.
+enum Supply<T> {
     Inline(Scan),
     Piped(Pipe<T>),
     Done,
@@ -60,7 +62,7 @@ impl<T: Send + 'static> ReadAhead<T> {
         threads: usize,
     ) -> Self {
         ReadAhead {
-            state: State::Inline(entries),
+            supply: Supply::Inline(entries),
             ready: VecDeque::new(),
             map,
             failed,
@@ -80,22 +82,22 @@ impl<T: Send + 'static> ReadAhead<T> {
             if let Some(item) = self.ready.pop_front() {
                 return Some(item);
             }
-            match std::mem::replace(&mut self.state, State::Done) {
-                State::Done => return None,
-                State::Piped(mut pipe) => {
+            match std::mem::replace(&mut self.supply, Supply::Done) {
+                Supply::Done => return None,
+                Supply::Piped(mut pipe) => {
                     let chunk = pipe.next_chunk()?;
                     self.ready.extend(chunk);
-                    self.state = State::Piped(pipe);
+                    self.supply = Supply::Piped(pipe);
                 }
-                State::Inline(mut entries) => {
+                Supply::Inline(mut entries) => {
                     if self.inline_chunks >= INLINE_CHUNKS && self.threads > 1 {
                         let (map, path) = (&self.map, &self.path);
                         match Pipe::start(entries, map, self.failed, path, self.threads) {
-                            Ok(pipe) => self.state = State::Piped(pipe),
+                            Ok(pipe) => self.supply = Supply::Piped(pipe),
                             // No CPU threads: go on here.
                             Err(back) => {
                                 self.inline_chunks = 0;
-                                self.state = State::Inline(back);
+                                self.supply = Supply::Inline(back);
                             }
                         }
                         continue;
@@ -110,7 +112,7 @@ impl<T: Send + 'static> ReadAhead<T> {
                         });
                     }
                     if !ended {
-                        self.state = State::Inline(entries);
+                        self.supply = Supply::Inline(entries);
                     }
                 }
             }

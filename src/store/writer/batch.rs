@@ -1,262 +1,255 @@
-//! Building one atomic batch from a list page or a burst of watch events: unchanged objects
-//! are skipped (or marked during a relist), index entries follow their object, and the new
-//! state (checkpoint) is written with the data.
+//! Building one atomic batch from a list page or a burst of watch events, in named steps:
+//! each op is first checked against the delta relist's fetched bodies ([`superseded`]),
+//! then applied as a mark of an unchanged object ([`Batch::seen`]), a write
+//! ([`Batch::put`]) or a removal ([`Batch::remove`]); index entries follow their object, and
+//! [`Batch::finish`] hands the writes, the counts and the new state (the checkpoint) to the
+//! writer, which commits them together.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::index::IndexEntries;
-use super::{Body, Change, Op, Tally, Writer};
+use super::index::{IndexEntries, reindex};
+use super::keyspace::Head;
+use super::{Body, Change, Incoming, Op, Tally, Writer};
 use crate::disk::WriteBatch;
-use crate::disk::keys::{self, FETCHED_KEY, OBJECT, SEEN};
+use crate::disk::keys::{self, OBJECT, SEEN};
 use crate::disk::record::{self, Record};
 use crate::model::{Result, resource_version};
 use crate::store::{Phase, State};
 
-impl Writer {
-    /// Apply `ops` and the next state in ONE atomic batch.
-    pub(super) fn commit(&mut self, ops: Vec<Op>, next: State, emit: bool) -> Result<Vec<Change>> {
-        self.commit_window(ops, next, emit, None)
+/// Objects written with their decoded form (watch events), for the hot cache once the
+/// batch is committed: key, object, JSON size.
+pub(super) type Fresh = Vec<(Vec<u8>, Arc<dyn Any + Send + Sync>, usize)>;
+
+/// One batch under construction, for `w`'s next commit.
+pub(super) struct Batch<'w> {
+    w: &'w Writer,
+    pub(super) writes: WriteBatch,
+    next: State,
+    emit: bool,
+    /// Unchanged objects of an older epoch get a mark so the sweep keeps them.
+    mark_unchanged: bool,
+    /// A list may replace a stored version with an older one (its pages are the server's
+    /// state at the list's resourceVersion, older than what a delta relist fetched).
+    relisting: bool,
+    /// A watch never replaces a stored version with an older one while a delta relist's
+    /// window is open: the store may hold bodies fetched after the list's
+    /// resourceVersion, and the watch from that resourceVersion replays the events that led
+    /// to them (KEP-5504 order). Outside the window (no delta relist, or the watch past its
+    /// fetches) every event applies as the server sent it.
+    newest_kept: bool,
+    /// The stored heads of the objects the ops touch.
+    stored: HashMap<Vec<u8>, Head>,
+    /// Versions written earlier in this batch (a burst may touch one object twice).
+    pending: HashMap<Vec<u8>, Option<Head>>,
+    pending_entries: HashMap<Vec<u8>, IndexEntries>,
+    fresh: HashMap<Vec<u8>, (Arc<dyn Any + Send + Sync>, usize)>,
+    changes: Vec<Change>,
+    tally: Tally,
+}
+
+/// What a finished batch hands to the writer.
+pub(super) struct Built {
+    pub(super) writes: WriteBatch,
+    pub(super) next: State,
+    pub(super) tally: Tally,
+    pub(super) changes: Vec<Change>,
+    pub(super) fresh: Fresh,
+}
+
+impl<'w> Batch<'w> {
+    /// A batch of `ops` (whose stored heads it reads at once) that writes `next`.
+    pub(super) fn new(w: &'w Writer, ops: &[Op], next: State, emit: bool) -> Result<Self> {
+        // Records and marks carry the epoch of the list under way: a new epoch begins with
+        // an empty batch (`begin_list`), so no object is written in a batch that changes it.
+        debug_assert!(
+            ops.is_empty() || next.epoch == w.state.epoch,
+            "objects written in the batch that begins epoch {}",
+            next.epoch
+        );
+        Ok(Batch {
+            w,
+            writes: WriteBatch::default(),
+            emit,
+            mark_unchanged: matches!(w.state.phase, Phase::Listing { sweep: true, .. }),
+            relisting: matches!(w.state.phase, Phase::Listing { .. }),
+            newest_kept: w.window.replaying(&w.state.phase),
+            stored: w.ks.stored_heads(ops.iter().map(Op::suffix))?,
+            next,
+            pending: HashMap::new(),
+            pending_entries: HashMap::new(),
+            fresh: HashMap::new(),
+            changes: Vec::new(),
+            tally: Tally::default(),
+        })
     }
 
-    /// [`Writer::commit`], keeping `fetched` as the new high of the delta relist window
-    /// ([`Writer::fetched_through`]) in the same batch.
-    pub(super) fn commit_window(
-        &mut self,
-        ops: Vec<Op>,
-        mut next: State,
-        emit: bool,
-        fetched: Option<String>,
-    ) -> Result<Vec<Change>> {
-        // Unchanged objects of an older epoch get a mark so the sweep keeps them.
-        let mark_unchanged = matches!(self.state.phase, Phase::Listing { sweep: true, .. });
-        // A watch never replaces a stored version with an older one while a delta relist's
-        // window is open: the store may hold bodies fetched after the list's
-        // resourceVersion, and the watch from that resourceVersion replays the events that
-        // led to them (KEP-5504 order). Outside the window (no delta relist, or the watch
-        // past its fetches) every event applies as the server sent it.
-        let newest_kept = self.replaying_fetched();
-        let mut batch = WriteBatch::default();
-        let window = self.window_update(&mut batch, &next, fetched);
-        let epoch = next.epoch;
-        let mut changes = Vec::new();
-        // Versions written earlier in this batch (a burst may touch one object twice).
-        let mut pending: HashMap<Vec<u8>, Option<Head>> = HashMap::new();
-        let mut pending_entries: HashMap<Vec<u8>, IndexEntries> = HashMap::new();
-        // Objects written with their decoded form (watch events): cached once committed.
-        let mut fresh: HashMap<Vec<u8>, (Arc<dyn Any + Send + Sync>, usize)> = HashMap::new();
-        let (mut written, mut unchanged, mut removed, mut stale) = (0u64, 0u64, 0u64, 0u64);
-        let stored = self.stored_heads(&ops)?;
-        for op in ops {
-            let existing = match pending.get(op.suffix()) {
-                Some(p) => p.clone(),
-                None => stored.get(op.suffix()).cloned(),
-            };
-            let key = keys::tagged(OBJECT, op.suffix());
-            if newest_kept && superseded(&op, existing.as_ref()) {
-                stale += 1;
-                continue;
+    /// Apply one op: skipped when a fetched body supersedes it, else a mark, a write or a
+    /// removal.
+    pub(super) fn apply(&mut self, op: Op) -> Result<()> {
+        let existing = match self.pending.get(op.suffix()) {
+            Some(p) => p.clone(),
+            None => self.stored.get(op.suffix()).cloned(),
+        };
+        if self.newest_kept && superseded(&op, existing.as_ref()) {
+            self.tally.stale += 1;
+            return Ok(());
+        }
+        match op {
+            Op::Seen {
+                suffix,
+                resource_version,
+            } => {
+                if let Some(head) = &existing
+                    && head.resource_version == resource_version
+                {
+                    self.unchanged(&suffix, head);
+                }
+                Ok(())
             }
-            match op {
-                Op::Seen {
-                    suffix,
-                    resource_version,
-                } => {
-                    if let Some(head) = &existing
-                        && head.resource_version == resource_version
-                    {
-                        unchanged += 1;
-                        if mark_unchanged && head.epoch != epoch {
-                            batch.put(keys::tagged(SEEN, &suffix), epoch.to_be_bytes().to_vec());
-                        }
-                    }
-                }
-                Op::Put(o) => {
-                    if let Some(head) = &existing {
-                        if head.resource_version == o.resource_version {
-                            unchanged += 1;
-                            if mark_unchanged && head.epoch != epoch {
-                                batch.put(
-                                    keys::tagged(SEEN, &o.suffix),
-                                    epoch.to_be_bytes().to_vec(),
-                                );
-                            }
-                            continue;
-                        }
-                    } else {
-                        next.count += 1;
-                    }
-                    written += 1;
-                    match &o.decoded {
-                        Some(obj) if self.keys_only.is_none() => {
-                            fresh.insert(key.clone(), (obj.clone(), o.body.len()));
-                        }
-                        _ => {
-                            fresh.remove(&key);
-                        }
-                    }
-                    pending.insert(
-                        o.suffix.clone(),
-                        Some(Head {
-                            resource_version: o.resource_version.clone(),
-                            epoch,
-                            uid: o.uid.clone(),
-                        }),
-                    );
-                    if self.indexed {
-                        let old = self.entries(&o.suffix, &pending_entries)?;
-                        let new = o.index;
-                        self.reindex(&mut batch, &o.suffix, &old, &new);
-                        pending_entries.insert(o.suffix.clone(), new);
-                    }
-                    let rec = Record::sealed(
-                        &key,
-                        o.resource_version,
-                        o.uid,
-                        epoch,
-                        if self.keys_only.is_some() {
-                            &[]
-                        } else {
-                            &o.body
-                        },
-                        o.packed.filter(|_| self.keys_only.is_none()),
-                        self.cipher.as_deref(),
-                        self.compress,
-                    );
-                    batch.put(key, record::encode(&rec));
-                    if emit {
-                        let body = Body {
-                            json: o.body,
-                            decoded: o.decoded,
-                        };
-                        changes.push(if existing.is_some() {
-                            Change::Updated(body)
-                        } else {
-                            Change::Created(body)
-                        });
-                    }
-                }
-                removal => {
-                    let Some((suffix, body)) = removal.into_removal() else {
-                        continue;
-                    };
-                    if existing.is_none() {
-                        continue; // replayed deletion, or nothing stored: already gone
-                    }
-                    next.count = next.count.saturating_sub(1);
-                    removed += 1;
-                    batch.delete(keys::tagged(SEEN, &suffix));
-                    fresh.remove(&key);
-                    batch.delete(key);
-                    let old = self.entries(&suffix, &pending_entries)?;
-                    self.reindex(&mut batch, &suffix, &old, &[]);
-                    pending_entries.insert(suffix.clone(), Vec::new());
-                    pending.insert(suffix, None);
-                    if let (true, Some(body)) = (emit, body) {
-                        changes.push(Change::Deleted(body));
-                    }
-                }
+            Op::Put(o) => self.put(o, existing),
+            removal => match removal.into_removal() {
+                Some((suffix, body)) => self.remove(suffix, body, existing.is_some()),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// An object stored at the version the server has: counted unchanged and, during a
+    /// relist that sweeps, marked seen in this epoch (unless its record already is of it).
+    fn unchanged(&mut self, suffix: &[u8], head: &Head) {
+        self.tally.unchanged += 1;
+        if self.mark_unchanged && head.epoch != self.next.epoch {
+            // Marks are bound to the epoch of the list under way (see `Batch::new`).
+            self.writes.put(
+                keys::tagged(SEEN, suffix),
+                self.next.epoch.to_be_bytes().to_vec(),
+            );
+        }
+    }
+
+    /// Write an object (skipped, as unchanged, when the stored version is the same): its
+    /// record, its index entries, its decoded form for the hot cache and its event.
+    fn put(&mut self, o: Incoming, existing: Option<Head>) -> Result<()> {
+        let key = keys::tagged(OBJECT, &o.suffix);
+        if let Some(head) = &existing {
+            // What the writer itself guarantees: while a delta relist's window is open, a
+            // watch never brings back a version older than the one stored (the fetched
+            // bodies are newer than the replayed events). Outside the window the server's
+            // order is authoritative, even for an event older than the stored version
+            // (`tests/it/delta_seams.rs`, `outside_the_window_an_older_event_applies`): an
+            // assertion there would panic on what a server sent.
+            debug_assert!(
+                self.relisting
+                    || !self.newest_kept
+                    || !matches!(
+                        resource_version::compare(&o.resource_version, &head.resource_version),
+                        Ok(std::cmp::Ordering::Less)
+                    ),
+                "in a delta relist's window, stored version {} of {} replaced by the older {}",
+                head.resource_version,
+                keys::display(&o.suffix),
+                o.resource_version
+            );
+            if head.resource_version == o.resource_version {
+                self.unchanged(&o.suffix, head);
+                return Ok(());
+            }
+        } else {
+            self.next.count += 1;
+        }
+        self.tally.written += 1;
+        let keys_only = self.w.keys_only.is_some();
+        match &o.decoded {
+            Some(obj) if !keys_only => {
+                self.fresh.insert(key.clone(), (obj.clone(), o.body.len()));
+            }
+            _ => {
+                self.fresh.remove(&key);
             }
         }
-        if stale > 0 {
+        let epoch = self.next.epoch;
+        self.pending.insert(
+            o.suffix.clone(),
+            Some(Head {
+                resource_version: o.resource_version.clone(),
+                epoch,
+                uid: o.uid.clone(),
+            }),
+        );
+        if self.w.indexed {
+            let old = self.w.ks.entries(&o.suffix, &self.pending_entries)?;
+            reindex(&mut self.writes, &o.suffix, &old, &o.index);
+            self.pending_entries.insert(o.suffix.clone(), o.index);
+        }
+        let rec = Record::sealed(record::Sealing {
+            key: &key,
+            resource_version: o.resource_version,
+            uid: o.uid,
+            epoch,
+            plain: if keys_only { &[] } else { &o.body },
+            packed: o.packed.filter(|_| !keys_only),
+            cipher: self.w.ks.cipher.as_deref(),
+            compress: self.w.compress,
+        });
+        self.writes.put(key, record::encode(&rec));
+        if self.emit {
+            let body = Body {
+                json: o.body,
+                decoded: o.decoded,
+            };
+            self.changes.push(if existing.is_some() {
+                Change::Updated(body)
+            } else {
+                Change::Created(body)
+            });
+        }
+        Ok(())
+    }
+
+    /// Remove an object, its mark and its index entries (nothing when none is stored: a
+    /// replayed deletion); `body`: the last state the server sent, for its event.
+    fn remove(&mut self, suffix: Vec<u8>, body: Option<Vec<u8>>, stored: bool) -> Result<()> {
+        if !stored {
+            return Ok(()); // replayed deletion, or nothing stored: already gone
+        }
+        let key = keys::tagged(OBJECT, &suffix);
+        self.next.count = self.next.count.saturating_sub(1);
+        self.tally.deleted += 1;
+        self.writes.delete(keys::tagged(SEEN, &suffix));
+        self.fresh.remove(&key);
+        self.writes.delete(key);
+        let old = self.w.ks.entries(&suffix, &self.pending_entries)?;
+        reindex(&mut self.writes, &suffix, &old, &[]);
+        self.pending_entries.insert(suffix.clone(), Vec::new());
+        self.pending.insert(suffix, None);
+        if let (true, Some(body)) = (self.emit, body) {
+            self.changes.push(Change::Deleted(body));
+        }
+        Ok(())
+    }
+
+    /// The batch's writes, counts, new state, events and write-through objects.
+    pub(super) fn finish(self) -> Built {
+        if self.tally.stale > 0 {
             tracing::debug!(
-                stale,
+                stale = self.tally.stale,
                 "watch events older than the stored versions skipped (replay after a delta relist)"
             );
         }
-        let tally = Tally {
-            written,
-            unchanged,
-            deleted: removed,
-            stale,
-        };
-        self.write(batch, next, tally, window)?;
-        // After the write's cache invalidation, before the next write: each is the newest.
-        self.cache
-            .put_fresh(fresh.into_iter().map(|(k, (o, n))| (k, o, n)).collect());
-        Ok(changes)
-    }
-
-    /// Whether the watch is replaying past a delta relist's fetched bodies: the store is
-    /// synced at a checkpoint below the highest resourceVersion its fetches answered at.
-    fn replaying_fetched(&self) -> bool {
-        let (Phase::Synced { resource_version }, Some(high)) =
-            (&self.state.phase, self.fetched_through.as_deref())
-        else {
-            return false;
-        };
-        matches!(
-            resource_version::compare(resource_version, high),
-            Ok(std::cmp::Ordering::Less)
-        )
-    }
-
-    /// Add the delta relist window's update to `batch` and return the window after it:
-    /// `fetched` raises it; a synced checkpoint that reaches it (or cannot be compared with
-    /// it) closes it. Every batch that writes a state goes through it.
-    pub(super) fn window_update(
-        &self,
-        batch: &mut WriteBatch,
-        next: &State,
-        fetched: Option<String>,
-    ) -> Option<String> {
-        let raised = fetched.is_some();
-        let window = fetched.or_else(|| self.fetched_through.clone());
-        let closed = match (&next.phase, &window) {
-            (Phase::Synced { resource_version }, Some(high)) => !matches!(
-                resource_version::compare(resource_version, high),
-                Ok(std::cmp::Ordering::Less)
-            ),
-            _ => false,
-        };
-        if closed {
-            if self.fetched_through.is_some() {
-                batch.delete(FETCHED_KEY.to_vec());
-            }
-            return None;
+        Built {
+            writes: self.writes,
+            next: self.next,
+            tally: self.tally,
+            changes: self.changes,
+            fresh: self
+                .fresh
+                .into_iter()
+                .map(|(k, (o, n))| (k, o, n))
+                .collect(),
         }
-        if let (true, Some(high)) = (raised, &window) {
-            batch.put(FETCHED_KEY.to_vec(), record::encode(high));
-        }
-        window
     }
-
-    /// The stored head (resourceVersion, epoch, uid) of the objects `ops` touch, read in one
-    /// pass (one read transaction on redb) from the records' heads, without copying bodies.
-    /// Always read, even when the count says the store is empty: what decides whether an
-    /// object is new or a deletion already applied is the record, never the count.
-    fn stored_heads(&self, ops: &[Op]) -> Result<HashMap<Vec<u8>, Head>> {
-        let mut heads = HashMap::new();
-        let keys: Vec<Vec<u8>> = ops
-            .iter()
-            .map(|op| keys::tagged(OBJECT, op.suffix()))
-            .collect();
-        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        self.backend.get_each(&refs, &mut |i, value| {
-            let suffix = &keys[i][1..];
-            let r =
-                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
-            heads.insert(
-                suffix.to_vec(),
-                Head {
-                    resource_version: r.resource_version,
-                    epoch: r.epoch,
-                    uid: r.uid,
-                },
-            );
-            Ok(())
-        })?;
-        Ok(heads)
-    }
-}
-
-/// What a batch needs of a stored (or earlier written) record.
-#[derive(Debug, Clone)]
-struct Head {
-    resource_version: String,
-    epoch: u64,
-    uid: String,
 }
 
 /// Whether a replayed watch event is superseded by the stored version: older than it (both
@@ -291,7 +284,6 @@ fn superseded(op: &Op, stored: Option<&Head>) -> bool {
         Ok(std::cmp::Ordering::Less)
     )
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,18 @@
 //! The single writer of one stream: turns list pages, watch bursts and sweeps into
 //! atomic batches that always carry the new [`State`] (the checkpoint) with the data.
+//!
+//! [`Writer`]'s methods are all here, each a step of the stream's cycle; the work of each
+//! concept is in a file of its own: one batch built op by op (`batch.rs`, [`Batch`]), the
+//! keyspace as the writer reads it (`keyspace.rs`, [`Keyspace`]), the delta relist's fetch
+//! window (`window.rs`, [`FetchWindow`]), index upkeep (`index.rs`), the sweep at the end of
+//! a relist (`sweep.rs`) and the prune of a narrowed shard (`prune.rs`).
 
 mod batch;
 mod index;
+mod keyspace;
 mod prune;
 mod sweep;
+mod window;
 pub(crate) use index::IndexEntries;
 
 use std::path::PathBuf;
@@ -13,13 +21,16 @@ use std::sync::Arc;
 use super::StatusTx;
 use super::cache::HotCache;
 use crate::disk::Cipher;
-use crate::disk::keys::{self, OBJECT, STATE_KEY};
-use crate::disk::record::{self, Record};
+use crate::disk::keys::{OBJECT, STATE_KEY};
+use crate::disk::record;
 use crate::disk::{Backend, WriteBatch};
 use crate::model::Counters;
-use crate::model::{Error, Result};
+use crate::model::{Error, Result, Shard};
 use crate::store::{Compression, StreamLease};
 use crate::store::{Phase, State};
+use batch::Batch;
+use keyspace::Keyspace;
+use window::FetchWindow;
 
 /// An object as received from the server, reduced to what the store needs.
 #[derive(Debug)]
@@ -64,7 +75,7 @@ pub(crate) enum Op {
     /// The server has a newer version that the store refused (see `Stats::bad_objects`):
     /// remove the stored one, which is no longer current. No `Delete` event. Skipped, as a
     /// `Put` is, when older than the stored version while a delta relist's fetched bodies
-    /// are being replayed (see [`Writer::fetched_through`]).
+    /// are being replayed (see [`FetchWindow`]).
     Reject {
         suffix: Vec<u8>,
         resource_version: Option<String>,
@@ -127,14 +138,26 @@ pub(crate) enum ListProgress {
     Done(String),
 }
 
+/// What a writer is built on: the stream's keyspace and its stored state, the readers'
+/// status, the stream's counters and hot cache, and the keyspace's lease.
+pub(crate) struct WriterParts {
+    pub(crate) backend: Arc<dyn Backend>,
+    /// The store directory, for errors.
+    pub(crate) path: PathBuf,
+    pub(crate) state: State,
+    pub(crate) status: StatusTx,
+    pub(crate) stats: Arc<Counters>,
+    pub(crate) cache: Arc<HotCache>,
+    pub(crate) cipher: Option<Arc<Cipher>>,
+    pub(crate) lease: StreamLease,
+}
+
 pub(crate) struct Writer {
-    backend: Arc<dyn Backend>,
-    path: PathBuf,
+    ks: Keyspace,
     state: State,
     status: StatusTx,
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
-    cipher: Option<Arc<Cipher>>,
     /// Whether index entries are maintained (some index is configured).
     indexed: bool,
     /// How bodies are compressed.
@@ -143,11 +166,10 @@ pub(crate) struct Writer {
     keys_only: Option<(String, String)>,
     /// What the last committed batch did (a delta relist's choice of its next page).
     last_tally: Tally,
-    /// The highest resourceVersion a delta relist's fetches answered at, while the watch
-    /// has not replayed past it (`keys::FETCHED_KEY`, read when the stream is opened): the
-    /// store may hold bodies newer than its checkpoint, and the watch skips replayed events
-    /// older than the stored versions only while this is set.
-    fetched_through: Option<String>,
+    /// The delta relist's fetch window (`keys::FETCHED_KEY`, read when the stream is
+    /// opened): while it is open the store may hold bodies newer than its checkpoint, and
+    /// the watch skips replayed events older than the stored versions.
+    window: FetchWindow,
     /// A narrowed shard's prune is pending: the store holds objects it no longer owns and
     /// is not reported ready until the prune completes.
     pruning: bool,
@@ -157,18 +179,8 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        backend: Arc<dyn Backend>,
-        path: PathBuf,
-        state: State,
-        status: StatusTx,
-        stats: Arc<Counters>,
-        cache: Arc<HotCache>,
-        cipher: Option<Arc<Cipher>>,
-        lease: StreamLease,
-    ) -> Self {
-        Writer {
+    pub(crate) fn new(parts: WriterParts) -> Self {
+        let WriterParts {
             backend,
             path,
             state,
@@ -176,11 +188,23 @@ impl Writer {
             stats,
             cache,
             cipher,
+            lease,
+        } = parts;
+        Writer {
+            ks: Keyspace {
+                backend,
+                path,
+                cipher,
+            },
+            state,
+            status,
+            stats,
+            cache,
             indexed: false,
             compress: Compression::Lz4,
             keys_only: None,
             pruning: false,
-            fetched_through: None,
+            window: FetchWindow::default(),
             last_tally: Tally::default(),
             _lease: lease,
         }
@@ -192,9 +216,9 @@ impl Writer {
     }
 
     /// The delta relist window read from disk when the stream is opened (see
-    /// [`Writer::fetched_through`]).
+    /// [`FetchWindow`]).
     pub(crate) fn set_fetched_through(&mut self, fetched_through: Option<String>) {
-        self.fetched_through = fetched_through;
+        self.window = FetchWindow::new(fetched_through);
     }
 
     /// Store no bodies from now on; swept objects are described with this (apiVersion, kind).
@@ -232,7 +256,7 @@ impl Writer {
         let mut next = self.state.clone();
         next.epoch += 1;
         // Sweep whenever a record exists, whatever the count says.
-        let sweep = self.state.count > 0 || self.holds_objects()?;
+        let sweep = self.state.count > 0 || self.ks.holds_objects()?;
         next.phase = Phase::Listing {
             continue_token: None,
             sweep,
@@ -248,17 +272,6 @@ impl Writer {
             Counters::add(&self.stats.relists, 1);
         }
         Ok(())
-    }
-
-    /// Whether any object record is stored.
-    fn holds_objects(&self) -> Result<bool> {
-        let (start, end) = keys::range(OBJECT, None);
-        Ok(self
-            .backend
-            .range(&start, &end)
-            .next()
-            .transpose()?
-            .is_some())
     }
 
     /// Write one list page (or one batch of streaming-list events) in one atomic batch.
@@ -277,7 +290,7 @@ impl Writer {
     }
 
     /// A list page's writes with the list's progress, in one atomic batch; `fetched`: a new
-    /// high of the delta relist window ([`Writer::fetched_through`]) to keep with them.
+    /// high of the delta relist window ([`FetchWindow`]) to keep with them.
     fn list_ops(
         &mut self,
         ops: Vec<Op>,
@@ -289,7 +302,7 @@ impl Writer {
             Phase::Listing { sweep, .. } => *sweep,
             other => {
                 return Err(Error::Storage {
-                    path: self.path.clone(),
+                    path: self.ks.path.clone(),
                     detail: format!("list page written outside a list (phase {other:?})"),
                 });
             }
@@ -318,27 +331,16 @@ impl Writer {
     /// state is authoritative, as in a full list).
     ///
     /// `answered_at`: the highest resourceVersion the page's fetches were answered at (their
-    /// bodies are no newer), kept with the page as the relist's window
-    /// ([`Writer::fetched_through`]).
+    /// bodies are no newer), kept with the page as the relist's window ([`FetchWindow`]).
     pub(crate) fn delta_page(
         &mut self,
         seen: Vec<(Vec<u8>, String)>,
         fetched: Vec<Incoming>,
-        mut answered_at: Option<String>,
+        answered_at: Option<String>,
         progress: ListProgress,
         emit: bool,
     ) -> Result<Vec<Change>> {
-        if let Some(at) = &answered_at {
-            let newer = self.fetched_through.as_deref().is_none_or(|high| {
-                !matches!(
-                    crate::model::resource_version::compare(at, high),
-                    Ok(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
-                )
-            });
-            if !newer {
-                answered_at = None;
-            }
-        }
+        let raised = self.window.raised_by(answered_at);
         let mut ops: Vec<Op> = seen
             .into_iter()
             .map(|(suffix, resource_version)| Op::Seen {
@@ -347,22 +349,13 @@ impl Writer {
             })
             .collect();
         ops.extend(fetched.into_iter().map(Op::Put));
-        self.list_ops(ops, progress, emit, answered_at)
+        self.list_ops(ops, progress, emit, raised)
     }
 
     /// The stored resourceVersion of each object of `suffixes` (`None`: not stored), read
     /// from the records' heads in one pass.
     pub(crate) fn stored_versions(&self, suffixes: &[Vec<u8>]) -> Result<Vec<Option<String>>> {
-        let keys: Vec<Vec<u8>> = suffixes.iter().map(|s| keys::tagged(OBJECT, s)).collect();
-        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let mut out = vec![None; keys.len()];
-        self.backend.get_each(&refs, &mut |i, value| {
-            let r =
-                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
-            out[i] = Some(r.resource_version);
-            Ok(())
-        })?;
-        Ok(out)
+        self.ks.stored_versions(suffixes)
     }
 
     /// What the last committed batch did to objects.
@@ -383,23 +376,166 @@ impl Writer {
         self.commit(ops, next, emit)
     }
 
-    fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Record> {
-        record::decode(value).map_err(|d| record::corrupt(&self.path, key, d))
+    /// Remove up to `limit` objects not seen in the current epoch (`sweep.rs`). Returns the
+    /// deletions and whether the sweep is complete (then the store is synced at the list's
+    /// version).
+    pub(crate) fn sweep_step(&mut self, limit: usize, emit: bool) -> Result<(Vec<Change>, bool)> {
+        let Phase::Sweeping {
+            resource_version,
+            after,
+        } = self.state.phase.clone()
+        else {
+            return Ok((Vec::new(), true));
+        };
+        let swept = sweep::chunk(self, self.state.epoch, after.as_deref(), limit, emit)?;
+        let mut next = self.state.clone();
+        next.count = next.count.saturating_sub(swept.deleted);
+        if swept.done {
+            tracing::info!(resource_version = %resource_version, "sweep complete, store synced");
+            next.last_synced = Some(resource_version.clone());
+            next.phase = Phase::Synced { resource_version };
+        } else {
+            next.phase = Phase::Sweeping {
+                resource_version,
+                after: swept.last,
+            };
+        }
+        let tally = Tally {
+            deleted: swept.deleted,
+            ..Tally::default()
+        };
+        self.write(swept.writes, next, tally, None)?;
+        Ok((swept.changes, swept.done))
     }
 
+    /// Whether a prune is pending, and after which key it resumes.
+    pub(crate) fn prune_pending(&self) -> Result<Option<Option<Vec<u8>>>> {
+        self.ks.prune_cursor()
+    }
+
+    /// Remove up to `limit` scanned objects outside `shard` (`prune.rs`; no events: they
+    /// still exist on the server, in another shard). Returns whether the prune is complete.
+    pub(crate) fn prune_step(&mut self, shard: &Shard, limit: usize) -> Result<bool> {
+        let Some(after) = self.ks.prune_cursor()? else {
+            return Ok(true);
+        };
+        let pruned = prune::chunk(&self.ks, shard, after.as_deref(), limit)?;
+        let mut next = self.state.clone();
+        next.count = next.count.saturating_sub(pruned.pruned);
+        if pruned.done {
+            // Readers see the store ready again with the batch that completes the prune.
+            self.pruning = false;
+        }
+        let tally = Tally {
+            deleted: pruned.pruned,
+            ..Tally::default()
+        };
+        self.write(pruned.writes, next, tally, None)?;
+        tracing::debug!(
+            pruned = pruned.pruned,
+            done = pruned.done,
+            "pruned objects outside the shard"
+        );
+        Ok(pruned.done)
+    }
+
+    /// Compare the configured indexes with those built on disk (`index.rs`): drop the ones
+    /// no longer configured. Returns whether new ones must be built (page by page, from disk).
+    pub(crate) fn prepare_indexes(&mut self, configured: &[String]) -> Result<bool> {
+        let plan = index::plan(self.ks.built_indexes()?, configured);
+        self.set_indexed(!configured.is_empty());
+        if !plan.removed.is_empty() || plan.drop_entry_lists {
+            tracing::info!(indexes = ?plan.removed, "dropping indexes no longer configured");
+            index::drop(&self.ks, &plan.removed, plan.drop_entry_lists)?;
+        }
+        self.set_built_indexes(&plan.kept)?;
+        if plan.build {
+            tracing::info!(indexes = ?configured, "building indexes from disk");
+        }
+        Ok(plan.build)
+    }
+
+    /// The indexes built on disk.
+    pub(crate) fn built_indexes(&self) -> Result<Vec<String>> {
+        self.ks.built_indexes()
+    }
+
+    /// Recompute the index entries of up to `limit` stored objects after `after`, with
+    /// `inspect` (which decodes the JSON body). Returns the last key, or `None` when done.
+    pub(crate) fn index_chunk(
+        &mut self,
+        after: Option<Vec<u8>>,
+        limit: usize,
+        inspect: &dyn Fn(&[u8]) -> std::result::Result<IndexEntries, serde_json::Error>,
+    ) -> Result<Option<Vec<u8>>> {
+        let (batch, last) = index::chunk(&self.ks, after, limit, inspect)?;
+        self.cache.begin_write(std::iter::empty());
+        let applied = self.ks.backend.apply(batch);
+        self.cache.end_write();
+        applied?;
+        Ok(last)
+    }
+
+    /// Record that `names` are the built indexes, and tell the readers.
+    pub(crate) fn set_built_indexes(&mut self, names: &[String]) -> Result<()> {
+        index::record_built(&self.ks, names)?;
+        self.status.indexes(names.to_vec());
+        Ok(())
+    }
+
+    /// Apply `ops` and the next state in ONE atomic batch.
+    fn commit(&mut self, ops: Vec<Op>, next: State, emit: bool) -> Result<Vec<Change>> {
+        self.commit_window(ops, next, emit, None)
+    }
+
+    /// [`Writer::commit`], keeping `fetched` as the new high of the delta relist window
+    /// ([`FetchWindow`]) in the same batch: the batch is built op by op (`batch.rs`),
+    /// written with the state, and its objects' decoded forms cached once it is committed.
+    fn commit_window(
+        &mut self,
+        ops: Vec<Op>,
+        next: State,
+        emit: bool,
+        fetched: Option<String>,
+    ) -> Result<Vec<Change>> {
+        let mut batch = Batch::new(self, &ops, next, emit)?;
+        for op in ops {
+            batch.apply(op)?;
+        }
+        let built = batch.finish();
+        self.write(built.writes, built.next, built.tally, fetched)?;
+        // After the write's cache invalidation, before the next write: each is the newest.
+        self.cache.put_fresh(built.fresh);
+        Ok(built.changes)
+    }
+
+    /// Commit `batch` with the state `next` (and the fetch window's update, `fetched`
+    /// raising it): one atomic batch, the cache kept coherent around it, the counters and
+    /// the readers told once it is on disk.
     fn write(
         &mut self,
         mut batch: WriteBatch,
         next: State,
         tally: Tally,
-        window: Option<String>,
+        fetched: Option<String>,
     ) -> Result<()> {
+        debug_assert_eq!(
+            self.state.violation(&next),
+            None,
+            "a batch of {} breaks an invariant of its state: {:?} after {:?}",
+            self.ks.path.display(),
+            next,
+            self.state
+        );
+        let window = self.window.update(&mut batch, &next, fetched);
+        // The state is the batch's last write: the checkpoint goes to disk with the data
+        // it covers, never in a batch of its own.
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
         // Readers must not keep (or re-insert) cached versions of what this batch changes.
         self.cache
             .begin_write(batch.keys().filter(|k| k.first() == Some(&OBJECT)));
-        let applied = self.backend.apply(batch);
+        let applied = self.ks.backend.apply(batch);
         self.cache.end_write();
         applied?;
         Counters::add(&self.stats.objects_written, tally.written);
@@ -409,7 +545,7 @@ impl Writer {
         Counters::add(&self.stats.batches, 1);
         tracing::trace!(ops, phase = ?next.phase, "batch committed");
         self.last_tally = tally;
-        self.fetched_through = window;
+        self.window = window;
         self.state = next;
         self.publish();
         Ok(())

@@ -18,14 +18,15 @@ use crate::controller::keyspace::ReconcileRecord;
 
 /// A scheduled object read from disk (on the blocking pool, not in `poll_next`), with its
 /// reconcile record when the runner may skip it.
-pub(super) struct Fetched<K: Resource> {
+pub(super) struct ObjectRead<K: Resource> {
     pub(super) request: ReconcileRequest<K>,
     /// The request had to run (see `Runner::forced`): kept if the read fails.
     pub(super) forced: bool,
-    pub(super) read: crate::model::Result<Option<std::sync::Arc<K>>>,
+    pub(super) object: crate::model::Result<Option<std::sync::Arc<K>>>,
     pub(super) record: Option<ReconcileRecord>,
 }
-pub(super) type Fetch<K> = BoxFuture<'static, Fetched<K>>;
+/// A read under way.
+pub(super) type PendingRead<K> = BoxFuture<'static, ObjectRead<K>>;
 
 impl<K, Ctx, E> Runner<K, Ctx, E>
 where
@@ -59,16 +60,16 @@ where
         if state.is_none()
             && let Some(obj) = reader.cached(&request.obj_ref)
         {
-            let fetched = Fetched {
+            let read = ObjectRead {
                 request,
                 forced,
-                read: Ok(Some(obj)),
+                object: Ok(Some(obj)),
                 record: None,
             };
-            self.fetching.push(futures::future::ready(fetched).boxed());
+            self.reading.push(futures::future::ready(read).boxed());
             return;
         }
-        self.fetching.push(
+        self.reading.push(
             async move {
                 let obj_ref = request.obj_ref.clone();
                 let read = tokio::task::spawn_blocking(move || {
@@ -82,17 +83,17 @@ where
                     (obj, record)
                 })
                 .await;
-                let (read, record) = read.unwrap_or_else(|e| {
+                let (object, record) = read.unwrap_or_else(|e| {
                     let e = crate::model::Error::Storage {
                         path: Default::default(),
                         detail: format!("object read task failed: {e}"),
                     };
                     (Err(e), None)
                 });
-                Fetched {
+                ObjectRead {
                     request,
                     forced,
-                    read,
+                    object,
                     record,
                 }
             }
