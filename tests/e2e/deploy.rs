@@ -195,7 +195,12 @@ pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
     for (name, owner) in [("rbac-owned", Some("web-1")), ("rbac-bare", None)] {
         let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]}});
+            // The namespace enforces Pod Security `restricted` (deploy/namespace.yaml).
+            "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "c", "image": "example.invalid/c:1",
+                    "securityContext": {"allowPrivilegeEscalation": false,
+                        "capabilities": {"drop": ["ALL"]}}}]}});
         if let Some(owner) = owner {
             pod["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "apps/v1",
                 "kind": "ReplicaSet", "name": owner, "controller": true,
