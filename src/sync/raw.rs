@@ -195,16 +195,16 @@ pub(crate) fn incoming(
     keep: bool,
     decodes: &AtomicU64,
 ) -> Result<Incoming, BadObject> {
-    let check = |body: &[u8]| {
+    let check = |f: &Inspector, body: &[u8]| {
         decodes.fetch_add(1, Relaxed);
-        inspect.map(|f| f(body))
+        f(body)
     };
     let json = raw.get();
     // Validating decodes the object into the stream's type anyway: that one decode also
     // gives the metadata, when the body is stored as received (no transform).
     let decoded = match inspect {
-        Some(_) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
-            check(json.as_bytes()).and_then(|r| r.ok())
+        Some(f) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+            check(f, json.as_bytes()).ok()
         }
         _ => None,
     };
@@ -227,65 +227,30 @@ pub(crate) fn incoming(
             (head.metadata, None, None)
         }
     };
-    let name = match m.name {
-        Some(n) if !n.is_empty() && !n.contains('\0') => n,
-        _ => {
-            return Err(BadObject::anonymous(
-                snippet(json),
-                "missing or invalid metadata.name".into(),
-            ));
-        }
-    };
-    let what = match &m.namespace {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.clone(),
-    };
-    if m.namespace.as_deref().is_some_and(|ns| ns.contains('\0')) {
-        return Err(BadObject::anonymous(
-            what,
-            "invalid metadata.namespace".into(),
-        ));
-    }
-    let key = object_suffix(m.namespace.as_deref(), &name);
-    let rv = m.resource_version.filter(|rv| !rv.is_empty());
-    let bad = |why: String| BadObject {
-        what: what.clone(),
-        why,
-        key: Some(key.clone()),
-        resource_version: rv.clone(),
-    };
+    let named = Named::of(m.name, m.namespace.as_deref(), m.resource_version, json)?;
     if json.len() > cfg.max_object_bytes {
-        return Err(bad(format!(
+        return Err(named.bad(format!(
             "{} bytes exceeds max_object_bytes {}",
             json.len(),
             cfg.max_object_bytes
         )));
     }
-    let Some(resource_version) = rv.clone() else {
-        return Err(bad("missing metadata.resourceVersion".into()));
+    let Some(resource_version) = named.resource_version.clone() else {
+        return Err(named.bad("missing metadata.resourceVersion".into()));
     };
-    let body = match &cfg.transform {
-        Some((_, f)) => {
-            let mut v: serde_json::Value =
-                serde_json::from_str(json).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-            f(&mut v);
-            serde_json::to_vec(&v).map_err(|e| bad(format!("transform output: {e}")))?
-        }
-        None => json.as_bytes().to_vec(),
-    };
-    let index = match (entries, inspect.is_some()) {
+    let body = transformed(json, cfg).map_err(|why| named.bad(why))?;
+    let index = match (entries, inspect) {
         (Some(entries), _) => entries,
-        (None, true) => {
-            let d = check(&body)
-                .expect("an inspector")
-                .map_err(|e| bad(format!("does not decode into the store's type: {e}")))?;
+        (None, Some(f)) => {
+            let d = check(f, &body)
+                .map_err(|e| named.bad(format!("does not decode into the store's type: {e}")))?;
             object = d.object;
             d.entries
         }
-        (None, false) => Vec::new(),
+        (None, None) => Vec::new(),
     };
     Ok(Incoming {
-        suffix: key,
+        suffix: named.key,
         uid: m.uid.unwrap_or_default(),
         resource_version,
         body,
@@ -293,6 +258,71 @@ pub(crate) fn incoming(
         decoded: object.filter(|_| keep),
         packed: None,
     })
+}
+
+/// An object identified by its metadata: its key, how logs name it, its resourceVersion.
+struct Named {
+    key: Vec<u8>,
+    what: String,
+    resource_version: Option<String>,
+}
+
+impl Named {
+    /// The identity of an object with `name` and `namespace` (of `json`), if they are valid.
+    fn of(
+        name: Option<String>,
+        namespace: Option<&str>,
+        resource_version: Option<String>,
+        json: &str,
+    ) -> Result<Named, BadObject> {
+        let name = match name {
+            Some(n) if !n.is_empty() && !n.contains('\0') => n,
+            _ => {
+                return Err(BadObject::anonymous(
+                    snippet(json),
+                    "missing or invalid metadata.name".into(),
+                ));
+            }
+        };
+        let what = match namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.clone(),
+        };
+        if namespace.is_some_and(|ns| ns.contains('\0')) {
+            return Err(BadObject::anonymous(
+                what,
+                "invalid metadata.namespace".into(),
+            ));
+        }
+        Ok(Named {
+            key: object_suffix(namespace, &name),
+            what,
+            resource_version: resource_version.filter(|rv| !rv.is_empty()),
+        })
+    }
+
+    /// Why this object is refused.
+    fn bad(&self, why: String) -> BadObject {
+        BadObject {
+            what: self.what.clone(),
+            why,
+            key: Some(self.key.clone()),
+            resource_version: self.resource_version.clone(),
+        }
+    }
+}
+
+/// The body as stored: the JSON received, or the stream's transform's output.
+fn transformed(json: &str, cfg: &StreamConfig) -> Result<Vec<u8>, String> {
+    match &cfg.transform {
+        Some((_, f)) => {
+            let mut v: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| format!("invalid JSON: {e}"))?;
+            f(&mut v);
+            serde_json::to_vec(&v).map_err(|e| format!("transform output: {e}"))
+        }
+        None => Ok(json.as_bytes().to_vec()),
+    }
 }
 
 /// An object of a metadata-only LIST page: what a delta relist compares with the store.

@@ -11,6 +11,9 @@
 //!
 //! The diagram in docs/design.md ("The watcher state machine") is checked against this
 //! function by `tests::the_diagram_draws_every_transition`.
+//!
+//! Longer than 600 lines: the stage, outcome and effect types with the function that moves
+//! between them, in one file so that every decision of a stream reads in one place.
 
 use super::super::config::{RelistMode, StreamConfig};
 use super::super::raw::StatusKind;
@@ -486,6 +489,33 @@ fn decide(
     store: &Stored,
     rules: &Rules,
 ) -> Decided {
+    match stage {
+        Stage::Listing { .. } | Stage::DeltaListing { .. } | Stage::Fetching { .. } => {
+            decide_listing(at, book, stage, returned, store, rules)
+        }
+        Stage::StreamingInitial { .. } | Stage::Sweeping { .. } | Stage::Watching { .. } => {
+            decide_watching(at, book, stage, returned, store, rules)
+        }
+        Stage::Start
+        | Stage::BuildingIndex { .. }
+        | Stage::Pruning { .. }
+        | Stage::Resume
+        | Stage::BeginList { .. }
+        | Stage::Backoff { .. }
+        | Stage::Stopped => decide_local(at, book, stage, returned, store, rules),
+    }
+}
+
+/// The stages on the local store: the start, a prune, an index build, a resume from the
+/// stored phase, a list's new epoch, a wait.
+fn decide_local(
+    at: &mut At,
+    book: &mut Book,
+    stage: Stage,
+    returned: Returned,
+    store: &Stored,
+    rules: &Rules,
+) -> Decided {
     Ok(match (stage, returned) {
         (Stage::Start, Returned::Prepared { build, prune }) => {
             started(at, book, store, prune);
@@ -520,6 +550,21 @@ fn decide(
                 None => list,
             }
         }
+        (Stage::Backoff { next, .. }, Returned::Waited) => *next,
+        (stage, returned) => unexpected(stage, returned),
+    })
+}
+
+/// The stages of a paginated LIST and of a delta relist.
+fn decide_listing(
+    at: &mut At,
+    book: &mut Book,
+    stage: Stage,
+    returned: Returned,
+    store: &Stored,
+    rules: &Rules,
+) -> Decided {
+    Ok(match (stage, returned) {
         (Stage::Listing { .. }, Returned::PageRead { next_token }) => Stage::Listing {
             committing: match next_token {
                 Some(_) => Committing::Page,
@@ -624,6 +669,20 @@ fn decide(
             delta_unusable(at, book, "a LIST narrowed to one object", &reason, &detail);
             full_page(continue_token, Some(listed_at))
         }
+        (stage, returned) => unexpected(stage, returned),
+    })
+}
+
+/// The stages on a watch connection: a streaming list, the sweep after it, the watch.
+fn decide_watching(
+    at: &mut At,
+    book: &mut Book,
+    stage: Stage,
+    returned: Returned,
+    store: &Stored,
+    rules: &Rules,
+) -> Decided {
+    Ok(match (stage, returned) {
         (
             Stage::StreamingInitial {
                 connected: false, ..
@@ -654,15 +713,14 @@ fn decide(
         (Stage::Watching { connected: true }, Returned::Watch(burst)) => {
             return watch_burst(at, book, burst, rules);
         }
-        (Stage::Backoff { next, .. }, Returned::Waited) => *next,
         (stage, returned) => unexpected(stage, returned),
     })
 }
 
-/// An outcome the stage's action cannot return: a defect of the driver. Tests fail on it;
-/// a release build logs it and resumes from the stored phase, which is always safe.
+/// An outcome the stage's action cannot return (a defect of the driver): logged, and the
+/// stream resumes from the stored phase, which is always safe. The transition table's tests
+/// enumerate these pairs.
 fn unexpected(stage: Stage, returned: Returned) -> Stage {
-    debug_assert!(false, "no transition from {stage:?} on {returned:?}");
     tracing::error!(stage = stage.name(), outcome = ?returned,
         "the watcher got an outcome its stage does not expect; resuming from the stored phase");
     Stage::Resume

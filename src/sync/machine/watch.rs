@@ -103,14 +103,7 @@ pub(super) async fn read(core: &mut Core, held: &mut Held) -> Result<Returned> {
         });
     };
     let max = core.cfg.page_size as usize;
-    let (mut parsed, ended) = match std::mem::take(&mut held.deferred) {
-        Deferred::Parsed(ahead) => (ahead.parsed, ahead.ended),
-        Deferred::Lines(lines) => (parse(core.ingest.clone(), lines).await?, false),
-        Deferred::Nothing => {
-            let burst = conn.burst(max, None, WATCH_LINGER).await?;
-            (parse(core.ingest.clone(), burst.lines).await?, burst.ended)
-        }
-    };
+    let (mut parsed, ended) = this_burst(core, conn, std::mem::take(&mut held.deferred)).await?;
     if let Some(why) = parsed.lost.take() {
         // Nothing of this burst is committed: the checkpoint stays before the lost event.
         return Ok(Returned::Watch(WatchBurst {
@@ -153,6 +146,36 @@ pub(super) async fn read(core: &mut Core, held: &mut Held) -> Result<Returned> {
     let changes = core.writer.finish(done)?;
     core.push_changes(changes);
     core.push_rejected(std::mem::take(&mut parsed.rejected));
+    Ok(Returned::Watch(committed(core, held, parsed, ended, ahead)))
+}
+
+/// The burst to commit: the one parsed ahead, the lines a streaming list left, or the next
+/// one read from `conn`; and whether the server ended the stream after it.
+async fn this_burst(
+    core: &Core,
+    conn: &mut WatchConn,
+    deferred: Deferred,
+) -> Result<(Parsed, bool)> {
+    Ok(match deferred {
+        Deferred::Parsed(ahead) => (ahead.parsed, ahead.ended),
+        Deferred::Lines(lines) => (parse(core.ingest.clone(), lines).await?, false),
+        Deferred::Nothing => {
+            let burst = conn
+                .burst(core.cfg.page_size as usize, None, WATCH_LINGER)
+                .await?;
+            (parse(core.ingest.clone(), burst.lines).await?, burst.ended)
+        }
+    })
+}
+
+/// What a committed burst returned; the burst read ahead (or its failure) is kept in `held`.
+fn committed(
+    core: &mut Core,
+    held: &mut Held,
+    parsed: Parsed,
+    ended: bool,
+    ahead: Option<Result<PendingBurst>>,
+) -> WatchBurst {
     if let Some(checkpoint) = &core.writer.state.last_synced {
         core.catch_up.after_burst(checkpoint, parsed.bookmarks);
     }
@@ -167,16 +190,17 @@ pub(super) async fn read(core: &mut Core, held: &mut Held) -> Result<Returned> {
             detail: format!("{} {} ({})", status.code, status.reason, status.message),
         });
         core.error = Some(watch_status(core, status));
-        return Ok(Returned::Watch(out));
+        return out;
     }
     if ended {
+        let ended_after = held.conn.as_ref().and_then(|c| c.ended_after());
         if let (Some((lasted, quiet)), Some(checkpoint)) =
-            (conn.ended_after(), &core.writer.state.last_synced)
+            (ended_after, &core.writer.state.last_synced)
         {
             core.catch_up.watch_ended(checkpoint, lasted, quiet);
         }
         tracing::debug!(stream = %core.stream, url = %core.url(), "watch stream ended; reconnecting from the checkpoint");
-        return Ok(Returned::Watch(out));
+        return out;
     }
     match ahead.transpose() {
         Ok(Some(ahead)) => held.deferred = Deferred::Parsed(Box::new(ahead)),
@@ -186,5 +210,5 @@ pub(super) async fn read(core: &mut Core, held: &mut Held) -> Result<Returned> {
             out.ahead_failed = true;
         }
     }
-    Ok(Returned::Watch(out))
+    out
 }

@@ -1,5 +1,9 @@
 //! The transition table: every (stage, outcome class) pair with its expected next stage and
 //! action, without HTTP; and the diagram of docs/design.md checked against the function.
+//!
+//! Longer than 600 lines: the table itself (one row a line), the enumeration of every
+//! stage and outcome class, and the exploration that the diagram is checked against, which
+//! read best beside each other.
 
 use std::collections::BTreeSet;
 
@@ -130,6 +134,7 @@ fn row(stage: Stage, phase: Phase, returned: Returned, to: Stage, action: Action
 }
 
 /// The table: each stage with each outcome its action can return.
+#[rustfmt::skip]
 fn table() -> Vec<Row> {
     use Action as A;
     use Returned as R;
@@ -157,713 +162,99 @@ fn table() -> Vec<Row> {
     let begin = Stage::BeginList { relist: None };
     vec![
         // Start and the store's own preparation.
-        row(
-            Stage::Start,
-            synced(),
-            prepared(false, false),
-            Stage::Resume,
-            A::Nothing,
-        ),
-        row(
-            Stage::Start,
-            synced(),
-            prepared(true, false),
-            Stage::BuildingIndex { after: None },
-            A::BuildIndex { after: None },
-        ),
-        row(
-            Stage::Start,
-            synced(),
-            prepared(true, true),
-            Stage::Pruning { then_build: true },
-            A::Prune,
-        ),
-        row(
-            Stage::Start,
-            synced(),
-            failed(None),
-            retry(Stage::Start),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            Stage::Pruning { then_build: false },
-            synced(),
-            R::Chunk { done: false },
-            Stage::Pruning { then_build: false },
-            A::Prune,
-        ),
-        row(
-            Stage::Pruning { then_build: true },
-            synced(),
-            R::Chunk { done: true },
-            Stage::BuildingIndex { after: None },
-            A::BuildIndex { after: None },
-        ),
-        row(
-            Stage::Pruning { then_build: false },
-            synced(),
-            R::Chunk { done: true },
-            Stage::Resume,
-            A::Nothing,
-        ),
-        row(
-            Stage::Pruning { then_build: false },
-            synced(),
-            failed(None),
-            retry(Stage::Pruning { then_build: false }),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            Stage::BuildingIndex { after: None },
-            synced(),
-            R::Indexed {
-                after: Some(b"k".to_vec()),
-            },
-            Stage::BuildingIndex {
-                after: Some(b"k".to_vec()),
-            },
-            A::BuildIndex {
-                after: Some(b"k".to_vec()),
-            },
-        ),
-        row(
-            Stage::BuildingIndex { after: None },
-            synced(),
-            R::Indexed { after: None },
-            Stage::Resume,
-            A::Nothing,
-        ),
-        row(
-            Stage::BuildingIndex { after: None },
-            synced(),
-            failed(None),
-            retry(Stage::BuildingIndex { after: None }),
-            A::Wait(Delay::Retry),
-        ),
+        row(Stage::Start, synced(), prepared(false, false), Stage::Resume, A::Nothing),
+        row(Stage::Start, synced(), prepared(true, false), Stage::BuildingIndex { after: None }, A::BuildIndex { after: None }),
+        row(Stage::Start, synced(), prepared(true, true), Stage::Pruning { then_build: true }, A::Prune),
+        row(Stage::Start, synced(), failed(None), retry(Stage::Start), A::Wait(Delay::Retry)),
+        row(Stage::Pruning { then_build: false }, synced(), R::Chunk { done: false }, Stage::Pruning { then_build: false }, A::Prune),
+        row(Stage::Pruning { then_build: true }, synced(), R::Chunk { done: true }, Stage::BuildingIndex { after: None }, A::BuildIndex { after: None }),
+        row(Stage::Pruning { then_build: false }, synced(), R::Chunk { done: true }, Stage::Resume, A::Nothing),
+        row(Stage::Pruning { then_build: false }, synced(), failed(None), retry(Stage::Pruning { then_build: false }), A::Wait(Delay::Retry)),
+        row(Stage::BuildingIndex { after: None }, synced(), R::Indexed { after: Some(b"k".to_vec()) }, Stage::BuildingIndex { after: Some(b"k".to_vec()) }, A::BuildIndex { after: Some(b"k".to_vec()) }),
+        row(Stage::BuildingIndex { after: None }, synced(), R::Indexed { after: None }, Stage::Resume, A::Nothing),
+        row(Stage::BuildingIndex { after: None }, synced(), failed(None), retry(Stage::BuildingIndex { after: None }), A::Wait(Delay::Retry)),
         // Resume: from the stored phase alone.
-        row(
-            Stage::Resume,
-            Phase::Empty,
-            R::Nothing,
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            Stage::Resume,
-            listing(None),
-            R::Nothing,
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            Stage::Resume,
-            listing(Some("t")),
-            R::Nothing,
-            delta(Some("t"), PageShape::Metadata, None),
-            A::MetadataPage {
-                continue_token: some("t"),
-            },
-        ),
-        row(
-            Stage::Resume,
-            sweeping(),
-            R::Nothing,
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            A::Sweep,
-        ),
-        row(
-            Stage::Resume,
-            synced(),
-            R::Nothing,
-            watching(false),
-            A::ConnectWatch,
-        ),
+        row(Stage::Resume, Phase::Empty, R::Nothing, begin.clone(), A::BeginList { init: false }),
+        row(Stage::Resume, listing(None), R::Nothing, begin.clone(), A::BeginList { init: false }),
+        row(Stage::Resume, listing(Some("t")), R::Nothing, delta(Some("t"), PageShape::Metadata, None), A::MetadataPage { continue_token: some("t") }),
+        row(Stage::Resume, sweeping(), R::Nothing, Stage::Sweeping { then_connected: false }, A::Sweep),
+        row(Stage::Resume, synced(), R::Nothing, watching(false), A::ConnectWatch),
         // A list's new epoch: a delta relist where it applies.
-        row(
-            begin.clone(),
-            listing(None),
-            R::ListBegun,
-            delta(None, PageShape::Metadata, None),
-            A::MetadataPage {
-                continue_token: None,
-            },
-        ),
-        row(
-            relisting("410"),
-            listing(None),
-            R::ListBegun,
-            Stage::Backoff {
-                delay: Delay::Relist("410".into()),
-                next: Box::new(delta(None, PageShape::Metadata, None)),
-            },
-            A::Wait(Delay::Relist("410".into())),
-        ),
-        row(
-            begin.clone(),
-            synced(),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(begin.clone(), listing(None), R::ListBegun, delta(None, PageShape::Metadata, None), A::MetadataPage { continue_token: None }),
+        row(relisting("410"), listing(None), R::ListBegun, Stage::Backoff { delay: Delay::Relist("410".into()), next: Box::new(delta(None, PageShape::Metadata, None)) }, A::Wait(Delay::Relist("410".into()))),
+        row(begin.clone(), synced(), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // A paginated LIST.
-        row(
-            paginated(None, Committing::Nothing),
-            listing(None),
-            R::PageRead {
-                next_token: some("t"),
-            },
-            paginated(Some("t"), Committing::Page),
-            A::ListPage {
-                continue_token: some("t"),
-                read: true,
-            },
-        ),
-        row(
-            paginated(Some("t"), Committing::Page),
-            listing(Some("t")),
-            R::PageRead { next_token: None },
-            paginated(None, Committing::LastPage),
-            A::ListPage {
-                continue_token: None,
-                read: false,
-            },
-        ),
-        row(
-            paginated(None, Committing::LastPage),
-            sweeping(),
-            committed(0, 0),
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            A::Sweep,
-        ),
-        row(
-            paginated(None, Committing::LastPage),
-            synced(),
-            committed(0, 0),
-            watching(false),
-            A::ConnectWatch,
-        ),
-        row(
-            paginated(Some("t"), Committing::Page),
-            listing(Some("t")),
-            R::Expired,
-            relisting("continue token expired (410)"),
-            A::BeginList { init: false },
-        ),
-        row(
-            paginated(Some("t"), Committing::Page),
-            listing(Some("t")),
-            failed(Some(StatusKind::Other)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(paginated(None, Committing::Nothing), listing(None), R::PageRead { next_token: some("t") }, paginated(Some("t"), Committing::Page), A::ListPage { continue_token: some("t"), read: true }),
+        row(paginated(Some("t"), Committing::Page), listing(Some("t")), R::PageRead { next_token: None }, paginated(None, Committing::LastPage), A::ListPage { continue_token: None, read: false }),
+        row(paginated(None, Committing::LastPage), sweeping(), committed(0, 0), Stage::Sweeping { then_connected: false }, A::Sweep),
+        row(paginated(None, Committing::LastPage), synced(), committed(0, 0), watching(false), A::ConnectWatch),
+        row(paginated(Some("t"), Committing::Page), listing(Some("t")), R::Expired, relisting("continue token expired (410)"), A::BeginList { init: false }),
+        row(paginated(Some("t"), Committing::Page), listing(Some("t")), failed(Some(StatusKind::Other)), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // A delta relist's metadata page.
-        row(
-            delta(None, PageShape::Metadata, None),
-            listing(None),
-            meta(true, 0, 100),
-            Stage::Fetching {
-                continue_token: None,
-                at: "41".into(),
-            },
-            A::Fetch,
-        ),
-        row(
-            delta(None, PageShape::Metadata, None),
-            listing(None),
-            meta(true, 7, 100),
-            delta(None, PageShape::Full, Some("41")),
-            A::FullPage {
-                continue_token: None,
-                at: some("41"),
-            },
-        ),
-        row(
-            delta(None, PageShape::Metadata, None),
-            listing(None),
-            meta(false, 0, 100),
-            delta(None, PageShape::Full, Some("41")),
-            A::FullPage {
-                continue_token: None,
-                at: some("41"),
-            },
-        ),
-        row(
-            delta(Some("t"), PageShape::Metadata, None),
-            listing(Some("t")),
-            refused(),
-            delta(Some("t"), PageShape::Full, None),
-            A::FullPage {
-                continue_token: some("t"),
-                at: None,
-            },
-        ),
-        row(
-            delta(Some("t"), PageShape::Metadata, None),
-            listing(Some("t")),
-            R::Expired,
-            relisting("continue token expired (410)"),
-            A::BeginList { init: false },
-        ),
-        row(
-            delta(None, PageShape::Metadata, None),
-            listing(None),
-            failed(Some(StatusKind::Other)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(delta(None, PageShape::Metadata, None), listing(None), meta(true, 0, 100), Stage::Fetching { continue_token: None, at: "41".into() }, A::Fetch),
+        row(delta(None, PageShape::Metadata, None), listing(None), meta(true, 7, 100), delta(None, PageShape::Full, Some("41")), A::FullPage { continue_token: None, at: some("41") }),
+        row(delta(None, PageShape::Metadata, None), listing(None), meta(false, 0, 100), delta(None, PageShape::Full, Some("41")), A::FullPage { continue_token: None, at: some("41") }),
+        row(delta(Some("t"), PageShape::Metadata, None), listing(Some("t")), refused(), delta(Some("t"), PageShape::Full, None), A::FullPage { continue_token: some("t"), at: None }),
+        row(delta(Some("t"), PageShape::Metadata, None), listing(Some("t")), R::Expired, relisting("continue token expired (410)"), A::BeginList { init: false }),
+        row(delta(None, PageShape::Metadata, None), listing(None), failed(Some(StatusKind::Other)), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // Its fetches.
-        row(
-            Stage::Fetching {
-                continue_token: None,
-                at: "41".into(),
-            },
-            listing(Some("u")),
-            committed(1, 99),
-            delta(Some("u"), PageShape::Metadata, None),
-            A::MetadataPage {
-                continue_token: some("u"),
-            },
-        ),
-        row(
-            Stage::Fetching {
-                continue_token: None,
-                at: "41".into(),
-            },
-            sweeping(),
-            committed(1, 99),
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            A::Sweep,
-        ),
-        row(
-            Stage::Fetching {
-                continue_token: None,
-                at: "41".into(),
-            },
-            listing(None),
-            refused(),
-            delta(None, PageShape::Full, Some("41")),
-            A::FullPage {
-                continue_token: None,
-                at: some("41"),
-            },
-        ),
-        row(
-            Stage::Fetching {
-                continue_token: None,
-                at: "41".into(),
-            },
-            listing(None),
-            failed(Some(StatusKind::Other)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(Stage::Fetching { continue_token: None, at: "41".into() }, listing(Some("u")), committed(1, 99), delta(Some("u"), PageShape::Metadata, None), A::MetadataPage { continue_token: some("u") }),
+        row(Stage::Fetching { continue_token: None, at: "41".into() }, sweeping(), committed(1, 99), Stage::Sweeping { then_connected: false }, A::Sweep),
+        row(Stage::Fetching { continue_token: None, at: "41".into() }, listing(None), refused(), delta(None, PageShape::Full, Some("41")), A::FullPage { continue_token: None, at: some("41") }),
+        row(Stage::Fetching { continue_token: None, at: "41".into() }, listing(None), failed(Some(StatusKind::Other)), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // Its pages in full: the next page's shape from this one's changes.
-        row(
-            delta(None, PageShape::Full, Some("41")),
-            listing(Some("u")),
-            committed(50, 50),
-            delta(Some("u"), PageShape::Full, None),
-            A::FullPage {
-                continue_token: some("u"),
-                at: None,
-            },
-        ),
-        row(
-            delta(None, PageShape::Full, Some("41")),
-            listing(Some("u")),
-            committed(1, 99),
-            delta(Some("u"), PageShape::Metadata, None),
-            A::MetadataPage {
-                continue_token: some("u"),
-            },
-        ),
-        row(
-            delta(None, PageShape::Full, Some("41")),
-            synced(),
-            committed(1, 99),
-            watching(false),
-            A::ConnectWatch,
-        ),
-        row(
-            delta(None, PageShape::Full, Some("41")),
-            listing(None),
-            R::Expired,
-            relisting("continue token or resourceVersion expired (410)"),
-            A::BeginList { init: false },
-        ),
-        row(
-            delta(None, PageShape::Full, None),
-            listing(None),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(delta(None, PageShape::Full, Some("41")), listing(Some("u")), committed(50, 50), delta(Some("u"), PageShape::Full, None), A::FullPage { continue_token: some("u"), at: None }),
+        row(delta(None, PageShape::Full, Some("41")), listing(Some("u")), committed(1, 99), delta(Some("u"), PageShape::Metadata, None), A::MetadataPage { continue_token: some("u") }),
+        row(delta(None, PageShape::Full, Some("41")), synced(), committed(1, 99), watching(false), A::ConnectWatch),
+        row(delta(None, PageShape::Full, Some("41")), listing(None), R::Expired, relisting("continue token or resourceVersion expired (410)"), A::BeginList { init: false }),
+        row(delta(None, PageShape::Full, None), listing(None), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // A streaming list's connect.
-        row(
-            initial(false, 0),
-            listing(None),
-            R::Connected,
-            initial(true, 0),
-            A::ReadInitial,
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(Some(StatusKind::Gone)),
-            relisting("streaming list answered 410"),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(Some(StatusKind::Invalid)),
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(Some(StatusKind::Refused)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(Some(StatusKind::TooLarge)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(Some(StatusKind::Other)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(false, 0),
-            listing(None),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(initial(false, 0), listing(None), R::Connected, initial(true, 0), A::ReadInitial),
+        row(initial(false, 0), listing(None), failed(Some(StatusKind::Gone)), relisting("streaming list answered 410"), A::BeginList { init: false }),
+        row(initial(false, 0), listing(None), failed(Some(StatusKind::Invalid)), begin.clone(), A::BeginList { init: false }),
+        row(initial(false, 0), listing(None), failed(Some(StatusKind::Refused)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(false, 0), listing(None), failed(Some(StatusKind::TooLarge)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(false, 0), listing(None), failed(Some(StatusKind::Other)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(false, 0), listing(None), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // Its bursts.
-        row(
-            initial(true, 0),
-            listing(None),
-            burst(InitialBurst {
-                delivered: 3,
-                ..Default::default()
-            }),
-            initial(true, 3),
-            A::ReadInitial,
-        ),
-        row(
-            initial(true, 3),
-            sweeping(),
-            burst(InitialBurst {
-                end: true,
-                ..Default::default()
-            }),
-            Stage::Sweeping {
-                then_connected: true,
-            },
-            A::Sweep,
-        ),
-        row(
-            initial(true, 3),
-            synced(),
-            burst(InitialBurst {
-                end: true,
-                ..Default::default()
-            }),
-            watching(true),
-            A::ReadWatch,
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                idle: true,
-                ..Default::default()
-            }),
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                plain_bookmark: true,
-                ..Default::default()
-            }),
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                broke: some("reset"),
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                ended: true,
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(true, 0),
-            listing(None),
-            burst(InitialBurst {
-                status: status(StatusKind::Other),
-                ..Default::default()
-            }),
-            begin.clone(),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                status: status(StatusKind::Other),
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                status: status(StatusKind::Gone),
-                ..Default::default()
-            }),
-            relisting("streaming list ERROR 410"),
-            A::BeginList { init: false },
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            burst(InitialBurst {
-                status: status(StatusKind::TooLarge),
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            initial(true, 3),
-            listing(None),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(initial(true, 0), listing(None), burst(InitialBurst { delivered: 3, ..Default::default() }), initial(true, 3), A::ReadInitial),
+        row(initial(true, 3), sweeping(), burst(InitialBurst { end: true, ..Default::default() }), Stage::Sweeping { then_connected: true }, A::Sweep),
+        row(initial(true, 3), synced(), burst(InitialBurst { end: true, ..Default::default() }), watching(true), A::ReadWatch),
+        row(initial(true, 3), listing(None), burst(InitialBurst { idle: true, ..Default::default() }), begin.clone(), A::BeginList { init: false }),
+        row(initial(true, 3), listing(None), burst(InitialBurst { plain_bookmark: true, ..Default::default() }), begin.clone(), A::BeginList { init: false }),
+        row(initial(true, 3), listing(None), burst(InitialBurst { broke: some("reset"), ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(true, 3), listing(None), burst(InitialBurst { ended: true, ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(true, 0), listing(None), burst(InitialBurst { status: status(StatusKind::Other), ..Default::default() }), begin.clone(), A::BeginList { init: false }),
+        row(initial(true, 3), listing(None), burst(InitialBurst { status: status(StatusKind::Other), ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(true, 3), listing(None), burst(InitialBurst { status: status(StatusKind::Gone), ..Default::default() }), relisting("streaming list ERROR 410"), A::BeginList { init: false }),
+        row(initial(true, 3), listing(None), burst(InitialBurst { status: status(StatusKind::TooLarge), ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(initial(true, 3), listing(None), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // The sweep.
-        row(
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            sweeping(),
-            R::Chunk { done: false },
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            A::Sweep,
-        ),
-        row(
-            Stage::Sweeping {
-                then_connected: false,
-            },
-            synced(),
-            R::Chunk { done: true },
-            watching(false),
-            A::ConnectWatch,
-        ),
-        row(
-            Stage::Sweeping {
-                then_connected: true,
-            },
-            synced(),
-            R::Chunk { done: true },
-            watching(true),
-            A::ReadWatch,
-        ),
-        row(
-            Stage::Sweeping {
-                then_connected: true,
-            },
-            sweeping(),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(Stage::Sweeping { then_connected: false }, sweeping(), R::Chunk { done: false }, Stage::Sweeping { then_connected: false }, A::Sweep),
+        row(Stage::Sweeping { then_connected: false }, synced(), R::Chunk { done: true }, watching(false), A::ConnectWatch),
+        row(Stage::Sweeping { then_connected: true }, synced(), R::Chunk { done: true }, watching(true), A::ReadWatch),
+        row(Stage::Sweeping { then_connected: true }, sweeping(), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // The watch's connect.
-        row(
-            watching(false),
-            synced(),
-            R::Connected,
-            watching(true),
-            A::ReadWatch,
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(Some(StatusKind::Gone)),
-            relisting("watch resourceVersion expired (410)"),
-            A::BeginList { init: false },
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(Some(StatusKind::TooLarge)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(Some(StatusKind::Refused)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(Some(StatusKind::Invalid)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(Some(StatusKind::Other)),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(false),
-            synced(),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(watching(false), synced(), R::Connected, watching(true), A::ReadWatch),
+        row(watching(false), synced(), failed(Some(StatusKind::Gone)), relisting("watch resourceVersion expired (410)"), A::BeginList { init: false }),
+        row(watching(false), synced(), failed(Some(StatusKind::TooLarge)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(false), synced(), failed(Some(StatusKind::Refused)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(false), synced(), failed(Some(StatusKind::Invalid)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(false), synced(), failed(Some(StatusKind::Other)), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(false), synced(), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // Its bursts.
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                delivered: 2,
-                ..Default::default()
-            }),
-            watching(true),
-            A::ReadWatch,
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                ended: true,
-                ..Default::default()
-            }),
-            watching(false),
-            A::ConnectWatch,
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                lost: some("bad line"),
-                ..Default::default()
-            }),
-            relisting("a watch event could not be read (bad line)"),
-            A::BeginList { init: false },
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                status: status(StatusKind::Gone),
-                ..Default::default()
-            }),
-            relisting("watch ERROR 410 Gone"),
-            A::BeginList { init: false },
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                status: status(StatusKind::TooLarge),
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                status: status(StatusKind::Other),
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(true),
-            synced(),
-            live(WatchBurst {
-                ahead_failed: true,
-                delivered: 1,
-                ..Default::default()
-            }),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
-        row(
-            watching(true),
-            synced(),
-            failed(None),
-            retry(Stage::Resume),
-            A::Wait(Delay::Retry),
-        ),
+        row(watching(true), synced(), live(WatchBurst { delivered: 2, ..Default::default() }), watching(true), A::ReadWatch),
+        row(watching(true), synced(), live(WatchBurst { ended: true, ..Default::default() }), watching(false), A::ConnectWatch),
+        row(watching(true), synced(), live(WatchBurst { lost: some("bad line"), ..Default::default() }), relisting("a watch event could not be read (bad line)"), A::BeginList { init: false }),
+        row(watching(true), synced(), live(WatchBurst { status: status(StatusKind::Gone), ..Default::default() }), relisting("watch ERROR 410 Gone"), A::BeginList { init: false }),
+        row(watching(true), synced(), live(WatchBurst { status: status(StatusKind::TooLarge), ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(true), synced(), live(WatchBurst { status: status(StatusKind::Other), ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(true), synced(), live(WatchBurst { ahead_failed: true, delivered: 1, ..Default::default() }), retry(Stage::Resume), A::Wait(Delay::Retry)),
+        row(watching(true), synced(), failed(None), retry(Stage::Resume), A::Wait(Delay::Retry)),
         // Waits.
-        row(
-            retry(Stage::Resume),
-            synced(),
-            R::Waited,
-            Stage::Resume,
-            A::Nothing,
-        ),
-        row(
-            retry(watching(false)),
-            listing(None),
-            R::Waited,
-            Stage::Resume,
-            A::Nothing,
-        ),
-        row(
-            Stage::Stopped,
-            synced(),
-            R::Nothing,
-            Stage::Stopped,
-            A::Stop,
-        ),
+        row(retry(Stage::Resume), synced(), R::Waited, Stage::Resume, A::Nothing),
+        row(retry(watching(false)), listing(None), R::Waited, Stage::Resume, A::Nothing),
+        row(Stage::Stopped, synced(), R::Nothing, Stage::Stopped, A::Stop),
     ]
 }
 
