@@ -567,8 +567,26 @@ fn facade_calls(files: &[(PathBuf, String)]) -> Vec<String> {
         for name in &only_facade {
             for pat in [format!(".{name}("), format!("::{name}(")] {
                 for (at, _) in code.match_indices(&pat) {
-                    let args = &code[at + pat.len()..];
-                    let args = &args[..args.find(')').unwrap_or(args.len())];
+                    // The call's arguments, to its own closing parenthesis (calls inside
+                    // them, `x.store(v.len(), Relaxed)`, have theirs).
+                    let rest = &code[at + pat.len()..];
+                    let mut depth = 0usize;
+                    let end = rest
+                        .char_indices()
+                        .find(|&(_, c)| match c {
+                            '(' => {
+                                depth += 1;
+                                false
+                            }
+                            ')' if depth == 0 => true,
+                            ')' => {
+                                depth -= 1;
+                                false
+                            }
+                            _ => false,
+                        })
+                        .map_or(rest.len(), |(i, _)| i);
+                    let args = &rest[..end];
                     if ["Relaxed", "Release", "Acquire", "AcqRel", "SeqCst"]
                         .iter()
                         .any(|o| args.contains(o))
@@ -794,12 +812,18 @@ fn the_rules_catch_their_cases() {
                 "n.store(1, Relaxed);",
                 "let p = dir.path();",
                 "let x = Db::store(&db);",
+                "len.store(bytes.len(), Ordering::Relaxed);",
+                "let y = db.store(f(a), cfg)?;",
             ],
         ),
     ];
     assert_eq!(
         at(facade_calls(&files)),
-        ["src/controller/mod.rs:1", "src/controller/mod.rs:5"]
+        [
+            "src/controller/mod.rs:1",
+            "src/controller/mod.rs:7",
+            "src/controller/mod.rs:5"
+        ]
     );
     // Kubernetes below the sync layer.
     let files = vec![
