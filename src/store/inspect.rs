@@ -1,5 +1,6 @@
 //! Read-only access to a store without knowing its object types: what streams it holds,
-//! and their objects as JSON. Used by the `kube-persist` command-line tool.
+//! and their objects as JSON (the work of `Dir::streams`, `raw_get`, `raw_objects`,
+//! `stored_versions`). Used by the `kube-persist` command-line tool and verifications.
 
 use std::sync::Arc;
 
@@ -100,152 +101,131 @@ type Readable = (Arc<dyn Backend>, Option<Arc<Cipher>>);
 /// ```
 pub type RawObjects = Box<dyn Iterator<Item = Result<(String, Vec<u8>)>> + Send>;
 
-impl Dir {
-    /// The work of [`Db::streams`](crate::Db::streams).
-    pub(crate) fn streams(&self) -> Result<Vec<StreamInfo>> {
-        let mut out = Vec::new();
-        let mut names = self.inner.storage.keyspaces()?;
-        names.sort();
-        for name in &names {
-            let backend = self.inner.storage.keyspace(name)?;
-            let Some(identity) = self.read_meta::<Identity>(&*backend, name, IDENTITY_KEY)? else {
-                continue;
-            };
-            let state = self
-                .read_meta::<State>(&*backend, name, STATE_KEY)?
-                .unwrap_or_default();
-            let shard = self.read_meta::<Shard>(&*backend, name, SHARD_KEY)?;
-            let fetched_through = self.read_meta::<String>(&*backend, name, FETCHED_KEY)?;
-            let pruning = backend.get(PRUNE_KEY)?.is_some();
-            out.push(StreamInfo {
-                name: name.to_string(),
-                api_version: identity.api_version,
-                kind: identity.kind,
-                url: identity.url,
-                label_selector: identity.label_selector,
-                field_selector: identity.field_selector,
-                metadata_only: identity.metadata_only,
-                transform: identity.transform,
-                key_fingerprint: identity.encryption,
-                phase: (&state.phase).into(),
-                checkpoint: state.last_synced,
-                objects: state.count,
-                format_version: identity.format_version,
-                keys_only: identity.keys_only,
-                shard,
-                fetched_through,
-                pruning,
-            });
-        }
-        Ok(out)
-    }
-
-    /// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes).
-    pub(crate) fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
-        self.stream_keyspace(stream)?.disk_bytes()
-    }
-
-    /// The work of [`Db::raw_get`](crate::Db::raw_get).
-    pub(crate) fn raw_get(
-        &self,
-        stream: &str,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<Vec<u8>>> {
-        let (backend, cipher) = self.readable(stream)?;
-        let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
-        match backend.get(&key)? {
-            Some(v) => self.open_record(&key, &v, cipher.as_deref()).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// The work of [`Db::raw_objects`](crate::Db::raw_objects).
-    /// With `after` (a key as this iterator gives it), the work of
-    /// [`Db::raw_objects_after`](crate::Db::raw_objects_after).
-    pub(crate) fn raw_objects(&self, stream: &str, after: Option<&str>) -> Result<RawObjects> {
-        let (backend, cipher) = self.readable(stream)?;
-        let (mut start, end) = keys::range(OBJECT, None);
-        if let Some(after) = after {
-            let (ns, name) = match after.split_once('/') {
-                Some((ns, name)) => (Some(ns), name),
-                None => (None, after),
-            };
-            // The first key after `after`'s own.
-            start = keys::tagged(OBJECT, &keys::object_suffix(ns, name));
-            start.push(0);
-        }
-        let db = self.clone();
-        Ok(Box::new(backend.range(&start, &end).map(move |entry| {
-            let (k, v) = entry?;
-            let body = db.open_record(&k, &v, cipher.as_deref())?;
-            Ok((keys::display(&k[1..]), body))
-        })))
-    }
-
-    fn stream_keyspace(&self, stream: &str) -> Result<Arc<dyn Backend>> {
-        let path = &self.inner.path;
-        if !self.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
-            return Err(Error::Config(format!(
-                "no stream {stream:?} in the store at {}",
-                path.display()
-            )));
-        }
-        self.inner.storage.keyspace(stream)
-    }
-
-    /// The resourceVersions of stream `stream`'s stored objects, read without their bodies
-    /// (what a verification compares with a LIST). [`Error::Config`] if there is no such
-    /// stream.
-    pub(crate) fn stored_versions(&self, stream: &str) -> Result<StoredVersions> {
-        Ok(StoredVersions {
-            backend: self.stream_keyspace(stream)?,
-            path: self.inner.path.clone(),
-        })
-    }
-
-    /// The stream's keyspace and cipher, refusing an encrypted stream without its key.
-    fn readable(&self, stream: &str) -> Result<Readable> {
-        let backend = self.stream_keyspace(stream)?;
-        let identity = self.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
-        let stored = identity.and_then(|i| i.encryption);
-        if stored.is_some() && stored != self.key_fingerprint() {
-            return Err(Error::Encryption {
-                path: self.inner.path.clone(),
-                detail: format!(
-                    "stream {stream:?} is encrypted (key {}); give its key to read objects",
-                    stored.unwrap_or_default()
-                ),
-            });
-        }
-        let cipher = if stored.is_some() {
-            self.cipher()
-        } else {
-            None
+/// The work of [`Db::streams`](crate::Db::streams).
+pub(super) fn streams(dir: &Dir) -> Result<Vec<StreamInfo>> {
+    let mut out = Vec::new();
+    let mut names = dir.inner.storage.keyspaces()?;
+    names.sort();
+    for name in &names {
+        let backend = dir.inner.storage.keyspace(name)?;
+        let Some(identity) = dir.read_meta::<Identity>(&*backend, name, IDENTITY_KEY)? else {
+            continue;
         };
-        Ok((backend, cipher))
+        let state = dir
+            .read_meta::<State>(&*backend, name, STATE_KEY)?
+            .unwrap_or_default();
+        let shard = dir.read_meta::<Shard>(&*backend, name, SHARD_KEY)?;
+        let fetched_through = dir.read_meta::<String>(&*backend, name, FETCHED_KEY)?;
+        let pruning = backend.get(PRUNE_KEY)?.is_some();
+        out.push(StreamInfo {
+            name: name.to_string(),
+            api_version: identity.api_version,
+            kind: identity.kind,
+            url: identity.url,
+            label_selector: identity.label_selector,
+            field_selector: identity.field_selector,
+            metadata_only: identity.metadata_only,
+            transform: identity.transform,
+            key_fingerprint: identity.encryption,
+            phase: (&state.phase).into(),
+            checkpoint: state.last_synced,
+            objects: state.count,
+            format_version: identity.format_version,
+            keys_only: identity.keys_only,
+            shard,
+            fetched_through,
+            pruning,
+        });
     }
+    Ok(out)
+}
 
-    /// The metadata record at `key` of stream `stream`'s keyspace, decoded.
-    pub(super) fn read_meta<T: serde::de::DeserializeOwned>(
-        &self,
-        backend: &dyn Backend,
-        stream: &str,
-        key: &[u8],
-    ) -> Result<Option<T>> {
-        match backend.get(key)? {
-            Some(b) => record::decode(&b).map(Some).map_err(|d| {
-                record::corrupt_in(&self.inner.path, &format!("stream {stream:?}"), key, d)
-            }),
-            None => Ok(None),
-        }
-    }
+/// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes).
+pub(super) fn stream_disk_bytes(dir: &Dir, stream: &str) -> Result<u64> {
+    stream_keyspace(dir, stream)?.disk_bytes()
+}
 
-    fn open_record(&self, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>> {
-        let corrupt = |detail: String| record::corrupt(&self.inner.path, key, detail);
-        let rec: Record = record::decode(value).map_err(corrupt)?;
-        rec.open(key, cipher).map_err(corrupt)
+/// The work of [`Db::raw_get`](crate::Db::raw_get).
+pub(super) fn raw_get(
+    dir: &Dir,
+    stream: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<Vec<u8>>> {
+    let (backend, cipher) = readable(dir, stream)?;
+    let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
+    match backend.get(&key)? {
+        Some(v) => open_record(dir, &key, &v, cipher.as_deref()).map(Some),
+        None => Ok(None),
     }
+}
+
+/// The work of [`Db::raw_objects`](crate::Db::raw_objects).
+/// With `after` (a key as this iterator gives it), the work of
+/// [`Db::raw_objects_after`](crate::Db::raw_objects_after).
+pub(super) fn raw_objects(dir: &Dir, stream: &str, after: Option<&str>) -> Result<RawObjects> {
+    let (backend, cipher) = readable(dir, stream)?;
+    let (mut start, end) = keys::range(OBJECT, None);
+    if let Some(after) = after {
+        let (ns, name) = match after.split_once('/') {
+            Some((ns, name)) => (Some(ns), name),
+            None => (None, after),
+        };
+        // The first key after `after`'s own.
+        start = keys::tagged(OBJECT, &keys::object_suffix(ns, name));
+        start.push(0);
+    }
+    let db = dir.clone();
+    Ok(Box::new(backend.range(&start, &end).map(move |entry| {
+        let (k, v) = entry?;
+        let body = open_record(&db, &k, &v, cipher.as_deref())?;
+        Ok((keys::display(&k[1..]), body))
+    })))
+}
+
+fn stream_keyspace(dir: &Dir, stream: &str) -> Result<Arc<dyn Backend>> {
+    let path = &dir.inner.path;
+    if !dir.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
+        return Err(Error::Config(format!(
+            "no stream {stream:?} in the store at {}",
+            path.display()
+        )));
+    }
+    dir.inner.storage.keyspace(stream)
+}
+
+/// The resourceVersions of stream `stream`'s stored objects, read without their bodies
+/// (what a verification compares with a LIST). [`Error::Config`] if there is no such
+/// stream.
+pub(super) fn stored_versions(dir: &Dir, stream: &str) -> Result<StoredVersions> {
+    Ok(StoredVersions {
+        backend: stream_keyspace(dir, stream)?,
+        path: dir.inner.path.clone(),
+    })
+}
+
+/// The stream's keyspace and cipher, refusing an encrypted stream without its key.
+fn readable(dir: &Dir, stream: &str) -> Result<Readable> {
+    let backend = stream_keyspace(dir, stream)?;
+    let identity = dir.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
+    let stored = identity.and_then(|i| i.encryption);
+    if stored.is_some() && stored != dir.key_fingerprint() {
+        return Err(Error::Encryption {
+            path: dir.inner.path.clone(),
+            detail: format!(
+                "stream {stream:?} is encrypted (key {}); give its key to read objects",
+                stored.unwrap_or_default()
+            ),
+        });
+    }
+    let cipher = if stored.is_some() { dir.cipher() } else { None };
+    Ok((backend, cipher))
+}
+
+fn open_record(dir: &Dir, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| record::corrupt(&dir.inner.path, key, detail);
+    let rec: Record = record::decode(value).map_err(corrupt)?;
+    rec.open(key, cipher).map_err(corrupt)
 }
 
 /// The resourceVersions of one stream's stored objects, by key suffix (`namespace \0 name`,

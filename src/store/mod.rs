@@ -33,10 +33,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::disk::{
-    self, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StreamLease,
+    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StreamLease,
+    record,
 };
 use crate::exec::DiskWorker;
-use crate::model::{Engine, Error, Result};
+use crate::model::{Engine, Error, Result, Shard};
 use cache::HotCache;
 
 /// A store directory: one database (see [`Engine`]) holding any number of named streams.
@@ -369,5 +370,67 @@ impl Dir {
         let cache = Arc::new(HotCache::new(max_bytes));
         caches.insert(name.to_string(), Arc::downgrade(&cache));
         cache
+    }
+
+    /// The metadata record at `key` of stream `stream`'s keyspace, decoded.
+    pub(super) fn read_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        backend: &dyn Backend,
+        stream: &str,
+        key: &[u8],
+    ) -> Result<Option<T>> {
+        match backend.get(key)? {
+            Some(b) => record::decode(&b).map(Some).map_err(|d| {
+                record::corrupt_in(&self.inner.path, &format!("stream {stream:?}"), key, d)
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// Open stream `name` and build its writer and reader (`open.rs`, [`open::stream_parts`]).
+    pub(crate) fn open_stream_parts<K>(
+        &self,
+        name: &str,
+        identity: &Identity,
+        shard: Option<&Shard>,
+        hot_cache_bytes: usize,
+        index_names: &[String],
+    ) -> Result<open::StreamParts<K>>
+    where
+        K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        open::stream_parts(self, name, identity, shard, hot_cache_bytes, index_names)
+    }
+
+    /// The work of [`Db::streams`](crate::Db::streams) (`inspect.rs`).
+    pub(crate) fn streams(&self) -> Result<Vec<StreamInfo>> {
+        inspect::streams(self)
+    }
+
+    /// The work of [`Db::stream_disk_bytes`](crate::Db::stream_disk_bytes) (`inspect.rs`).
+    pub(crate) fn stream_disk_bytes(&self, stream: &str) -> Result<u64> {
+        inspect::stream_disk_bytes(self, stream)
+    }
+
+    /// The work of [`Db::raw_get`](crate::Db::raw_get) (`inspect.rs`).
+    pub(crate) fn raw_get(
+        &self,
+        stream: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>> {
+        inspect::raw_get(self, stream, namespace, name)
+    }
+
+    /// The work of [`Db::raw_objects`](crate::Db::raw_objects) and, with `after`,
+    /// [`Db::raw_objects_after`](crate::Db::raw_objects_after) (`inspect.rs`).
+    pub(crate) fn raw_objects(&self, stream: &str, after: Option<&str>) -> Result<RawObjects> {
+        inspect::raw_objects(self, stream, after)
+    }
+
+    /// The resourceVersions of stream `stream`'s stored objects, read without their bodies
+    /// (`inspect.rs`).
+    pub(crate) fn stored_versions(&self, stream: &str) -> Result<StoredVersions> {
+        inspect::stored_versions(self, stream)
     }
 }

@@ -1,4 +1,5 @@
-//! Opening one stream's keyspace, in one place: the lease, the identity check (a stream
+//! Opening one stream's keyspace, in one place ([`stream`], [`stream_parts`], which
+//! `Dir::open_stream_parts` runs): the lease, the identity check (a stream
 //! stored with another identity is wiped, its reason logged), the stored state, the hot
 //! cache reset, and the writer and reader that share them. A wiped store can never keep a
 //! hot cache of its former objects: the cache is reset here, before either side exists.
@@ -30,147 +31,144 @@ pub(crate) struct StreamParts<K> {
     pub(crate) closer: LeaseCloser,
 }
 
-impl Dir {
-    /// Open stream `name` (identity check, wipe, hot cache reset) and build its writer and
-    /// reader. `index_names`: the indexes configured now; those already built on disk for
-    /// exactly these are usable at once. Blocking (reads the stored state).
-    pub(crate) fn open_stream_parts<K>(
-        &self,
-        name: &str,
-        identity: &Identity,
-        shard: Option<&Shard>,
-        hot_cache_bytes: usize,
-        index_names: &[String],
-    ) -> Result<StreamParts<K>>
-    where
-        K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
-    {
-        let opened = self.open_stream(name, identity, shard)?;
-        let fetched_through =
-            self.read_meta::<String>(&*opened.backend, name, keys::FETCHED_KEY)?;
-        let stats = Arc::new(Counters::default());
-        if opened.reset.is_some() {
-            Counters::add(&stats.identity_resets, 1);
-        }
-        let (tx, rx) = StatusTx::channel();
-        let path = self.path().to_path_buf();
-        let cache = self.hot_cache(name, hot_cache_bytes);
-        let cipher = self.cipher();
-        let closer = opened.lease.closer();
-        let mut writer = Writer::new(WriterParts {
-            backend: opened.backend.clone(),
-            path: path.clone(),
-            state: opened.state,
-            status: tx,
-            stats: stats.clone(),
-            cache: cache.clone(),
-            cipher: cipher.clone(),
-            lease: opened.lease,
-        });
-        let reader = Reader::new(opened.backend, path, rx, stats.clone(), cache, cipher);
-        writer.set_fetched_through(fetched_through);
-        // A narrowed shard still holding objects it no longer owns is not ready.
-        writer.set_pruning(writer.prune_pending()?.is_some());
-        writer.publish();
-        writer.set_compress(self.compression());
-        let built = writer.built_indexes()?;
-        if built == index_names {
-            writer.set_built_indexes(&built)?;
-        }
-        Ok(StreamParts {
-            reader,
-            writer,
-            stats,
-            closer,
-        })
+/// Open stream `name` (identity check, wipe, hot cache reset) and build its writer and
+/// reader. `index_names`: the indexes configured now; those already built on disk for
+/// exactly these are usable at once. Blocking (reads the stored state).
+pub(super) fn stream_parts<K>(
+    dir: &Dir,
+    name: &str,
+    identity: &Identity,
+    shard: Option<&Shard>,
+    hot_cache_bytes: usize,
+    index_names: &[String],
+) -> Result<StreamParts<K>>
+where
+    K: kube::Resource + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let opened = stream(dir, name, identity, shard)?;
+    let fetched_through = dir.read_meta::<String>(&*opened.backend, name, keys::FETCHED_KEY)?;
+    let stats = Arc::new(Counters::default());
+    if opened.reset.is_some() {
+        Counters::add(&stats.identity_resets, 1);
     }
+    let (tx, rx) = StatusTx::channel();
+    let path = dir.path().to_path_buf();
+    let cache = dir.hot_cache(name, hot_cache_bytes);
+    let cipher = dir.cipher();
+    let closer = opened.lease.closer();
+    let mut writer = Writer::new(WriterParts {
+        backend: opened.backend.clone(),
+        path: path.clone(),
+        state: opened.state,
+        status: tx,
+        stats: stats.clone(),
+        cache: cache.clone(),
+        cipher: cipher.clone(),
+        lease: opened.lease,
+    });
+    let reader = Reader::new(opened.backend, path, rx, stats.clone(), cache, cipher);
+    writer.set_fetched_through(fetched_through);
+    // A narrowed shard still holding objects it no longer owns is not ready.
+    writer.set_pruning(writer.prune_pending()?.is_some());
+    writer.publish();
+    writer.set_compress(dir.compression());
+    let built = writer.built_indexes()?;
+    if built == index_names {
+        writer.set_built_indexes(&built)?;
+    }
+    Ok(StreamParts {
+        reader,
+        writer,
+        stats,
+        closer,
+    })
+}
 
-    /// Open the keyspace of stream `name`, checking its identity. A stream stored with a
-    /// different identity is wiped (and the reason logged): it must not be resumed.
-    pub(crate) fn open_stream(
-        &self,
-        name: &str,
-        identity: &Identity,
-        shard: Option<&Shard>,
-    ) -> Result<OpenStream> {
-        if name.is_empty() {
-            return Err(Error::Config("stream name must not be empty".into()));
+/// Open the keyspace of stream `name`, checking its identity. A stream stored with a
+/// different identity is wiped (and the reason logged): it must not be resumed.
+pub(super) fn stream(
+    dir: &Dir,
+    name: &str,
+    identity: &Identity,
+    shard: Option<&Shard>,
+) -> Result<OpenStream> {
+    if name.is_empty() {
+        return Err(Error::Config("stream name must not be empty".into()));
+    }
+    let lease = dir.lease(name, "stream")?;
+    let path = &dir.inner.path;
+    let backend = dir.inner.storage.keyspace(name)?;
+
+    let stored_identity = dir.read_meta::<Identity>(&*backend, name, keys::IDENTITY_KEY)?;
+    let stored_shard = dir.read_meta::<Shard>(&*backend, name, keys::SHARD_KEY)?;
+    let stored_state = dir.read_meta::<State>(&*backend, name, keys::STATE_KEY)?;
+    let stored = Stored {
+        identity: stored_identity.as_ref(),
+        shard: stored_shard.as_ref(),
+        phase: stored_state.as_ref().map(|s| &s.phase),
+    };
+    let mut reset = None;
+    let state = match plan(&stored, identity, shard) {
+        OpenPlan::WrongKey { has_key } => {
+            return Err(Error::Encryption {
+                path: path.clone(),
+                detail: if has_key {
+                    format!("stream {name:?} was encrypted with another key")
+                } else {
+                    format!(
+                        "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
+                    )
+                },
+            });
         }
-        let lease = self.lease(name, "stream")?;
-        let path = &self.inner.path;
-        let backend = self.inner.storage.keyspace(name)?;
-
-        let stored_identity = self.read_meta::<Identity>(&*backend, name, keys::IDENTITY_KEY)?;
-        let stored_shard = self.read_meta::<Shard>(&*backend, name, keys::SHARD_KEY)?;
-        let stored_state = self.read_meta::<State>(&*backend, name, keys::STATE_KEY)?;
-        let stored = Stored {
-            identity: stored_identity.as_ref(),
-            shard: stored_shard.as_ref(),
-            phase: stored_state.as_ref().map(|s| &s.phase),
-        };
-        let mut reset = None;
-        let state = match plan(&stored, identity, shard) {
-            OpenPlan::WrongKey { has_key } => {
-                return Err(Error::Encryption {
-                    path: path.clone(),
-                    detail: if has_key {
-                        format!("stream {name:?} was encrypted with another key")
-                    } else {
-                        format!(
-                            "stream {name:?} is encrypted; open the store with its key (DbConfig::encryption_key)"
-                        )
-                    },
-                });
+        OpenPlan::Resume {
+            narrow,
+            upgrade_format,
+        } => {
+            let mut b = WriteBatch::default();
+            if let (true, Some(new)) = (narrow, shard) {
+                tracing::info!(stream = name, path = %path.display(), shard = %new.selector(),
+                    "shard narrowed: pruning the objects outside it, resuming without a paginated LIST");
+                b.put(keys::SHARD_KEY.to_vec(), record::encode(new));
+                b.put(keys::PRUNE_KEY.to_vec(), record::encode(&None::<Vec<u8>>));
             }
-            OpenPlan::Resume {
-                narrow,
-                upgrade_format,
-            } => {
-                let mut b = WriteBatch::default();
-                if let (true, Some(new)) = (narrow, shard) {
-                    tracing::info!(stream = name, path = %path.display(), shard = %new.selector(),
-                        "shard narrowed: pruning the objects outside it, resuming without a paginated LIST");
-                    b.put(keys::SHARD_KEY.to_vec(), record::encode(new));
-                    b.put(keys::PRUNE_KEY.to_vec(), record::encode(&None::<Vec<u8>>));
-                }
-                if let (true, Some(old)) = (upgrade_format, &stored_identity) {
-                    // Its records stay readable; new ones are written in this format, which
-                    // older versions must not resume.
-                    tracing::info!(stream = name, path = %path.display(),
-                        from = old.format_version, to = identity.format_version,
-                        "store format upgraded in place");
-                    b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
-                }
-                if !b.is_empty() {
-                    backend.apply(b)?;
-                }
-                stored_state.unwrap_or_default()
-            }
-            plan @ (OpenPlan::New | OpenPlan::Wipe { .. }) => {
-                if let OpenPlan::Wipe { why } = plan {
-                    tracing::warn!(stream = name, path = %path.display(), changed = %why,
-                        "store identity changed: starting clean instead of resuming");
-                    reset = Some(why);
-                }
-                backend.clear()?;
-                let state = State::default();
-                let mut b = WriteBatch::default();
+            if let (true, Some(old)) = (upgrade_format, &stored_identity) {
+                // Its records stay readable; new ones are written in this format, which
+                // older versions must not resume.
+                tracing::info!(stream = name, path = %path.display(),
+                    from = old.format_version, to = identity.format_version,
+                    "store format upgraded in place");
                 b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
-                b.put(keys::STATE_KEY.to_vec(), record::encode(&state));
-                if let Some(shard) = shard {
-                    b.put(keys::SHARD_KEY.to_vec(), record::encode(shard));
-                }
-                backend.apply(b)?;
-                state
             }
-        };
-        Ok(OpenStream {
-            backend,
-            state,
-            reset,
-            lease,
-        })
-    }
+            if !b.is_empty() {
+                backend.apply(b)?;
+            }
+            stored_state.unwrap_or_default()
+        }
+        plan @ (OpenPlan::New | OpenPlan::Wipe { .. }) => {
+            if let OpenPlan::Wipe { why } = plan {
+                tracing::warn!(stream = name, path = %path.display(), changed = %why,
+                    "store identity changed: starting clean instead of resuming");
+                reset = Some(why);
+            }
+            backend.clear()?;
+            let state = State::default();
+            let mut b = WriteBatch::default();
+            b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
+            b.put(keys::STATE_KEY.to_vec(), record::encode(&state));
+            if let Some(shard) = shard {
+                b.put(keys::SHARD_KEY.to_vec(), record::encode(shard));
+            }
+            backend.apply(b)?;
+            state
+        }
+    };
+    Ok(OpenStream {
+        backend,
+        state,
+        reset,
+        lease,
+    })
 }
 
 /// What a stream's keyspace holds when it is opened: the decision's inputs.
@@ -385,7 +383,7 @@ mod tests {
             let db = Dir::open(dir.path(), DbConfig::default().engine(engine)).unwrap();
             {
                 // What format 2 wrote: its identity, state, and a zstd-compressed record.
-                let s = db.open_stream("pods", &identity(2), None).unwrap();
+                let s = stream(&db, "pods", &identity(2), None).unwrap();
                 let rec = Record {
                     resource_version: "7".into(),
                     uid: "u".into(),
@@ -398,9 +396,7 @@ mod tests {
                 b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
                 s.backend.apply(b).unwrap();
             }
-            let s = db
-                .open_stream("pods", &identity(FORMAT_VERSION), None)
-                .unwrap();
+            let s = stream(&db, "pods", &identity(FORMAT_VERSION), None).unwrap();
             assert_eq!(s.reset, None, "{engine}: format 2 is resumed");
             assert_eq!(s.state, synced, "{engine}: its checkpoint is kept");
             let stored = s.backend.get(&key).unwrap().expect("record kept");
@@ -418,7 +414,7 @@ mod tests {
             drop(s);
 
             // Format 1 is not readable: the stream starts clean (a relist).
-            let s = db.open_stream("old", &identity(1), None).unwrap();
+            let s = stream(&db, "old", &identity(1), None).unwrap();
             let mut b = WriteBatch::default();
             b.put(
                 key.clone(),
@@ -436,9 +432,7 @@ mod tests {
             b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
             s.backend.apply(b).unwrap();
             drop(s);
-            let s = db
-                .open_stream("old", &identity(FORMAT_VERSION), None)
-                .unwrap();
+            let s = stream(&db, "old", &identity(FORMAT_VERSION), None).unwrap();
             assert!(
                 s.reset
                     .as_deref()
