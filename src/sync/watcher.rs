@@ -71,7 +71,7 @@ pub enum Event<K> {
     /// An object was deleted (watch event, or absent from a relist).
     Delete(K),
     /// An object was deleted, but its last state does not decode into `K`: a relist's
-    /// deletion on a [keys-only](StreamConfig::keys_only) stream (which stores no bodies), or a
+    /// deletion on a [keys-only](super::StreamConfig::keys_only) stream (which stores no bodies), or a
     /// deleted object whose schema no longer fits the type. Carries its key.
     DeleteKey(DeletedKey),
 }
@@ -213,7 +213,7 @@ where
     /// shard selector): retrying cannot fix it, so the stream ends after yielding it.
     ///
     /// An object the store refuses (it does not decode into `K`, exceeds
-    /// [`StreamConfig::max_object_bytes`], or the transform fails) is yielded as
+    /// [`StreamConfig::max_object_bytes`](super::StreamConfig::max_object_bytes), or the transform fails) is yielded as
     /// `Err(`[`Error::ObjectRejected`](crate::Error::ObjectRejected)`)` naming its key and
     /// resourceVersion, and counted in [`crate::Stats::bad_objects`]. Its previous version is
     /// removed from the store in the same batch (a store never serves, as current, a
