@@ -2,6 +2,10 @@
 //! below keep the dependencies between them one-way. ARCHITECTURE.md's code map says what
 //! each layer owns and its invariants name the test of each rule.
 //!
+//! Longer than 600 lines: each rule's checker, and beside it the forms it must catch, run
+//! against a mutated copy of the real `src/` (`each_forbidden_form_in_a_copy_of_src_is_caught`);
+//! the list of those forms is most of the file, and reads best beside the rules it tests.
+//!
 //! How the source is read: each file is parsed with syn (items, `use` trees, impls,
 //! signatures) and lexed with proc-macro2 (every token with its line, macro bodies included),
 //! so comments, doc comments and the contents of string literals are never read as code.
