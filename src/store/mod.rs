@@ -21,7 +21,8 @@ pub(crate) use inspect::StoredVersions;
 pub use inspect::{RawObjects, StreamInfo};
 pub use reader::{ByIndex, Iter, Reader};
 #[cfg(feature = "metrics")]
-pub(crate) use reader::{MetricsSource, StoredHead};
+pub(crate) use reader::MetricsSource;
+pub(crate) use reader::StoredHead;
 pub use status::SyncPhase;
 pub(crate) use status::{Status, StatusTx};
 pub(crate) use stream_state::{Identity, Phase, State};
