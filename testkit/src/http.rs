@@ -260,9 +260,21 @@ async fn api(
     let named = verb == Verb::List
         && FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))
             .is_ok_and(|f| f.names_one());
+    // A narrowed LIST is in flight until its answer is built (the guard's owner outlives it).
+    let counted = shared.clone();
+    let _in_flight = named.then(|| counted.counters.named_list_in_flight());
+    let mut ignore_fields = false;
     if named {
         shared.counters.incr_list_named();
-        if let Some(err) = shared.faults().take_named_list_failure() {
+        let (failure, delay) = {
+            let mut f = shared.faults();
+            ignore_fields = f.ignores_named_field_selector();
+            (f.take_named_list_failure(), f.named_list_delay())
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(err) = failure {
             return Err(err);
         }
     } else if verb == Verb::List && params.get("limit").map(String::as_str) == Some("1") {
@@ -285,7 +297,12 @@ async fn api(
             let filter = Filter {
                 namespace: ns.clone(),
                 labels: LabelSelector::parse(params.get("labelSelector").map_or("", |s| s))?,
-                fields: FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))?,
+                fields: match params.get("fieldSelector") {
+                    // `Faults::ignore_named_field_selector`: as if there were none.
+                    Some(_) if ignore_fields => FieldSelector::default(),
+                    Some(s) => FieldSelector::parse(s)?,
+                    None => FieldSelector::default(),
+                },
                 // Without the feature gate the parameter is ignored entirely, even when
                 // malformed (a full list, no shardInfo).
                 shard: match params.get("shardSelector") {
@@ -293,6 +310,14 @@ async fn api(
                     _ => None,
                 },
             };
+            if let Some(field) = filter.fields.kind_specific() {
+                let kind = shared.state().resource_type(ty).kind.clone();
+                if kind != "Pod" {
+                    return Err(ApiError::bad_request(format!(
+                        "field label not supported: {field}"
+                    )));
+                }
+            }
             match verb {
                 Verb::Watch => watch::start(shared, ty, filter, params, meta_only).await,
                 Verb::List => list(shared, ty, filter, params, meta_only).await,
