@@ -214,8 +214,12 @@ async fn label_and_field_selectors() {
         if i == 3 {
             p["metadata"]["labels"]["canary"] = "true".into();
         }
+        // On node `n1`, and not scheduled (no `spec.nodeName`); the others on `node-<k>`.
         if i == 1 {
             p["spec"]["nodeName"] = "n1".into();
+        }
+        if i == 0 {
+            p["spec"].as_object_mut().unwrap().remove("nodeName");
         }
         h.create(&rt, p).unwrap();
     }
