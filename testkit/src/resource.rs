@@ -166,12 +166,7 @@ impl Verb {
 /// Lock-free per-verb counters: per verb, LISTs of one (`limit=1`), LISTs narrowed to one
 /// name, and those in flight now and at most.
 #[derive(Debug, Default)]
-pub(crate) struct Counters(
-    [AtomicU64; 7],
-    AtomicU64,
-    AtomicU64,
-    NamedInFlight,
-);
+pub(crate) struct Counters([AtomicU64; 7], AtomicU64, AtomicU64, NamedInFlight);
 
 /// LISTs narrowed to one name being answered, and the most at once.
 #[derive(Debug, Default)]

@@ -243,8 +243,8 @@ fn answer_of(
     let Some(item) = items.pop() else {
         return Ok(Fetch::Gone { answered_at });
     };
-    let found =
-        crate::sync::raw::listed(item).map_err(|e| (UNDECODED, format!("{}: {}", e.what, e.why)))?;
+    let found = crate::sync::raw::listed(item)
+        .map_err(|e| (UNDECODED, format!("{}: {}", e.what, e.why)))?;
     if found.suffix != l.suffix {
         let ns = found.namespace.as_deref().unwrap_or("");
         return Err((

@@ -294,11 +294,20 @@ async fn label_and_field_selectors() {
         vec!["p0", "p2", "p3"]
     );
     assert_eq!(
-        names(&api.list(&fields("spec.nodeName=,metadata.name=p0")).await.unwrap()),
+        names(
+            &api.list(&fields("spec.nodeName=,metadata.name=p0"))
+                .await
+                .unwrap()
+        ),
         vec!["p0"]
     );
     assert!(
-        names(&api.list(&fields("spec.nodeName=n1,metadata.name=p0")).await.unwrap()).is_empty()
+        names(
+            &api.list(&fields("spec.nodeName=n1,metadata.name=p0"))
+                .await
+                .unwrap()
+        )
+        .is_empty()
     );
     assert_eq!(
         api_code(api.list(&fields("spec.host=x")).await.unwrap_err()).0,
