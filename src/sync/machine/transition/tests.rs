@@ -1,7 +1,9 @@
-//! The transition table: every (stage, outcome class) pair with its expected next stage and
-//! action, without HTTP; and the diagram of docs/design.md checked against the function.
+//! The transition table: every (stage, outcome class) pair with its expected next stage,
+//! action and bookkeeping (`Book`), without HTTP; and the diagram of docs/design.md checked
+//! against the function.
 //!
-//! Longer than 600 lines: the table itself (one row a line), the enumeration of every
+//! Longer than 600 lines: the table itself (one row a line, with its bookkeeping and, where
+//! the configuration decides, the configuration it runs under), the enumeration of every
 //! stage and outcome class, and the exploration that the diagram is checked against, which
 //! read best beside each other.
 
