@@ -33,6 +33,8 @@ pub(crate) struct FaultState {
     ignore_named_field_selector: bool,
     /// Every LIST narrowed to one object by name is answered this late.
     named_list_delay: Duration,
+    /// LISTs narrowed to one object by name are answered at this revision, whatever they ask.
+    named_lists_at: Option<u64>,
     gone_next_watch: bool,
     too_large_next_watch: bool,
     page_delay: Duration,
@@ -97,6 +99,12 @@ impl FaultState {
     /// selector ([`Faults::ignore_named_field_selector`]).
     pub(crate) fn ignores_named_field_selector(&self) -> bool {
         self.ignore_named_field_selector
+    }
+
+    /// The revision a LIST narrowed to one object by name is answered at
+    /// ([`Faults::answer_named_lists_at`]).
+    pub(crate) fn named_lists_at(&self) -> Option<u64> {
+        self.named_lists_at
     }
 
     /// The delay of a LIST narrowed to one object by name ([`Faults::named_list_delay`]).
@@ -401,6 +409,17 @@ impl Faults {
     /// not delayed (see [`Faults::page_delay`] for them).
     pub fn named_list_delay(&self, d: Duration) {
         self.shared.faults().named_list_delay = d;
+    }
+
+    /// Answer every LIST narrowed to one object by name (counted in
+    /// [`RequestCounts::list_named`](crate::RequestCounts)) as the collection was at
+    /// `revision` (a [`ServerHandle::revision`](crate::ServerHandle::revision)), whatever
+    /// `resourceVersion` and `resourceVersionMatch` it asks for, until called with `None`:
+    /// a server or proxy that ignores `resourceVersionMatch=NotOlderThan` and answers from a
+    /// stale cache. A revision the history no longer holds (before a compaction) is served
+    /// as now.
+    pub fn answer_named_lists_at(&self, revision: Option<u64>) {
+        self.shared.faults().named_lists_at = revision;
     }
 
     /// Clears all pending faults and the page delay.

@@ -1,9 +1,10 @@
 //! A delta relist's fetches (issue 56), against the testkit server on both engines: a fetch
-//! answered 404 or with what it did not ask for (a server that ignores the field selector)
-//! makes the relist list the rest in full, without a `Delete` of an object that is still
-//! there; a fetch stays within the stream's label and field selectors (an object recreated
-//! outside the selection before its fetch is not stored); and no more fetches are in flight
-//! than `FETCHES_IN_FLIGHT` per stream and `FETCHES_PER_DIRECTORY` per directory.
+//! answered 404 or with what it did not ask for (a server that ignores the field selector,
+//! or answers from a stale cache) makes the relist list the rest in full, without a
+//! `Delete` of an object that is still there; a fetch stays within the stream's label and
+//! field selectors (an object recreated outside the selection before its fetch is not
+//! stored); and no more fetches are in flight than `FETCHES_IN_FLIGHT` per stream and
+//! `FETCHES_PER_DIRECTORY` per directory.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -67,6 +68,35 @@ async fn a_server_ignoring_the_fetch_selector_lists_the_rest_in_full(engine: Eng
     assert_eq!(o.applied(), o.changed, "Apply events: exactly the changes");
     let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
     assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
+}
+
+/// (5) A server that answers fetches from a stale cache (it ignores
+/// `resourceVersionMatch=NotOlderThan`: every fetch is answered as the collection was
+/// before the store's downtime): no answer older than its metadata page is taken, the
+/// relist lists the rest in full and ends equal to the server. At 9ad23f8 the older bodies
+/// were stored, and the watch from the list's resourceVersion never brought the changes
+/// again: the store kept them stale, and missed the objects created meanwhile.
+async fn a_fetch_answered_older_than_its_page_lists_the_rest_in_full(engine: Engine) {
+    let fx = crate::common::Fixture::with_pods(PODS, 3).await;
+    let pods = ResourceType::pods();
+    let db = fx.open(engine);
+    let (_, w) = fx.synced_pods(&db, cfg(RelistMode::Delta)).await;
+    w.stop().await;
+    let before = fx.h.revision();
+    fx.h.churn(20, 5, 5, 42);
+    // The history is kept (the stale answers are read from it): the relist comes from the
+    // resumed watch's 410.
+    fx.h.faults().answer_named_lists_at(Some(before));
+    fx.h.faults().gone_next_watch();
+    fx.h.reset_counts();
+    let (reader, mut w) = fx.watch_pods(&db, cfg(RelistMode::Delta));
+    crate::delta_relist::relisted(&fx, &reader, &mut w).await;
+    fx.h.faults().clear();
+    crate::common::assert_matches(&reader, &fx.h, &pods);
+    let stats = reader.stats();
+    assert!(fx.h.counts().list_named > 0, "fetches were made");
+    assert_eq!(stats.delta_fallbacks, 1, "{stats:?}");
+    assert_eq!(stats.bodies_fetched, 0, "{stats:?}");
 }
 
 /// A store of the Pods `config` selects: the last Pod P changes while the store is down
@@ -197,6 +227,7 @@ async fn fetches_in_flight_are_capped_per_stream_and_per_directory(engine: Engin
 engine_tests!(async:
     a_fetch_answered_404_lists_the_rest_in_full,
     a_server_ignoring_the_fetch_selector_lists_the_rest_in_full,
+    a_fetch_answered_older_than_its_page_lists_the_rest_in_full,
     a_fetch_stays_within_the_label_selector,
     a_fetch_stays_within_the_field_selector,
     fetches_in_flight_are_capped_per_stream_and_per_directory,
