@@ -3,17 +3,31 @@
 //! on both engines, and checks invariants after each step.
 //!
 //! Operations: server churn (creates, updates, deletes, of objects the controller requeues or
-//! fails on too), compaction (410 on the live watch, and on resume after a restart), watch
-//! errors, an API server restart (watches cut, connections refused for a moment), graceful
-//! stop, task abort and immediate reopen in the same `Db` (after a burst, with a second stream
-//! keeping the disk thread busy), SIGKILL of a child process (this binary, re-executed) in the
-//! middle of a relist, a sweep, a prune or a reconcile batch, and between runs: streaming
-//! lists on or off, the shard narrowed (or widened again), a label index added or dropped,
-//! another page size, another durability (fsync every batch, or a background flush: a SIGKILL
-//! then loses the last commits and the store reopens in an older phase), and a read-only
-//! handle opened beside the live run with a verify through it (the tool's); every reopen in a
-//! `RelistMode` of its own (Auto, Full or Delta), a relist of the live store while the objects
-//! it fetches change again under it, and SIGKILLs in the middle of a delta relist (mid
+//! fails on too; moves of objects to another `tier` label, in or out of a label selection;
+//! objects deleted and created again under the same name, another uid), compaction (410 on
+//! the live watch, and on resume after a restart), watch errors, an API server restart
+//! (watches cut, connections refused for a moment), graceful stop, task abort and immediate
+//! reopen in the same `Db` (after a burst, with a second stream keeping the disk thread
+//! busy), SIGKILL of a child process (this binary, re-executed) in the middle of a relist, a
+//! sweep, a prune or a reconcile batch, and between runs: streaming lists on or off, the
+//! shard narrowed (or widened again), label indexes added or dropped, another page size,
+//! another durability (fsync every batch, or a background flush: a SIGKILL then loses the
+//! last commits and the store reopens in an older phase), another label selector, field
+//! selector (`metadata.namespace`, `metadata.name!=`: what the testkit serves) or transform
+//! (each a new store identity: wiped and listed again), kube's retry layer in the stream's
+//! client on or off, every delta fetch refused (403) for the run, another side stream
+//! (`lifecycle/side.rs`); and a read-only handle opened beside the live run with a verify
+//! through it (the tool's). The stream's selection, transform, indexes, streaming lists and
+//! encryption come from a matrix (`lifecycle/select.rs`; the `Db` is encrypted or not for a
+//! whole engine's run, and one engine's server filters shards while the other's leaves it
+//! to the store: `ServerOptions::sharded_list_and_watch`), and a side stream in the same
+//! `Db` takes the part of the matrix a controller cannot: keys-only and metadata-only stores
+//! (and whole ones) with selectors, shard, transform and streaming lists of their own. Every
+//! reopen relists in a `RelistMode` of its own (Auto, Full or Delta); a relist of the live
+//! store runs while objects change between their metadata page and their fetch (changed,
+//! moved out of the selection, moved in, created again under the same name, deleted: a
+//! fetch that finds nothing) with a fault on its fetches (all refused with 403, every n-th
+//! 429 or 500, every LIST slow), and SIGKILLs hit the middle of a delta relist (mid
 //! fetches, and as soon as it is synced). Triggers at random
 //! moments, also right after a restart (during the startup pass and the catch-up wait):
 //! `reconcile_on` requests, changes of related objects (a `watches_store` stream),
@@ -27,39 +41,52 @@
 //!
 //! Invariants, checked in this process once the server is quiescent and the store reports
 //! `Synced`, live and a checkpoint equal to the server's resourceVersion: the store equals the
-//! server object by object (keys and resourceVersions) among the objects of its shard, holds
-//! nothing outside it, `len()` equals the records, the index equals the records, the async
-//! reads (`iter_stream`, `get_named_async`) give what the blocking ones give; every owned
-//! object has been reconciled at its current version; every owned object that requeues (or
-//! fails and is retried) is reconciled again (no due requeue is lost); no run, in this process
-//! or a child, reconciles an object outside its shard; a store that reports ready holds nothing
-//! outside its shard (a narrowed store is pruned first); a stream and its controller reopen in
-//! the same `Db` at once after an abort; a child process runs until it is killed; every
-//! trigger is followed by a reconcile of its object (of every object, for a tick) that starts
-//! after it, within the longest reconciles ahead of it and a margin (for a storm's tick: two
-//! sweeps and a margin, so no tick is starved by the ones after it), never at a later
-//! requeue's due time; no consumer of the shared stream holds the watch beyond its stall
-//! bound (the store reaches the server's version soon after a churn); every consumer gets
-//! its start signal, also one lagged before it came; a read-only handle (the `kube-persist`
-//! tool's) opens beside a redb writer that makes every batch durable, and its verify never
-//! reports a difference, while beside any other writer it is `Locked` at once; no reconcile record is forgotten for a stored object, none is kept
-//! for an object the store does not hold, and `controller_states()` counts the stored objects;
-//! a run in `RelistMode::Full` fetches no body and lists no metadata page, one in `Delta` on a
-//! store that was synced lists no page in full; no reader and no consumer of the shared
+//! server's selection object by object (keys and resourceVersions; the selection is its
+//! label and field selectors and its shard, decided on each object's own metadata), holds
+//! nothing outside it, a transformed store holds only transformed objects, `len()` equals
+//! the records, the indexes equal the records, the async reads (`iter_stream`,
+//! `get_named_async`) give what the blocking ones give; every selected object has been
+//! reconciled at its current version (or, its uid, at its current generation: a move to
+//! another tier keeps it); every selected object that requeues (or fails and is retried) is
+//! reconciled again (no due requeue is lost); no run, in this process or a child, reconciles
+//! an object outside its selection; a store that reports ready holds nothing outside its
+//! selection (a narrowed store is pruned first); no consumer of a stream (the shared
+//! stream's two, a child's, the side stream's) is ever given an object outside its
+//! selection, and once caught up each holds exactly the selection (what its events left it
+//! with, reading the store again at `Resumed`, `Init` and `Lagged`); a stream and its
+//! controller reopen in the same `Db` at once after an abort; a child process runs until it
+//! is killed; every trigger is followed by a reconcile of its object (of every object, for a
+//! tick) that starts after it, within the longest reconciles ahead of it and a margin (for a
+//! storm's tick: two sweeps and a margin, so no tick is starved by the ones after it), never
+//! at a later requeue's due time; no consumer of the shared stream holds the watch beyond its
+//! stall bound (the store reaches the server's version soon after a churn); every consumer
+//! gets its start signal, also one lagged before it came; a read-only handle (the
+//! `kube-persist` tool's) opens beside a redb writer that makes every batch durable, and its
+//! verify never reports a difference, while beside any other writer it is `Locked` at once;
+//! no reconcile record is forgotten for a stored object, none is kept for an object the
+//! store does not hold, and `controller_states()` counts the stored objects; a run in
+//! `RelistMode::Full` fetches no body and lists no metadata page, one in `Delta` on a store
+//! that was synced lists no page in full unless its fetches were refused, and no relist
+//! falls back to full pages without a refusal; no reader and no consumer of the shared
 //! stream is given an object older than the one stored before; a killed child's store, when
-//! `Synced`, equals the server at its checkpoint up to what a delta relist explains
-//! (`unexplained_by_window`: only while the killed store's fetch window is open); under a
-//! change storm, counted in dispatches from the run's reconcile log (issue 50, item 2):
-//! changes go first (every change reconciled, behind at most `Q + ceil((Q+1)/3) + L` other
-//! dispatches, Q the changes ahead of it), and the pass keeps its share (done within
+//! `Synced`, holds nothing its selectors exclude and equals the server at its checkpoint up
+//! to what a delta relist explains (`unexplained_by_window`: only while the killed store's
+//! fetch window is open); the side store, `Synced` and live at the server's version, equals
+//! the server's selection (keys-only: its length), and a verify of it finds no difference;
+//! under a change storm, counted in dispatches from the run's reconcile log (issue 50, item
+//! 2): changes go first (every change reconciled, behind at most `Q + ceil((Q+1)/3) + L`
+//! other dispatches, Q the changes ahead of it), and the pass keeps its share (done within
 //! `4·N + L` dispatches of its tick, and one dispatch in four while changes wait).
 //! A broken invariant is reported once per run (the same keys are not waited for again).
 //!
 //! `KP_LIFECYCLE_SEED=<n>` replays a seed, `=random` picks one (printed); `KP_LIFECYCLE_STEPS`
 //! sets the steps per engine, `KP_LIFECYCLE_ENGINE` runs one engine only, `KP_LIFECYCLE_HISTORY`
-//! prints every engine's history (it is printed after a violation anyway). Each broken invariant is printed with the engine, seed, step and
-//! the operations since the last restart; the last line is exactly
-//! `lifecycle: <S> steps, <R> restarts, <V> violations`, and the test fails unless V is 0.
+//! prints every engine's history (it is printed after a violation anyway); `RUST_LOG` the
+//! library's log (of this process). Each broken invariant is printed with the engine, seed,
+//! step, the run's configuration and the operations since the last restart; each engine's
+//! summary line counts the kills, the relists and fetches, and says where the time went; the
+//! last line is exactly `lifecycle: <S> steps, <R> restarts, <V> violations`, and the test
+//! fails unless V is 0.
 
 #[path = "lifecycle/app.rs"]
 mod app;
@@ -68,6 +95,8 @@ mod checks;
 mod common;
 #[path = "lifecycle/model.rs"]
 mod model;
+#[path = "lifecycle/select.rs"]
+mod select;
 
 use kube_persist::Engine;
 
@@ -78,6 +107,9 @@ fn main() {
     if let Ok(dir) = std::env::var(app::CHILD_DIR_ENV) {
         app::child_main(dir);
         return;
+    }
+    if std::env::var_os("RUST_LOG").is_some() {
+        common::init_tracing();
     }
     let seed = common::test_seed("KP_LIFECYCLE_SEED", DEFAULT_SEED);
     let steps = common::env_num("KP_LIFECYCLE_STEPS").unwrap_or(STEPS_PER_ENGINE);

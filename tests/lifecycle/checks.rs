@@ -9,6 +9,7 @@ use kube_persist::{Reader, SyncPhase};
 use kube_persist_testkit::{ResourceType, ServerHandle};
 
 use crate::app::{NS, RunCfg, Seen};
+use crate::select::Meta;
 
 /// How long the store may take to be `Synced`, live and at the server's resourceVersion.
 pub const SYNC_WAIT: Duration = Duration::from_secs(20);
@@ -23,20 +24,23 @@ pub struct Rec {
     pub run: usize,
     pub name: String,
     pub rv: String,
-    pub uid: String,
+    /// Its metadata then (uid, labels: what the selection is decided on).
+    pub meta: Meta,
 }
 
 /// Every reconcile of every run, in the order the test saw them.
 pub type Log = Arc<Mutex<Vec<Rec>>>;
 
-/// A server object: resourceVersion, uid, mode label, and whether a `write` object shows
+/// A server object: resourceVersion, mode label, metadata, and whether a `write` object shows
 /// its value in its annotation.
 #[derive(Debug, Clone)]
 pub struct Obj {
     pub rv: String,
-    pub uid: String,
+    pub generation: i64,
     pub mode: String,
     pub mirrored: bool,
+    /// Its metadata (what a selection is decided on).
+    pub meta: Meta,
 }
 
 /// `name -> object` of the model's ConfigMaps on the server.
@@ -49,9 +53,10 @@ pub fn server_objects(h: &ServerHandle) -> BTreeMap<String, Obj> {
             let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
             let obj = Obj {
                 rv: s(&m["resourceVersion"]),
-                uid: s(&m["uid"]),
+                generation: m["generation"].as_i64().unwrap_or_default(),
                 mode: s(&m["labels"]["mode"]),
                 mirrored: crate::app::mirrored(&o),
+                meta: Meta::of_json(&o),
             };
             (s(&m["name"]), obj)
         })
@@ -132,7 +137,7 @@ pub fn store_matches(
     let mut out = Vec::new();
     let want: BTreeMap<&str, &str> = server
         .iter()
-        .filter(|(_, o)| cfg.owns(&o.uid))
+        .filter(|(_, o)| cfg.selects(&o.meta))
         .map(|(n, o)| (n.as_str(), o.rv.as_str()))
         .collect();
     let stored: Vec<ConfigMap> = reader
@@ -173,11 +178,27 @@ pub fn store_matches(
     }
     let outside: Vec<_> = stored
         .iter()
-        .filter(|c| !cfg.owns(c.metadata.uid.as_deref().unwrap_or_default()))
+        .filter(|c| !cfg.selects(&Meta::of(&c.metadata, false)))
         .map(name)
         .collect();
     if !outside.is_empty() {
-        out.push(found("no object outside the shard", few(outside)));
+        out.push(found("no object outside the selection", few(outside)));
+    }
+    if cfg.transform {
+        let untransformed: Vec<_> = stored
+            .iter()
+            .filter(|c| {
+                let blob = c.data.as_ref().is_some_and(|d| d.contains_key("blob"));
+                !Meta::of(&c.metadata, blob).transformed || blob
+            })
+            .map(name)
+            .collect();
+        if !untransformed.is_empty() {
+            out.push(found(
+                "every stored object went through the transform",
+                few(untransformed),
+            ));
+        }
     }
     let records = stored.len();
     if reader.len() != records {
@@ -187,24 +208,35 @@ pub fn store_matches(
         ));
     }
     if cfg.index {
-        for m in ["ok", "short", "fail"] {
-            let by_mode: BTreeSet<String> = stored
+        let label = |c: &ConfigMap, k: &str| {
+            c.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(k))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let values = [("mode", "ok"), ("mode", "short"), ("mode", "fail")]
+            .into_iter()
+            .chain(crate::select::TIERS.map(|t| (crate::select::TIER, t)));
+        for (k, v) in values {
+            let by_label: BTreeSet<String> = stored
                 .iter()
-                .filter(|c| crate::app::mode(c) == m)
+                .filter(|c| label(c, k) == v)
                 .map(name)
                 .collect();
             let indexed: Result<BTreeSet<String>, _> = reader
-                .by_index("label:mode", m)
+                .by_index(&format!("label:{k}"), v)
                 .map(|it| it.map(|o| name(&o.expect("decodes"))).collect());
             match indexed {
-                Ok(i) if i == by_mode => {}
+                Ok(i) if i == by_label => {}
                 Ok(i) => out.push(found(
                     "the index equals the stored objects",
-                    format!("mode={m}: index {} vs store {}", few(&i), few(&by_mode)),
+                    format!("{k}={v}: index {} vs store {}", few(&i), few(&by_label)),
                 )),
                 Err(e) => out.push(found(
                     "the index equals the stored objects",
-                    format!("by_index(label:mode) on a Synced store: {e}"),
+                    format!("by_index(label:{k}) on a Synced store: {e}"),
                 )),
             }
         }
@@ -252,10 +284,12 @@ pub async fn async_reads_match(reader: &Reader<ConfigMap>) -> Vec<Found> {
     out
 }
 
-/// The controller, once the store is quiescent: every owned object reconciled at its
+/// The controller, once the store is quiescent: every selected object reconciled at its
 /// current version (by any run; a version a reconcile wrote itself, keeping the generation,
-/// counts as reconciled), every owned `short`/`fail` object reconciled again after `since`
-/// (its due requeue or retry fired).
+/// counts as reconciled, and so does one whose uid was reconciled at the same generation:
+/// `skip_unchanged_generation` skips a change of labels; never a new uid under the same
+/// name), every selected `short`/`fail` object reconciled again after `since` (its due
+/// requeue or retry fired).
 pub async fn reconciled(
     log: &Log,
     cfg: &RunCfg,
@@ -266,14 +300,14 @@ pub async fn reconciled(
     let owed: Vec<(String, String)> = server
         .iter()
         .filter(|(n, o)| {
-            cfg.owns(&o.uid) && !rc.unreconciled.contains(&((*n).clone(), o.rv.clone()))
+            cfg.selects(&o.meta) && !rc.unreconciled.contains(&((*n).clone(), o.rv.clone()))
         })
         .map(|(n, o)| (n.clone(), o.rv.clone()))
         .collect();
     let requeued: Vec<String> = server
         .iter()
         .filter(|(n, o)| {
-            cfg.owns(&o.uid)
+            cfg.selects(&o.meta)
                 && ["short", "fail"].contains(&o.mode.as_str())
                 && !rc.lost_requeues.contains(*n)
         })
@@ -287,6 +321,17 @@ pub async fn reconciled(
                 .iter()
                 .map(|r| (r.name.as_str(), r.rv.as_str()))
                 .collect();
+            // A `fail` object's last reconcile failed: its generation excuses nothing.
+            let generations: BTreeSet<(&str, i64)> = log
+                .iter()
+                .filter(|r| r.seen == Seen::Reconciled && r.meta.mode.as_deref() != Some("fail"))
+                .map(|r| (r.meta.uid.as_str(), r.meta.generation))
+                .collect();
+            let same_generation = |n: &str| {
+                server
+                    .get(n)
+                    .is_some_and(|o| generations.contains(&(o.meta.uid.as_str(), o.generation)))
+            };
             let again: BTreeSet<&str> = log
                 .iter()
                 .rev()
@@ -296,7 +341,7 @@ pub async fn reconciled(
                 .collect();
             let missing: Vec<(String, String)> = owed
                 .iter()
-                .filter(|(n, rv)| !done.contains(&(n.as_str(), rv.as_str())))
+                .filter(|(n, rv)| !done.contains(&(n.as_str(), rv.as_str())) && !same_generation(n))
                 .cloned()
                 .collect();
             let lost: Vec<String> = requeued
@@ -312,9 +357,19 @@ pub async fn reconciled(
         if Instant::now() > deadline {
             let mut out = Vec::new();
             if !missing.is_empty() {
+                let names: Vec<String> = missing.iter().map(|(n, _)| n.clone()).collect();
+                let uids: Vec<(&String, &str, i64)> = missing
+                    .iter()
+                    .filter_map(|(n, _)| Some((n, server.get(n)?)))
+                    .map(|(n, o)| (n, o.meta.uid.as_str(), o.generation))
+                    .collect();
                 out.push(found(
                     "every object reconciled at its latest version",
-                    format!("not within {RECONCILE_WAIT:?} of Synced: {}", few(&missing)),
+                    format!(
+                        "not within {RECONCILE_WAIT:?} of Synced: {} (uid, generation now: {uids:?}); seen: {}",
+                        few(&missing),
+                        history(log, &names)
+                    ),
                 ));
             }
             if !lost.is_empty() {
@@ -335,12 +390,13 @@ pub async fn reconciled(
     }
 }
 
-/// No reconcile of run `run` (with `cfg`) of an object its shard does not own.
+/// No reconcile of run `run` (with `cfg`) of an object outside its selection: its shard,
+/// and its selectors (by the object's labels and name at the version reconciled).
 pub fn owned_only(log: &Log, run: usize, cfg: &RunCfg, rc: &mut RunChecks) -> Vec<Found> {
     let log = log.lock().unwrap();
     let foreign: Vec<(String, String)> = log[rc.owned_upto..]
         .iter()
-        .filter(|r| r.run == run && !cfg.owns(&r.uid))
+        .filter(|r| r.run == run && !cfg.selects(&r.meta))
         .map(|r| (r.name.clone(), r.rv.clone()))
         .collect();
     rc.owned_upto = log.len();
@@ -348,8 +404,8 @@ pub fn owned_only(log: &Log, run: usize, cfg: &RunCfg, rc: &mut RunChecks) -> Ve
         return Vec::new();
     }
     vec![found(
-        "no object reconciled by a replica that does not own it",
-        format!("shard {:?}: {}", cfg.shard, few(foreign)),
+        "no object reconciled outside the run's selection (shard, selectors)",
+        format!("selection {}: {}", cfg.sel, few(foreign)),
     )]
 }
 
@@ -393,11 +449,11 @@ pub async fn triggered(
 ) -> Vec<Found> {
     let owed = |t: &Trig| -> Vec<String> {
         match &t.name {
-            Some(n) if server.get(n).is_some_and(|o| cfg.owns(&o.uid)) => vec![n.clone()],
+            Some(n) if server.get(n).is_some_and(|o| cfg.selects(&o.meta)) => vec![n.clone()],
             Some(_) => Vec::new(),
             None => server
                 .iter()
-                .filter(|(_, o)| cfg.owns(&o.uid))
+                .filter(|(_, o)| cfg.selects(&o.meta))
                 .map(|(n, _)| n.clone())
                 .collect(),
         }
@@ -452,7 +508,7 @@ pub async fn triggered(
 pub fn unmirrored(server: &BTreeMap<String, Obj>, cfg: &RunCfg) -> Vec<(String, String)> {
     server
         .iter()
-        .filter(|(_, o)| o.mode == "write" && !o.mirrored && cfg.owns(&o.uid))
+        .filter(|(_, o)| o.mode == "write" && !o.mirrored && cfg.selects(&o.meta))
         .map(|(n, o)| (n.clone(), o.rv.clone()))
         .collect()
 }
@@ -463,7 +519,16 @@ pub fn history(log: &Log, names: &[String]) -> String {
     let seen: Vec<String> = log
         .iter()
         .filter(|r| names.contains(&r.name))
-        .map(|r| format!("{} {} {} (run {})", r.seen.word(), r.name, r.rv, r.run))
+        .map(|r| {
+            let uid = r.meta.uid.get(..8).unwrap_or_default();
+            format!(
+                "{} {} {} uid {uid} (run {})",
+                r.seen.word(),
+                r.name,
+                r.rv,
+                r.run
+            )
+        })
         .collect();
     let from = seen.len().saturating_sub(8);
     seen[from..].join(", ")
@@ -581,4 +646,78 @@ pub async fn consumers_started(consumed: &crate::app::Consumed, since: Instant) 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// How long the shared stream's other consumers may take, once the store is quiescent, to
+/// hold what it holds: the slow one, hurried meanwhile, takes what is queued for it (and
+/// reads the store again if it was lagged).
+const HELD_WAIT: Duration = Duration::from_secs(6);
+
+/// Every consumer of the shared stream, once the store is quiescent, holds exactly the
+/// run's selection (what the server has of it): it was given every change of the store,
+/// and never kept an object that left it.
+pub async fn consumers_hold(
+    consumed: &crate::app::Consumed,
+    cfg: &RunCfg,
+    server: &BTreeMap<String, Obj>,
+) -> Vec<Found> {
+    let want: BTreeMap<String, String> = server
+        .iter()
+        .filter(|(_, o)| cfg.selects(&o.meta))
+        .map(|(n, o)| (n.clone(), o.rv.clone()))
+        .collect();
+    let by = Instant::now() + HELD_WAIT;
+    consumed
+        .hurry
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let _slow_again = SlowAgain(consumed);
+    loop {
+        let held = [0, 1].map(|i| consumed.held[i].lock().unwrap().clone());
+        let off: Vec<usize> = (0..2).filter(|i| held[*i] != want).collect();
+        if off.is_empty() {
+            return Vec::new();
+        }
+        if Instant::now() > by {
+            let detail = off
+                .iter()
+                .map(|i| {
+                    let trace = consumed.trace[*i].lock().unwrap();
+                    let trace: Vec<&String> = trace.iter().collect();
+                    format!(
+                        "consumer {i}: {}; its last events: {trace:?}",
+                        crate::common::diff("held", &held[*i], &want)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return vec![found(
+                "a consumer of a stream holds exactly its selection once caught up",
+                format!("{detail} ({HELD_WAIT:?} after the store was)"),
+            )];
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Makes the slow consumer slow again when the check is done.
+struct SlowAgain<'a>(&'a crate::app::Consumed);
+
+impl Drop for SlowAgain<'_> {
+    fn drop(&mut self) {
+        self.0
+            .hurry
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// No consumer of the shared stream was given an object outside the run's selection (by
+/// the object's own metadata); what was is taken from `consumed`.
+pub fn given_outside(consumed: &crate::app::Consumed) -> Option<Found> {
+    let given = std::mem::take(&mut *consumed.outside.lock().unwrap());
+    (!given.is_empty()).then(|| {
+        found(
+            "no consumer of a stream is given an object outside its selection",
+            format!("{} {:?}", given.len(), &given[..given.len().min(5)]),
+        )
+    })
 }

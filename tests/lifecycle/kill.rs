@@ -72,6 +72,7 @@ impl Model {
             KillAt::DeltaSynced => "delta-synced".to_string(),
             _ => String::new(),
         };
+        self.run_faults();
         let (mut child, lines, readers) = self.spawn_child(child_run, &kill);
         let seen = |p: &str| lines.lock().unwrap().iter().any(|l| l == p);
         let last_phase = || {
@@ -193,6 +194,20 @@ impl Model {
         if let Some(n) = outside.filter(|n| *n > 0) {
             self.report(step, ready_outside(n));
         }
+        let given: Vec<String> = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.strip_prefix("given-outside "))
+            .map(String::from)
+            .collect();
+        if !given.is_empty() {
+            let f = Found {
+                invariant: "no consumer of a stream is given an object outside its selection",
+                detail: format!("child: {} {:?}", given.len(), &given[..given.len().min(5)]),
+            };
+            self.report(step, f);
+        }
         faults.clear();
         self.check_killed(step).await;
         let mut rc = RunChecks {
@@ -245,10 +260,10 @@ impl Model {
                     .into_iter()
                     .find_map(|seen| {
                         let rest = line.strip_prefix(seen.word())?.strip_prefix(' ')?;
-                        Some((seen, rest.split(' ').collect::<Vec<_>>()))
+                        Some((seen, app::decode_meta(rest)?))
                     });
                 match seen {
-                    Some((seen, f)) if f.len() == 3 => sink(seen, f[0], f[1], f[2]),
+                    Some((seen, meta)) => sink(seen, &meta),
                     _ => other.lock().unwrap().push(line),
                 }
             }

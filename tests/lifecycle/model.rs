@@ -3,7 +3,7 @@
 //!
 //! Over 600 lines: the draw of the operations, their dispatch and a run's life (open, stop,
 //! the checks at quiescence) share the model's state; each family of operations lives in a
-//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `storm`, `writes`).
+//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `side`, `storm`, `writes`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -20,11 +20,13 @@ use tokio::task::JoinHandle;
 
 use crate::app::{self, NS, RunCfg};
 use crate::checks::{self, Found, Log, Rec, RunChecks, Trig};
+use crate::select::{Fields, Labels, Meta, Sel, TIER, TIERS};
 
 mod beside;
 mod delta;
 mod kill;
 mod poke;
+mod side;
 mod storm;
 mod writes;
 
@@ -44,6 +46,18 @@ enum Change {
     Page,
     /// Another durability for the next `Db` opened.
     Durability,
+    /// Another label selector (the store is wiped: another identity).
+    Labels,
+    /// Another field selector (idem).
+    Fields,
+    /// The transform on or off (idem).
+    Transform,
+    /// kube's retry layer on or off in the stream's client.
+    Retry,
+    /// Every delta fetch refused (403) for the next run, or no longer.
+    Refuse,
+    /// Another configuration of the side stream (`side.rs`).
+    Side,
 }
 
 /// Where a child process is SIGKILLed.
@@ -71,6 +85,11 @@ enum Op {
         creates: usize,
         updates: usize,
         deletes: usize,
+        /// Objects moved to another tier (in or out of a label selection).
+        moves: usize,
+        /// Objects deleted and created again under the same name (another uid: maybe
+        /// another shard, another mode).
+        recreates: usize,
     },
     /// Compaction and the watches cut: the reconnect gets 410 and relists.
     Compact,
@@ -100,11 +119,28 @@ enum Op {
     /// A read-only handle opened beside the live run (the `kube-persist` tool's), and a
     /// verify through it.
     ReadBeside,
-    /// A relist of the live store while this many objects change under it (`delta.rs`).
-    RelistUnder(usize),
+    /// A relist of the live store while objects change under it, between their metadata
+    /// page and their fetch, with a fault on the fetches (`delta.rs`).
+    RelistUnder(delta::Under),
     /// A tick's pass under a storm of changes, this many kept waiting, its objects drawn
     /// from `seed` (`storm.rs`).
     ChangeStorm { outstanding: usize, seed: u64 },
+}
+
+impl Op {
+    /// What the summary's timing calls it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Op::Churn { .. } => "churn",
+            Op::Compact | Op::Gone | Op::WatchError(_) | Op::ServerRestart(_) => "watch faults",
+            Op::Stop { .. } | Op::AbortReopen { .. } => "stops",
+            Op::Kill { .. } => "kills",
+            Op::WriteRead | Op::ReadBeside => "reads",
+            Op::Poke(_) => "triggers",
+            Op::RelistUnder(_) => "relists under changes",
+            Op::ChangeStorm { .. } => "change storms",
+        }
+    }
 }
 
 struct Live {
@@ -162,13 +198,24 @@ pub struct Model {
     churned: Option<(Instant, String)>,
     /// What the delta operations and checks found.
     delta: delta::Tally,
+    /// The side stream of the live run, and its configuration.
+    side: Option<side::Side>,
+    side_cfg: side::SideCfg,
+    /// The server honours `shardSelector` (else every shard is filtered by the store).
+    sharded_server: bool,
+    /// Where the run's time went: the operations, and each check.
+    timing: BTreeMap<&'static str, Duration>,
+    /// Relists under changes drawn so far (their faults come in turn).
+    unders: usize,
+    /// Side streams opened, by kind.
+    side_opened: BTreeMap<&'static str, usize>,
 }
 
-fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
+fn cm(name: &str, mode: &str, tier: &str, value: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": NS, "labels": {"mode": mode}},
-        "data": {"value": value},
+        "metadata": {"name": name, "namespace": NS, "labels": {"mode": mode, TIER: tier}},
+        "data": {"value": value, "blob": "dropped by the model's transform"},
     })
 }
 
@@ -177,17 +224,24 @@ impl Model {
     /// sequence from it).
     pub async fn run(engine: Engine, seed: u64, steps: usize) -> Outcome {
         let own = seed.wrapping_add(if engine == Engine::Redb { 0 } else { 1 });
+        // One engine's server filters shards, the other's leaves it to the store (which
+        // engine, the seed says): every run covers both.
+        let sharded_server = (engine == Engine::Redb) == seed.is_multiple_of(2);
         let server = TestServer::start_with(ServerOptions {
             bookmark_interval: Duration::from_millis(100),
+            sharded_list_and_watch: sharded_server,
             ..ServerOptions::default()
         })
         .await;
+        let mut rng = StdRng::seed_from_u64(own);
+        let side_cfg = side::SideCfg::draw(&mut rng, OBJECTS);
+        let encrypt = rng.random_bool(0.5);
         let h = server.handle();
         h.seed_pods(BUSY_PODS, 3);
         let mut m = Model {
             engine,
             seed,
-            rng: StdRng::seed_from_u64(own),
+            rng,
             jitter: StdRng::seed_from_u64(!own),
             server,
             h,
@@ -195,11 +249,15 @@ impl Model {
             log: Arc::default(),
             cfg: RunCfg {
                 streaming: false,
-                shard: None,
+                sel: Sel::ALL,
                 index: false,
                 page: 20,
                 flush_ms: 100,
                 relist: kube_persist::RelistMode::Auto,
+                transform: false,
+                encrypt,
+                retry: true,
+                refuse: false,
             },
             run: 0,
             step: 0,
@@ -216,6 +274,12 @@ impl Model {
             triggers: Vec::new(),
             churned: None,
             delta: delta::Tally::default(),
+            side: None,
+            side_cfg,
+            sharded_server,
+            timing: BTreeMap::new(),
+            unders: 0,
+            side_opened: BTreeMap::new(),
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -228,7 +292,9 @@ impl Model {
             let op = m.pick(steps - step);
             m.history.push(format!("{step}:{op:?}"));
             let started = Instant::now();
+            let kind = op.kind();
             m.apply(step, op).await;
+            m.timed(kind, started);
             m.check(step).await;
             slowest = slowest.max((started.elapsed(), step));
         }
@@ -237,17 +303,27 @@ impl Model {
             let _ = live.task.await;
         }
         m.close_db().await;
+        m.h.faults().clear();
         let kills = m
             .kills
             .iter()
             .map(|(k, (hit, n))| format!("{k} {hit}/{n}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let timing: Vec<String> = m
+            .timing
+            .iter()
+            .map(|(k, d)| format!("{k} {:.0} s", d.as_secs_f64()))
+            .collect();
+        let encrypted = if m.cfg.encrypt { "" } else { "not " };
         let kills = format!(
-            "{kills}; slowest step {} ({:.1} s); {}",
+            "{kills}; slowest step {} ({:.1} s); {}; shards filtered by the {}; {encrypted}encrypted; side streams {:?}; time in {}",
             slowest.1,
             slowest.0.as_secs_f64(),
-            m.delta
+            m.delta,
+            if m.sharded_server { "server" } else { "store" },
+            m.side_opened,
+            timing.join(", ")
         );
         if m.violations > 0 || std::env::var_os("KP_LIFECYCLE_HISTORY").is_some() {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
@@ -264,13 +340,19 @@ impl Model {
         let r = &mut self.rng;
         // Enough restarts whatever the draw: at least one in every five steps.
         let restart = left.is_multiple_of(5) || r.random_bool(0.15);
-        let change = |r: &mut StdRng| match r.random_range(0..9) {
+        let change = |r: &mut StdRng| match r.random_range(0..16) {
             0 => Change::Streaming,
             1 | 2 => Change::Narrow,
             3 => Change::Widen,
             4 => Change::Index,
             5 => Change::Page,
             6 => Change::Durability,
+            7 => Change::Labels,
+            8 => Change::Fields,
+            9 => Change::Transform,
+            10 => Change::Retry,
+            11 => Change::Refuse,
+            12 => Change::Side,
             _ => Change::Nothing,
         };
         if restart {
@@ -307,13 +389,18 @@ impl Model {
                 outstanding: r.random_range(6..13),
                 seed: r.random(),
             },
-            15 => Op::RelistUnder(r.random_range(2..6)),
+            15 => {
+                self.unders += 1;
+                Op::RelistUnder(delta::Under::draw(r, self.unders))
+            }
             14 => Op::ReadBeside,
             11..=13 => Op::Poke(Poke::draw(r)),
             0..=4 => Op::Churn {
                 creates: r.random_range(0..6),
                 updates: r.random_range(0..10),
                 deletes: r.random_range(0..6),
+                moves: r.random_range(0..5),
+                recreates: r.random_range(0..3),
             },
             5 => Op::Compact,
             6 => Op::Gone,
@@ -330,12 +417,15 @@ impl Model {
                 creates,
                 updates,
                 deletes,
+                moves,
+                recreates,
             } => {
                 // Timed from a store that is live at the watch's head: no relist to wait for.
                 let live = self.live.as_ref().is_some_and(|l| {
                     l.reader.phase() == kube_persist::SyncPhase::Synced && l.reader.is_live()
                 });
                 self.churn(creates, updates, deletes);
+                self.shuffle(moves, recreates);
                 if live {
                     self.churned = Some((Instant::now(), self.h.resource_version()));
                 }
@@ -355,7 +445,7 @@ impl Model {
             }
             Op::WriteRead => self.write_read(step).await,
             Op::ReadBeside => self.read_beside(step).await,
-            Op::RelistUnder(n) => self.relist_under(n).await,
+            Op::RelistUnder(under) => self.relist_under(under).await,
             Op::Poke(poke) => self.poke(poke).await,
             Op::ChangeStorm { outstanding, seed } => {
                 self.change_storm(step, outstanding, seed).await
@@ -410,6 +500,13 @@ impl Model {
     }
 
     fn create(&mut self) {
+        let name = format!("cm-{}", self.created);
+        self.created += 1;
+        self.create_named(&name);
+    }
+
+    /// A new object `name` (a new uid), of a random mode and tier.
+    fn create_named(&mut self, name: &str) {
         let mode = match self.rng.random_range(0..100) {
             0..=11 => "short",
             12..=19 => "fail",
@@ -417,10 +514,56 @@ impl Model {
             28..=35 => "write",
             _ => "ok",
         };
-        let name = format!("cm-{}", self.created);
-        self.created += 1;
+        let tier = TIERS[self.rng.random_range(0..3)];
         self.h
-            .apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
+            .apply(&ResourceType::configmaps(), cm(name, mode, tier, "v0"));
+    }
+
+    /// `name` moved to `tier`, if it exists (a new version).
+    fn retier(&mut self, name: &str, tier: &str) {
+        let rt = ResourceType::configmaps();
+        if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
+            o["metadata"]["labels"][TIER] = json!(tier);
+            self.h.apply(&rt, o);
+        }
+    }
+
+    /// `name` deleted and created again (another uid), if it exists.
+    fn recreate(&mut self, name: &str) {
+        let rt = ResourceType::configmaps();
+        if self.h.delete(&rt, Some(NS), name).is_some() {
+            self.create_named(name);
+        }
+    }
+
+    /// `moves` random objects moved to another tier (out of the stream's label selection
+    /// or into it, whichever they are not), `recreates` others created again.
+    fn shuffle(&mut self, moves: usize, recreates: usize) {
+        let server = checks::server_objects(&self.h);
+        let names: Vec<&String> = server.keys().collect();
+        if names.is_empty() {
+            return;
+        }
+        let mut done = Vec::new();
+        for _ in 0..moves {
+            let name = names[self.rng.random_range(0..names.len())];
+            let labels = self.cfg.sel.labels;
+            let tier = if self.cfg.selects(&server[name].meta) {
+                labels.outside(&mut self.rng)
+            } else {
+                labels.inside(&mut self.rng)
+            };
+            self.retier(name, tier);
+            done.push(format!("{name}>{tier}"));
+        }
+        for _ in 0..recreates {
+            let name = names[self.rng.random_range(0..names.len())].clone();
+            self.recreate(&name);
+            done.push(format!("{name} recreated"));
+        }
+        if !done.is_empty() {
+            self.history.push(format!("({})", done.join(", ")));
+        }
     }
 
     /// A new version of `name`, if it exists.
@@ -454,18 +597,19 @@ impl Model {
     fn change(&mut self, change: Change) {
         // Every reopen lists again (after a 410) in a mode of its own.
         self.cfg.relist = delta::draw_mode(&mut self.rng);
+        let created = self.created;
         let cfg = &mut self.cfg;
         match change {
             Change::Nothing => {}
             Change::Streaming => cfg.streaming = !cfg.streaming,
-            Change::Narrow => {
-                cfg.shard = match cfg.shard {
-                    None => Some((self.rng.random_range(0..2), 2)),
-                    Some((i, 2)) => Some((2 * i + self.rng.random_range(0..2), 4)),
-                    other => other,
-                }
-            }
-            Change::Widen => cfg.shard = None,
+            Change::Narrow => cfg.sel.shard = Sel::narrowed(cfg.sel.shard, &mut self.rng),
+            Change::Widen => cfg.sel.shard = None,
+            Change::Labels => cfg.sel.labels = Labels::draw(&mut self.rng),
+            Change::Fields => cfg.sel.fields = Fields::draw(&mut self.rng, created),
+            Change::Transform => cfg.transform = !cfg.transform,
+            Change::Retry => cfg.retry = !cfg.retry,
+            Change::Refuse => cfg.refuse = !cfg.refuse,
+            Change::Side => self.side_cfg = side::SideCfg::draw(&mut self.rng, created),
             Change::Index => cfg.index = !cfg.index,
             Change::Page => cfg.page = self.rng.random_range(5..60),
             Change::Durability => {
@@ -497,15 +641,15 @@ impl Model {
 
     fn sink(&self, run: usize) -> app::Sink {
         let log = self.log.clone();
-        Arc::new(move |seen, name, rv, uid| {
+        Arc::new(move |seen, meta: &Meta| {
             let mut log = log.lock().unwrap();
             let rec = Rec {
                 seen,
                 at: Instant::now(),
                 run,
-                name: name.into(),
-                rv: rv.into(),
-                uid: uid.into(),
+                name: meta.name.clone(),
+                rv: meta.rv.clone(),
+                meta: meta.clone(),
             };
             log.push(rec);
         })
@@ -528,6 +672,7 @@ impl Model {
     }
 
     async fn close_db(&mut self) {
+        self.stop_side().await;
         if let Some((db, busy)) = self.db.take() {
             busy.abort();
             let _ = busy.await;
@@ -546,9 +691,11 @@ impl Model {
         // Requests queued in a run that stopped are lost with it, as in kube-runtime.
         self.triggers.clear();
         self.churned = None;
-        let client = self.server.client();
+        let client = self.cfg.client(&self.server.url());
         let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
+        self.run_faults();
         self.open_db().await;
+        self.open_side(client.clone()).await;
         let db = &self.db.as_ref().expect("open").0;
         let mut refused = None;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -580,7 +727,7 @@ impl Model {
         }
         let reader = c.0.reader();
         let stats = c.0.stats();
-        let consumed = Arc::new(app::Consumed::default());
+        let consumed = Arc::new(app::Consumed::new(cfg.sel));
         let view = delta::RunView::open(&reader, &consumed);
         self.history.push(format!(
             "(run {} opens {:?}, ready {})",
@@ -658,7 +805,10 @@ impl Model {
             self.report(step, f);
         }
         let cfg = self.cfg.clone();
-        match self.quiesce(&reader, &cfg).await {
+        let t = Instant::now();
+        let quiet = self.quiesce(&reader, &cfg).await;
+        self.timed("quiesce", t);
+        match quiet {
             Err(f) => self.report(step, f),
             Ok(()) => {
                 let since = Instant::now();
@@ -669,27 +819,43 @@ impl Model {
                 for f in checks::async_reads_match(&reader).await {
                     self.report(step, f);
                 }
+                self.timed("store checks", since);
+                // The controller's, the consumers' and the side stream's checks wait (for
+                // reconciles, a slow consumer, the side store) side by side.
+                let t = Instant::now();
                 let log = self.log.clone();
                 let mut rc = std::mem::take(&mut self.rc);
-                let found = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;
-                self.rc = rc;
-                for f in found {
-                    self.report(step, f);
-                }
                 let mut triggers = std::mem::take(&mut self.triggers);
-                for f in checks::triggered(&log, &cfg, &server, &mut triggers).await {
-                    self.report(step, f);
-                }
-                if let Some((db, _)) = self.db.as_ref() {
-                    for f in checks::records(db, &reader).await {
-                        self.report(step, f);
+                let db = self.db.as_ref().map(|(db, _)| db.clone());
+                let controller = async {
+                    let mut out = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;
+                    out.extend(checks::triggered(&log, &cfg, &server, &mut triggers).await);
+                    if let Some(db) = &db {
+                        out.extend(checks::records(db, &reader).await);
                     }
+                    out
+                };
+                let consumers = async {
+                    let started = checks::consumers_started(&consumed, run_started).await;
+                    let mut out: Vec<Found> = started.into_iter().collect();
+                    out.extend(checks::consumers_hold(&consumed, &cfg, &server).await);
+                    out
+                };
+                let ((a, ta), (b, tb), (c, tc)) =
+                    tokio::join!(took(controller), took(consumers), took(self.side_found()));
+                for (what, d) in [("(controller)", ta), ("(consumers)", tb), ("(side)", tc)] {
+                    *self.timing.entry(what).or_default() += d;
                 }
-                if let Some(f) = checks::consumers_started(&consumed, run_started).await {
+                self.rc = rc;
+                for f in a.into_iter().chain(b).chain(c) {
                     self.report(step, f);
                 }
+                self.timed("checks after quiescence", t);
                 self.check_delta(step);
             }
+        }
+        if let Some(f) = checks::given_outside(&consumed) {
+            self.report(step, f);
         }
         let mut rc = std::mem::take(&mut self.rc);
         let found = checks::owned_only(&self.log, self.run, &cfg, &mut rc);
@@ -698,6 +864,28 @@ impl Model {
             self.report(step, f);
         }
     }
+
+    fn timed(&mut self, what: &'static str, since: Instant) {
+        *self.timing.entry(what).or_default() += since.elapsed();
+    }
+
+    /// The faults a run keeps: every delta fetch refused (403) while it lasts, if its
+    /// configuration says so (the others cleared).
+    fn run_faults(&self) {
+        let faults = self.h.faults();
+        if self.cfg.refuse {
+            faults.fail_named_lists(1, 403);
+        } else {
+            faults.fail_named_lists(0, 0);
+        }
+    }
+}
+
+/// What `f` found, and how long it took.
+async fn took(f: impl std::future::Future<Output = Vec<Found>>) -> (Vec<Found>, Duration) {
+    let t = Instant::now();
+    let out = f.await;
+    (out, t.elapsed())
 }
 
 fn ready_outside(n: usize) -> Found {
