@@ -24,6 +24,7 @@ use kube::Api;
 use kube::api::{ListParams, VersionMatch};
 use kube_persist::resource_version::compare;
 use kube_persist::{Reader, RelistMode, Stats, SyncPhase};
+use kube_persist_testkit::ResourceType;
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -166,6 +167,9 @@ pub(super) enum Move {
     Recreate,
     /// Deleted before its fetch (the 404 of a GET: an empty answer, swept).
     Delete,
+    /// Deleted once the relist began (before its snapshot: on no page), created again
+    /// once its first page is read (another uid, which the watch brings).
+    Reborn,
 }
 
 /// A fault on a relist's fetches (LISTs narrowed to one object), while it lasts.
@@ -203,7 +207,8 @@ impl Under {
                     Move::In,
                     Move::Recreate,
                     Move::Delete,
-                ][r.random_range(0..6)]
+                    Move::Reborn,
+                ][r.random_range(0..7)]
             })
             .collect();
         let fault = match n % 5 {
@@ -282,8 +287,13 @@ impl Model {
         let began = wait_stats(&reader, deadline, |s| s.relists > before.relists).await;
         faults.gone_every_watch(false);
         for (name, m) in picked.iter().filter(|_| began) {
-            if *m != Move::In {
-                self.touch(name);
+            match m {
+                Move::In => {}
+                Move::Reborn => {
+                    self.h
+                        .delete(&ResourceType::configmaps(), Some(NS), name);
+                }
+                _ => self.touch(name),
             }
         }
         // A full relist of a streaming store reads no page.
@@ -306,12 +316,9 @@ impl Model {
                     }
                     Move::Recreate => self.recreate(name),
                     Move::Delete => {
-                        self.h.delete(
-                            &kube_persist_testkit::ResourceType::configmaps(),
-                            Some(NS),
-                            name,
-                        );
+                        self.h.delete(&ResourceType::configmaps(), Some(NS), name);
                     }
+                    Move::Reborn => self.create_named(name),
                 }
             }
             for (name, _) in &picked {

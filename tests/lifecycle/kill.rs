@@ -20,7 +20,7 @@ type Lines = Arc<Mutex<Vec<String>>>;
 impl Model {
     /// Stops this process's run, lets a child process run the controller on the store and
     /// SIGKILLs it at `at`; then a new run in this process.
-    pub(super) async fn kill(&mut self, step: usize, at: KillAt, change: Change) {
+    pub(super) async fn kill(&mut self, step: usize, at: KillAt, change: Change, recreates: usize) {
         if self.rng.random_bool(0.5) {
             self.stop_graceful(step).await;
         } else if let Some(live) = self.live.take() {
@@ -39,6 +39,7 @@ impl Model {
             };
             self.report(step, f);
         }
+        self.recreate_some(recreates);
         self.change(change);
         let delta = matches!(at, KillAt::Delta(_) | KillAt::DeltaSynced);
         if delta {
@@ -135,6 +136,10 @@ impl Model {
             if matches!(at, KillAt::Reconcile(_)) && self.jitter.random_bool(0.05) {
                 let name = format!("cm-{}", self.jitter.random_range(0..self.created));
                 self.touch(&name);
+                // Now and then created again while the child reconciles.
+                if self.jitter.random_bool(0.2) {
+                    self.jittered(|m| m.recreate(&name));
+                }
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };

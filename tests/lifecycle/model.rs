@@ -3,7 +3,8 @@
 //!
 //! Over 600 lines: the draw of the operations, their dispatch and a run's life (open, stop,
 //! the checks at quiescence) share the model's state; each family of operations lives in a
-//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `side`, `storm`, `writes`).
+//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `recreate`, `side`, `storm`,
+//! `writes`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ mod beside;
 mod delta;
 mod kill;
 mod poke;
+mod recreate;
 mod side;
 mod storm;
 mod writes;
@@ -101,16 +103,29 @@ enum Op {
     ServerRestart(u64),
     /// A graceful stop and a new run (optionally in a new `Db`, with the server compacted
     /// and changed while down).
+    /// `recreates` objects deleted and created again while it is down; `tick`: the stop
+    /// comes in the middle of a tick's pass (`recreate.rs`), for every restart.
     Stop {
         new_db: bool,
         change: Change,
         compact: bool,
         churn: bool,
+        recreates: usize,
+        tick: bool,
     },
-    /// A burst, then the controller's task aborted and a new run started at once, same `Db`.
-    AbortReopen { burst: usize },
+    /// A burst (recreates too), then the controller's task aborted and a new run started at
+    /// once, same `Db`.
+    AbortReopen { burst: usize, tick: bool },
     /// A child process runs the controller on the store and is SIGKILLed; then a new run.
-    Kill { at: KillAt, change: Change },
+    /// `recreates` objects created again while the store is down (before the child).
+    Kill {
+        at: KillAt,
+        change: Change,
+        recreates: usize,
+        tick: bool,
+    },
+    /// An object deleted (and created again) while its own reconcile runs (`recreate.rs`).
+    Busy(recreate::Busy),
     /// An object written, then read back through the live store after
     /// `wait_for_resource_version` (read your writes).
     WriteRead,
@@ -134,6 +149,7 @@ impl Op {
             Op::Churn { .. } => "churn",
             Op::Compact | Op::Gone | Op::WatchError(_) | Op::ServerRestart(_) => "watch faults",
             Op::Stop { .. } | Op::AbortReopen { .. } => "stops",
+            Op::Busy(_) => "recreates while busy",
             Op::Kill { .. } => "kills",
             Op::WriteRead | Op::ReadBeside => "reads",
             Op::Poke(_) => "triggers",
@@ -362,9 +378,12 @@ impl Model {
                     change: change(r),
                     compact: r.random_bool(0.4),
                     churn: r.random_bool(0.5),
+                    recreates: r.random_range(0..3),
+                    tick: r.random_bool(0.3),
                 },
                 3 | 4 => Op::AbortReopen {
                     burst: r.random_range(5..40),
+                    tick: r.random_bool(0.3),
                 },
                 _ => {
                     let at = match r.random_range(0..6) {
@@ -380,11 +399,17 @@ impl Model {
                     } else {
                         change(r)
                     };
-                    Op::Kill { at, change }
+                    Op::Kill {
+                        at,
+                        change,
+                        recreates: r.random_range(0..3),
+                        tick: r.random_bool(0.3),
+                    }
                 }
             };
         }
-        match r.random_range(0..17) {
+        match r.random_range(0..18) {
+            17 => Op::Busy(recreate::Busy::draw(r)),
             16 => Op::ChangeStorm {
                 outstanding: r.random_range(6..13),
                 seed: r.random(),
@@ -457,12 +482,16 @@ impl Model {
                     .await
                     .expect("rebind");
             }
+            Op::Busy(busy) => self.busy(busy).await,
             Op::Stop {
                 new_db,
                 change,
                 compact,
                 churn,
+                recreates,
+                tick,
             } => {
+                self.tick_before_restart(tick).await;
                 self.stop_graceful(step).await;
                 if new_db {
                     self.close_db().await;
@@ -474,10 +503,12 @@ impl Model {
                 if churn {
                     self.churn(2, 5, 2);
                 }
+                self.recreate_some(recreates);
                 self.change(change);
                 self.restart(step).await;
             }
-            Op::AbortReopen { burst } => {
+            Op::AbortReopen { burst, tick } => {
+                self.tick_before_restart(tick).await;
                 let live = self.live.take().expect("a run");
                 // The other stream's burst keeps the disk thread busy while this stream's
                 // batches queue behind it; the task is aborted as soon as the first of them
@@ -487,6 +518,7 @@ impl Model {
                     self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
                 }
                 self.churn(burst / 4, burst, burst / 4);
+                self.recreate_some(burst / 10);
                 let deadline = Instant::now() + Duration::from_secs(2);
                 while live.reader.stats().watch_events == applied && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -495,7 +527,15 @@ impl Model {
                 let _ = live.task.await;
                 self.restart(step).await;
             }
-            Op::Kill { at, change } => self.kill(step, at, change).await,
+            Op::Kill {
+                at,
+                change,
+                recreates,
+                tick,
+            } => {
+                self.tick_before_restart(tick).await;
+                self.kill(step, at, change, recreates).await
+            }
         }
     }
 
@@ -688,8 +728,9 @@ impl Model {
             owned_upto: self.log.lock().unwrap().len(),
             ..RunChecks::default()
         };
-        // Requests queued in a run that stopped are lost with it, as in kube-runtime.
-        self.triggers.clear();
+        // Requests queued in a run that stopped are lost with it, as in kube-runtime; a tick
+        // whose pass it stopped is not (`recreate.rs`).
+        self.carry_ticks();
         self.churned = None;
         let client = self.cfg.client(&self.server.url());
         let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
