@@ -290,8 +290,7 @@ impl Model {
             match m {
                 Move::In => {}
                 Move::Reborn => {
-                    self.h
-                        .delete(&ResourceType::configmaps(), Some(NS), name);
+                    self.h.delete(&ResourceType::configmaps(), Some(NS), name);
                 }
                 _ => self.touch(name),
             }

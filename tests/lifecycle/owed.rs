@@ -200,7 +200,8 @@ impl Trig {
 }
 
 /// Invariant: a trigger's reconciles start after it and within its bound.
-pub const TRIGGERED: &str = "every trigger is followed by a reconcile of its object within its bound";
+pub const TRIGGERED: &str =
+    "every trigger is followed by a reconcile of its object within its bound";
 /// Invariant: a tick whose pass a restart interrupted is swept within its bound of the
 /// restart, by the pass the durable controller resumes (in a child, or the next run).
 pub const TICK_ACROSS: &str = "every tick is swept within its bound across restarts";
@@ -268,7 +269,8 @@ pub async fn triggered(
                     .map(|(what, ago, n, ..)| (*what, *ago, n.clone()))
                     .collect();
                 if !overdue.is_empty() {
-                    let detail = format!("(trigger, since, object) past the bound: {}", few(overdue));
+                    let detail =
+                        format!("(trigger, since, object) past the bound: {}", few(overdue));
                     out.push(found(invariant, detail));
                 }
             }
@@ -362,4 +364,3 @@ pub async fn records(db: &kube_persist::Db, reader: &Reader<ConfigMap>) -> Vec<F
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-

@@ -6,8 +6,8 @@
 //! `Reborn`); and [`Busy`] while the object's own reconcile runs. Every restart may come in
 //! the middle of a tick's pass ([`Model::tick_before_restart`]): the durable controller
 //! resumes it, so the tick is kept across the restart and swept within its bound of it
-//! (`owed::TICK_ACROSS`). What each owes is checked at quiescence like any change: the
-//! object reconciled at its latest version as its new uid (`owed::NEW_UID`), the store and
+//! (`checks::TICK_ACROSS`). What each owes is checked at quiescence like any change: the
+//! object reconciled at its latest version as its new uid (`checks::NEW_UID`), the store and
 //! the consumers holding the new uid, the reconcile records tracking the store.
 
 use std::time::{Duration, Instant};
@@ -39,8 +39,12 @@ pub(super) enum Busy {
 
 impl Busy {
     pub(super) fn draw(r: &mut impl Rng) -> Busy {
-        [Busy::Recreate, Busy::Recreate, Busy::DeleteThenCreate, Busy::Delete]
-            [r.random_range(0..4)]
+        [
+            Busy::Recreate,
+            Busy::Recreate,
+            Busy::DeleteThenCreate,
+            Busy::Delete,
+        ][r.random_range(0..4)]
     }
 }
 
@@ -159,19 +163,5 @@ impl Model {
         for t in &mut self.triggers {
             t.restarted = Some(now);
         }
-    }
-
-    /// `n` random objects deleted and created again now (another uid).
-    pub(super) fn recreate_some(&mut self, n: usize) {
-        self.shuffle(0, n);
-    }
-
-    /// Runs `f` with the timing-dependent draws: what it draws does not move the model's
-    /// own sequence.
-    pub(super) fn jittered<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
-        std::mem::swap(&mut self.rng, &mut self.jitter);
-        let out = f(self);
-        std::mem::swap(&mut self.rng, &mut self.jitter);
-        out
     }
 }
