@@ -52,12 +52,18 @@ pub(crate) fn parse_due_key(key: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(due.try_into().ok()?), suffix))
 }
 
-/// Version of the controller state's format; part of its identity.
-const STATE_FORMAT: u32 = 1;
+/// Version of the controller state's format; part of its identity (a state of another
+/// format starts fresh: every object is reconciled once). 2: records carry the uid of the
+/// object they were written for.
+const STATE_FORMAT: u32 = 2;
 
 /// What one object's last reconciles left behind.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ReconcileRecord {
+    /// `metadata.uid` of the object the record was written for: an object deleted and
+    /// created again under its name (another uid) is a new object that no reconcile has
+    /// seen, whatever its version or generation.
+    pub(crate) uid: Option<String>,
     /// The resourceVersion at which the last reconcile returned `Ok`.
     pub(crate) ok_rv: Option<String>,
     /// `metadata.generation` of that version, where the kind has one.
@@ -74,6 +80,12 @@ impl ReconcileRecord {
     pub(crate) fn handled_rv(&self) -> Option<&str> {
         self.failed_rv.as_deref().or(self.ok_rv.as_deref())
     }
+
+    /// Whether the record was written for the object with `uid` (an empty or absent uid is
+    /// none: a kind, or a transform, without uids compares by name alone).
+    pub(crate) fn is_of(&self, uid: Option<&str>) -> bool {
+        self.uid.as_deref().filter(|u| !u.is_empty()) == uid.filter(|u| !u.is_empty())
+    }
 }
 
 /// How a finished reconcile ended.
@@ -88,9 +100,11 @@ pub(crate) enum Outcome {
 /// One change of the reconcile state.
 #[derive(Debug, Clone)]
 pub(crate) enum StateOp {
-    /// A reconcile of the object at `rv` returned; `due_ms`: its next requeue, if any.
+    /// A reconcile of the object `uid` at `rv` returned; `due_ms`: its next requeue, if
+    /// any. A record of another uid (an earlier object of the same name) is replaced whole.
     Done {
         suffix: Vec<u8>,
+        uid: Option<String>,
         rv: String,
         outcome: Outcome,
         due_ms: Option<u64>,
@@ -120,12 +134,16 @@ impl StateOp {
             } if old.as_ref() != Some(seen) => old,
             StateOp::Forget { .. } => None,
             StateOp::Done {
+                uid,
                 rv,
                 outcome,
                 due_ms,
                 ..
             } => {
-                let mut rec = old.unwrap_or_default();
+                let mut rec = old
+                    .filter(|old| old.is_of(uid.as_deref()))
+                    .unwrap_or_default();
+                rec.uid = uid.clone();
                 match outcome {
                     Outcome::Ok { generation } => {
                         rec.ok_rv = Some(rv.clone());
@@ -135,6 +153,10 @@ impl StateOp {
                     Outcome::Failed => rec.failed_rv = Some(rv.clone()),
                 }
                 rec.due_ms = *due_ms;
+                debug_assert!(
+                    rec.is_of(uid.as_deref()) && rec.handled_rv() == Some(rv.as_str()),
+                    "a record written for an object carries that object's uid and version"
+                );
                 Some(rec)
             }
         }
@@ -418,6 +440,9 @@ pub struct ReconcileStateInfo {
     pub namespace: Option<String>,
     /// The object's name.
     pub name: String,
+    /// The `metadata.uid` of the object the record is of (an object of the same name
+    /// created again has another uid, and is reconciled as new).
+    pub uid: Option<String>,
     /// The resourceVersion at which the last reconcile returned `Ok`.
     pub resource_version: Option<String>,
     /// The `metadata.generation` of that version, where the kind has one.
@@ -507,6 +532,7 @@ pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates>
         Ok(ReconcileStateInfo {
             namespace: (!ns.is_empty()).then(|| ns.to_string()),
             name: obj_name.into_owned(),
+            uid: rec.uid,
             resource_version: rec.ok_rv,
             generation: rec.ok_generation,
             failed_resource_version: rec.failed_rv,

@@ -11,16 +11,23 @@ use super::scan::{CHANGED, DUE};
 /// A requeue due within this many milliseconds counts as due now: run, not put back.
 const DUE_SLACK_MS: u64 = 100;
 
-/// Whether `rec` shows the object handled at resourceVersion `rv`: the last reconcile (that
-/// succeeded or failed) saw this version, or, with `generation_filter`, the last successful
-/// one saw the object's `metadata.generation` (a change of status or metadata only) and no
-/// failure came since. `generation` is asked only then (it may read the object).
+/// Whether `rec` shows the object `uid` handled at resourceVersion `rv`: the record is of
+/// this object (the same uid: an object created again under the name is new, and a create
+/// is never filtered, as controller-runtime's `GenerationChangedPredicate` never filters
+/// one), and the last reconcile (that succeeded or failed) saw this version, or, with
+/// `generation_filter`, the last successful one saw the object's `metadata.generation` (a
+/// change of status or metadata only) and no failure came since. `generation` is asked
+/// only then (it may read the object).
 pub(crate) fn handled(
     rec: &ReconcileRecord,
+    uid: Option<&str>,
     rv: Option<&str>,
     generation_filter: bool,
     generation: impl FnOnce() -> Option<i64>,
 ) -> bool {
+    if !rec.is_of(uid) {
+        return false;
+    }
     if rv.is_some() && rec.handled_rv() == rv {
         return true;
     }
@@ -76,11 +83,45 @@ mod tests {
         ok_generation: Option<i64>,
     ) -> ReconcileRecord {
         ReconcileRecord {
+            uid: Some(U.to_string()),
             ok_rv: ok_rv.map(str::to_string),
             failed_rv: failed_rv.map(str::to_string),
             ok_generation,
             ..Default::default()
         }
+    }
+
+    const U: &str = "uid-1";
+
+    /// `handled` of the object with uid [`U`].
+    fn handled(
+        rec: &ReconcileRecord,
+        rv: Option<&str>,
+        generation_filter: bool,
+        generation: impl FnOnce() -> Option<i64>,
+    ) -> bool {
+        super::handled(rec, Some(U), rv, generation_filter, generation)
+    }
+
+    #[test]
+    fn an_object_created_again_is_never_handled_by_the_record_of_the_one_it_replaced() {
+        let never = || -> Option<i64> { panic!("another uid is decided before the generation") };
+        let ok7 = rec(Some("7"), None, Some(1));
+        // The same version, or the same generation (a new object starts at 1), of another
+        // object of the name: not handled.
+        assert!(!super::handled(&ok7, Some("uid-2"), Some("7"), true, never));
+        assert!(!super::handled(&ok7, Some("uid-2"), Some("9"), true, never));
+        assert!(!super::handled(&ok7, None, Some("9"), true, never));
+        assert!(super::handled(&ok7, Some(U), Some("9"), true, || Some(1)));
+        // A record without a uid is of an object without one (a kind or transform without
+        // uids): compared by name alone.
+        let bare = ReconcileRecord {
+            uid: None,
+            ..ok7.clone()
+        };
+        assert!(super::handled(&bare, None, Some("7"), false, never));
+        assert!(super::handled(&bare, Some(""), Some("7"), false, never));
+        assert!(!super::handled(&bare, Some(U), Some("7"), false, never));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 use super::controller_stats::ControllerStats;
 use super::owed;
 use crate::controller::keyspace::{ControllerKeyspace, ReconcileRecord};
-use crate::store::Reader;
+use crate::store::{Reader, StoredHead};
 
 /// Reason of a startup-pass reconcile of an object changed (or never reconciled).
 pub(crate) const CHANGED: &str = "changed since its last reconcile (startup pass)";
@@ -66,6 +66,14 @@ pub(crate) enum PassMode {
 pub(crate) struct Position {
     pub(crate) after: Option<Vec<u8>>,
     pub(crate) wrapped: bool,
+}
+
+impl Position {
+    /// Whether `self` is `other` or further along the circle: a lap before wrapping, then
+    /// the keys from the first one up to the start (no key, `None`, comes first in each).
+    pub(crate) fn at_or_after(&self, other: &Position) -> bool {
+        (self.wrapped, self.after.as_deref()) >= (other.wrapped, other.after.as_deref())
+    }
 }
 
 /// A pass as a durable controller records it (`controller/<name>` keyspace, `mpass-*`).
@@ -295,7 +303,7 @@ struct Walk<K: Resource> {
     options: MergeOptions,
     now: u64,
     start: Option<Vec<u8>>,
-    objects: Paged<String>,
+    objects: Paged<StoredHead>,
     records: Paged<ReconcileRecord>,
     wrapped: bool,
     counts: Counts,
@@ -322,8 +330,24 @@ where
         }
     }
 
+    /// The last chunk of the circle: through its end, the start once wrapped (a circle
+    /// that starts at the first key wraps at its end too). A pass recorded there, under way
+    /// because the controller stopped before it ended, ends at once when resumed.
+    fn end(&mut self, plans: Vec<Plan<K>>) -> Chunk<K> {
+        self.wrapped = true;
+        Chunk {
+            plans,
+            through: self.position(self.start.clone()),
+            end: true,
+        }
+    }
+
     /// Reads the next chunk: at most `chunk` plans, and at most `chunk` keys of each source.
     fn next_chunk(&mut self) -> crate::model::Result<Chunk<K>> {
+        if self.wrapped && self.start.is_none() {
+            // A circle from the first key, recorded at its end.
+            return Ok(self.end(Vec::new()));
+        }
         let mut plans = Vec::new();
         let mut last = None;
         let (reader, ks) = (self.reader.clone(), self.ks.clone());
@@ -350,11 +374,7 @@ where
             let plan = match (obj, rec) {
                 (None, None) => {
                     if self.wrapped || self.start.is_none() {
-                        return Ok(Chunk {
-                            plans,
-                            through: self.position(self.start.clone()),
-                            end: true,
-                        });
+                        return Ok(self.end(plans));
                     }
                     // Wrap: the keys up to the start, from the first one.
                     self.wrapped = true;
@@ -367,15 +387,15 @@ where
                     });
                 }
                 (Some(o), Some(r)) if o == r => {
-                    let (suffix, rv) = self.objects.buf.pop_front().expect("peeked");
+                    let (suffix, head) = self.objects.buf.pop_front().expect("peeked");
                     let (_, rec) = self.records.buf.pop_front().expect("peeked");
-                    let plan = self.decide(&suffix, &rv, Some(&rec));
+                    let plan = self.decide(&suffix, &head, Some(&rec));
                     last = Some(suffix);
                     plan
                 }
                 (Some(o), r) if r.as_ref().is_none_or(|r| o < *r) => {
-                    let (suffix, rv) = self.objects.buf.pop_front().expect("peeked");
-                    let plan = self.decide(&suffix, &rv, None);
+                    let (suffix, head) = self.objects.buf.pop_front().expect("peeked");
+                    let plan = self.decide(&suffix, &head, None);
                     last = Some(suffix);
                     plan
                 }
@@ -425,7 +445,7 @@ where
     fn decide(
         &mut self,
         suffix: &[u8],
-        rv: &str,
+        head: &StoredHead,
         rec: Option<&ReconcileRecord>,
     ) -> Option<Plan<K>> {
         self.counts.objects += 1;
@@ -440,9 +460,13 @@ where
             PassMode::All => Some(custom(ALL)),
             PassMode::Changed
                 if rec.is_none_or(|rec| {
-                    !owed::handled(rec, Some(rv), self.options.generation_filter, || {
-                        self.generation_of(suffix)
-                    })
+                    !owed::handled(
+                        rec,
+                        Some(&head.uid),
+                        Some(&head.resource_version),
+                        self.options.generation_filter,
+                        || self.generation_of(suffix),
+                    )
                 }) =>
             {
                 Some(custom(CHANGED))

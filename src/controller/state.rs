@@ -48,6 +48,23 @@ pub(crate) fn instant_at(due_ms: u64) -> Instant {
 /// A due-time scan on the disk thread: (object suffix, due ms) of the requeues it found.
 type DueScan = BoxFuture<'static, crate::model::Result<Vec<(Vec<u8>, u64)>>>;
 
+/// A test hook, in builds with debug assertions only (the test command's: see the
+/// workspace's Cargo.toml): `KUBE_PERSIST_TEST_STATE_INIT_DELAY_MS` holds the identity
+/// check that many milliseconds on the disk thread, so that a test can pin what a runner
+/// does when its stores are ready before its durable state is read (a warm store is ready
+/// at once). Read once per process.
+#[cfg(debug_assertions)]
+fn delay_init_for_tests() {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let ms = std::env::var("KUBE_PERSIST_TEST_STATE_INIT_DELAY_MS").ok()?;
+        Some(Duration::from_millis(ms.trim().parse().ok()?))
+    });
+    if let Some(delay) = delay {
+        std::thread::sleep(*delay);
+    }
+}
+
 /// The passes a previous run left under way: the ticks' pass and the merge pass.
 #[derive(Debug, Default)]
 pub(crate) struct Resumed {
@@ -97,6 +114,8 @@ impl Durable {
         let check = ks.clone();
         let init = worker
             .submit(move || {
+                #[cfg(debug_assertions)]
+                delay_init_for_tests();
                 let existed = check.check_identity(&identity)?;
                 let resumed = Resumed {
                     ticks: check.pass(TICKS_PASS_KEY)?,
@@ -152,6 +171,11 @@ impl Durable {
         };
         self.existed = Some(existed);
         Poll::Ready(Ok(existed))
+    }
+
+    /// Whether the identity check is done (and the passes the previous run left are known).
+    pub(crate) fn initialized(&self) -> bool {
+        self.existed.is_some()
     }
 
     /// Requeues due from now on are read from disk up to `now + window`; the startup pass

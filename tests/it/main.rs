@@ -30,6 +30,7 @@ mod delta_relist;
 mod delta_seams;
 mod deploy_manifests;
 mod faults;
+mod held_pass;
 mod indexes;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -39,6 +40,7 @@ mod passes;
 mod ported_examples;
 mod reads;
 mod reconcile_state;
+mod recreate;
 mod relist_seams;
 mod restart_relist;
 mod shard;

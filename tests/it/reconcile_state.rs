@@ -522,7 +522,7 @@ async fn restart_reconciles_exactly_what_changed_or_fell_due(engine: Engine) {
     }
 }
 
-fn deployment(name: &str, replicas: i32) -> serde_json::Value {
+pub(crate) fn deployment(name: &str, replicas: i32) -> serde_json::Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": "app"},
@@ -593,7 +593,7 @@ async fn run_until(
 
 /// Brings the Deployments stream on disk up to the server (its watcher alone, no
 /// controller): a restarted controller then finds the changes in the store, not in the watch.
-async fn sync_store(db: &kube_persist::Db, client: kube::Client, h: &ServerHandle) {
+pub(crate) async fn sync_store(db: &kube_persist::Db, client: kube::Client, h: &ServerHandle) {
     use k8s_openapi::api::apps::v1::Deployment;
     let (reader, watcher) = db
         .store(

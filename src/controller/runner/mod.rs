@@ -39,7 +39,7 @@ use super::action::requeue_after;
 use super::controller_error::ControllerError;
 use super::controller_stats::ControllerStats;
 use super::owed;
-use super::scan::{self, PassRecord, suffix_ref};
+use super::scan::{self, PassMode, PassRecord, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::triggers::{Trigger, TriggerStream};
 use crate::controller::keyspace::{Outcome, ReconcileRecord, StateOp};
@@ -115,11 +115,16 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     merge: Option<Slot<K>>,
     /// A lag came while the merge ran: one more merge follows it.
     merge_again: bool,
+    /// The mode of the merge that follows the one under way (the rest of a pass a previous
+    /// run left is merged first, then this start's own pass).
+    merge_then: Option<PassMode>,
     /// Where the last merge stopped: the next one starts there.
     merge_done: Option<Vec<u8>>,
     /// The merge a previous run left (its mode is owed by the startup pass).
     left_merge: Option<PassRecord>,
-    /// The ticks' pass a previous run left, resumed once the stores are ready.
+    /// The ticks' pass owed once the stores are ready: the one a previous run left under
+    /// way, or one a tick asked for before they were ready (recorded on disk at once by a
+    /// durable controller, so that a restart owes it too).
     left_ticks: Option<PassRecord>,
     /// A durable startup pass that reconciles changed objects is asked for and has not
     /// started: the main kind's changes are left to it.
@@ -129,10 +134,6 @@ pub(crate) struct Runner<K: Resource, Ctx, E: 'static> {
     /// The reconcile state, for a durable controller.
     durable: Option<Durable>,
     ready: bool,
-    /// A `reconcile_all_on` tick came before the stores were ready: its pass runs once
-    /// they are (a pass of a store still listing, or wiped, would miss objects the tick
-    /// owes a reconcile, which a durable startup pass may then skip as unchanged).
-    full_pass_when_ready: bool,
     /// A startup pass (`cold` or not) waiting until the main store has caught up (true)
     /// or the wait timed out (false).
     catching_up: Option<(bool, BoxFuture<'static, bool>)>,
@@ -178,13 +179,13 @@ where
             ticks: None,
             merge: None,
             merge_again: false,
+            merge_then: None,
             merge_done: None,
             left_merge: None,
             left_ticks: None,
             startup_pending: false,
             read_failures: HashMap::new(),
             ready: false,
-            full_pass_when_ready: false,
             catching_up: None,
             shutting_down: false,
             out: VecDeque::new(),
@@ -244,12 +245,7 @@ where
                 }
                 Poll::Ready(Some(Ok(Trigger::Lagged))) => self.lagged(),
                 Poll::Ready(Some(Ok(Trigger::ReconcileAll))) if self.ready => self.pass_all(),
-                Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => {
-                    tracing::debug!(
-                        "reconcile_all_on tick before the stores are ready: passed once they are"
-                    );
-                    self.full_pass_when_ready = true;
-                }
+                Poll::Ready(Some(Ok(Trigger::ReconcileAll))) => self.tick_before_ready(),
                 Poll::Ready(Some(Ok(Trigger::Startup { cold }))) => self.request_startup(cold),
                 Poll::Ready(Some(Err(e))) => self.out.push_back(Err(e.into())),
                 Poll::Ready(None) => {
@@ -293,6 +289,7 @@ where
         let meta = obj.meta();
         let handled = owed::handled(
             rec,
+            meta.uid.as_deref(),
             meta.resource_version.as_deref(),
             self.p.config.skip_unchanged_generation,
             || meta.generation,
@@ -418,6 +415,7 @@ where
         self.passes_heard(&obj_ref, Heard::Finished);
         let meta = done.obj.meta();
         let rv = meta.resource_version.clone().unwrap_or_default();
+        let uid = meta.uid.clone();
         let outcome = match done.result {
             Ok(_) => Outcome::Ok {
                 generation: meta.generation,
@@ -448,6 +446,7 @@ where
             (Some(d), due) => {
                 d.push(StateOp::Done {
                     suffix: suffix_of(&obj_ref),
+                    uid,
                     rv,
                     outcome,
                     due_ms: due,
@@ -520,14 +519,17 @@ where
             progressed |= this.poll_triggers(cx);
             progressed |= this.poll_catch_up(cx);
             progressed |= this.poll_passes(cx);
-            if !this.ready && this.p.ready.poll_unpin(cx).is_ready() {
+            // A durable controller starts once its state's identity is checked: only then
+            // does it know the ticks' pass a previous run left (a warm store is ready at
+            // the first poll, before the disk thread has read it).
+            if !this.ready
+                && this.durable.as_ref().is_none_or(Durable::initialized)
+                && this.p.ready.poll_unpin(cx).is_ready()
+            {
                 tracing::debug!("stores ready, reconciles may start");
                 this.ready = true;
                 let left = this.left_ticks.take();
                 this.resume_ticks(left);
-                if std::mem::take(&mut this.full_pass_when_ready) {
-                    this.pass_all();
-                }
             }
             let limit = this.p.config.concurrency as usize;
             let busy = this.running.len() + this.reading.len();

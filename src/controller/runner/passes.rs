@@ -41,7 +41,17 @@ pub(super) struct Slot<K: Resource> {
     pub(super) progress: Progress<ObjectRef<K>>,
     /// Pass work not dispatched yet, in pass order.
     work: Work<K>,
+    /// Pass work whose object was being reconciled when its turn came (by a request that
+    /// came before the pass asked): it goes back to the front of `work` when that
+    /// reconcile ends, so that a hot object is reconciled for the pass too, not put off by
+    /// the debounce its changes keep pushing. At most one per running reconcile.
+    parked: Vec<(ObjectRef<K>, ReconcileReason)>,
 }
+
+/// Most chunks of entries a pass keeps owed: beyond that it reads no further chunk until
+/// the oldest are done, so that its bookkeeping (and the reconciles a crash repeats) is
+/// bounded by chunks, not by the pass, behind a reconcile that runs long.
+const CHUNKS_OWED: usize = 4;
 
 /// Pass work read and not dispatched yet, counted in the controller's queue depth.
 struct Work<K: Resource> {
@@ -53,6 +63,11 @@ impl<K: Resource> Work<K> {
     fn push_back(&mut self, item: (ObjectRef<K>, ReconcileReason)) {
         self.stats.enqueued(Waiting::Queued);
         self.queue.push_back(item);
+    }
+
+    fn push_front(&mut self, item: (ObjectRef<K>, ReconcileReason)) {
+        self.stats.enqueued(Waiting::Queued);
+        self.queue.push_front(item);
     }
 
     fn pop_front(&mut self) -> Option<(ObjectRef<K>, ReconcileReason)> {
@@ -113,6 +128,7 @@ where
                 queue: VecDeque::new(),
                 stats: self.p.stats.clone(),
             },
+            parked: Vec::new(),
         }
     }
 
@@ -146,7 +162,27 @@ where
         self.ticks = Some(self.slot(record, TICKS_PASS_KEY, options));
     }
 
-    /// The stores are ready: the ticks' pass a previous run left under way goes on.
+    /// A `reconcile_all_on` tick before the stores are ready: its pass runs once they are
+    /// (a pass of a store still listing, or wiped, would miss objects the tick owes a
+    /// reconcile, which a durable startup pass may then skip as unchanged). A durable
+    /// controller records it at once, so that a restart before then owes it too: as one
+    /// more pass after the one a previous run left, or as a new one.
+    pub(super) fn tick_before_ready(&mut self) {
+        tracing::debug!("reconcile_all_on tick before the stores are ready: passed once they are");
+        let record = match self.left_ticks.take().filter(|r| r.active) {
+            Some(left) if left.again => left,
+            Some(mut left) => {
+                left.again = true;
+                left
+            }
+            None => PassRecord::new(PassMode::Every, None),
+        };
+        self.record(TICKS_PASS_KEY, &record);
+        self.left_ticks = Some(record);
+    }
+
+    /// The stores are ready: the ticks' pass a previous run left under way (or a tick
+    /// asked for before they were ready) goes on.
     pub(super) fn resume_ticks(&mut self, record: Option<PassRecord>) {
         let Some(record) = record.filter(|r| r.active) else {
             return;
@@ -262,21 +298,33 @@ where
             return;
         };
         let loaded_until = d.start_window();
-        // A merge a previous run left under way asks for at least its own mode; the circle
-        // starts where the last merge stopped.
         let mut mode = self.startup_mode(cold);
-        if let Some(left) = self.left_merge.take().filter(|r| r.active) {
-            mode = mode.max(left.mode);
+        // A lag's merge under way (or owed) before the startup pass is replaced by it: the
+        // startup pass merges what changed too, whatever its mode (with
+        // `StartupMode::Nothing` it would only schedule due requeues).
+        if let Some(lag) = self.merge.as_ref() {
+            mode = mode.max(lag.record.mode).max(PassMode::Changed);
+        }
+        if std::mem::take(&mut self.merge_again) {
+            mode = mode.max(PassMode::Changed);
+        }
+        let options = MergeOptions {
+            loaded_until,
+            generation_filter: self.p.config.skip_unchanged_generation,
+        };
+        // A merge a previous run left under way with a stronger mode (an interrupted
+        // `StartupMode::ReconcileAll`) goes on where it stopped, for the rest of its circle
+        // only; the merge of this start's own mode follows it over the whole circle.
+        if let Some(left) = self.left_merge.take().filter(|r| r.active && r.mode > mode) {
+            tracing::debug!(left = ?left.mode, then = ?mode, cold, "startup pass: the rest of the pass a previous run left, then this start's");
+            let then = mode;
+            self.start_merge(left, options);
+            self.merge_then = Some(then);
+            return;
         }
         tracing::debug!(?mode, cold, "startup pass over the reconcile state");
         let record = PassRecord::new(mode, self.merge_done.clone());
-        self.start_merge(
-            record,
-            MergeOptions {
-                loaded_until,
-                generation_filter: self.p.config.skip_unchanged_generation,
-            },
-        );
+        self.start_merge(record, options);
     }
 
     /// Stops reading passes (the controller stops): their positions still move as the
@@ -289,6 +337,7 @@ where
         {
             slot.pass = None;
             slot.work.clear();
+            slot.parked.clear();
         }
         self.p.stats.pass_ended();
     }
@@ -311,10 +360,9 @@ where
         waiting
     }
 
-    /// The next pass work to dispatch. Work for an object being reconciled waits in the
-    /// change queue instead, as a request that must run.
+    /// The next pass work to dispatch. Work for an object being reconciled is parked in its
+    /// pass until that reconcile ends.
     pub(super) fn take_pass_work(&mut self) -> Option<ReconcileRequest<K>> {
-        let now = Instant::now();
         for merge in [true, false] {
             loop {
                 let slot = if merge {
@@ -330,7 +378,7 @@ where
                     continue;
                 }
                 if self.running_refs.contains(&obj_ref) {
-                    self.queue.schedule(obj_ref, reason, now, &self.p.stats);
+                    slot.parked.push((obj_ref, reason));
                     continue;
                 }
                 return Some(ReconcileRequest { obj_ref, reason });
@@ -352,6 +400,7 @@ where
             };
             let Some(s) = slot.as_mut() else { continue };
             if s.progress.waiting() <= half
+                && s.progress.owed() <= CHUNKS_OWED * self.p.config.pass_chunk
                 && let Some(pass) = s.pass.as_mut()
                 && let Poll::Ready(chunk) = pass.poll_chunk(cx)
             {
@@ -419,10 +468,12 @@ where
         tracing::debug!(merge, again = record.again, "pass done");
         if merge {
             self.merge_done = record.done.after.clone();
-            if std::mem::take(&mut self.merge_again) {
+            let then = self.merge_then.take();
+            if std::mem::take(&mut self.merge_again) || then.is_some() {
                 let start = self.merge_done.clone();
+                let mode = then.unwrap_or(PassMode::Changed).max(PassMode::Changed);
                 let options = self.lag_options();
-                self.start_merge(PassRecord::new(PassMode::Changed, start), options);
+                self.start_merge(PassRecord::new(mode, start), options);
             }
         } else if record.again {
             self.start_ticks(PassRecord::new(PassMode::Every, None));
@@ -445,8 +496,16 @@ where
             let Some(s) = slot.as_mut() else { continue };
             match event {
                 Heard::Dispatched => s.progress.dispatched(obj_ref),
-                Heard::Finished => s.progress.finished(obj_ref),
-                Heard::ReadFailed => s.progress.retry(obj_ref),
+                // A read that failed counts for the pass as an attempt: the request keeps
+                // its forced retry (`Runner::retry_read`), and one object that cannot be
+                // read does not hold the pass (and every tick after it) open.
+                Heard::Finished | Heard::ReadFailed => s.progress.finished(obj_ref),
+            }
+            if event != Heard::Dispatched
+                && let Some(i) = s.parked.iter().position(|(r, _)| r == obj_ref)
+            {
+                let item = s.parked.swap_remove(i);
+                s.work.push_front(item);
             }
             if event == Heard::Finished && self.shutting_down {
                 let _ = self.settle(merge);

@@ -3,8 +3,8 @@
 //!
 //! A durable controller records that position after each reconcile ([`Progress::moved`]),
 //! so that a restart, graceful or not, resumes the pass there: an object is counted done
-//! only once a reconcile dispatched after the pass asked for it has finished, so a crash
-//! reconciles it again rather than skipping it.
+//! only once a reconcile (or a read) dispatched after the pass asked for it has finished
+//! (or failed), so a crash reconciles it again rather than skipping it.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -14,7 +14,7 @@ use crate::controller::scan::Position;
 /// Where one object of a pass is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Item {
-    /// Not dispatched yet (or its read failed and it waits for the retry).
+    /// Not dispatched yet.
     Waiting,
     /// Being read or reconciled.
     Dispatched,
@@ -115,17 +115,8 @@ impl<R: Clone + Eq + Hash> Progress<R> {
         }
     }
 
-    /// The read of `obj` failed: it waits for its retry.
-    pub(crate) fn retry(&mut self, obj: &R) {
-        if let Some(item) = self.entry(obj)
-            && *item == Item::Dispatched
-        {
-            *item = Item::Waiting;
-            self.waiting += 1;
-        }
-    }
-
-    /// A dispatched reconcile of `obj` finished (or was skipped, or found no object).
+    /// A dispatched reconcile of `obj` finished (or was skipped, or found no object, or
+    /// its read failed).
     pub(crate) fn finished(&mut self, obj: &R) {
         if let Some(item) = self.entry(obj)
             && *item == Item::Dispatched
@@ -149,12 +140,20 @@ impl<R: Clone + Eq + Hash> Progress<R> {
                     if self.index.get(&obj) == Some(&self.base) {
                         self.index.remove(&obj);
                     }
+                    debug_assert!(
+                        at.at_or_after(&self.done),
+                        "a pass position only moves forward"
+                    );
                     self.done = at;
                 }
                 Entry::Through(_) => {
                     let Some(Entry::Through(at)) = self.entries.pop_front() else {
                         unreachable!("matched above");
                     };
+                    debug_assert!(
+                        at.at_or_after(&self.done),
+                        "a pass position only moves forward"
+                    );
                     self.done = at;
                 }
             }
@@ -181,6 +180,11 @@ impl<R: Clone + Eq + Hash> Progress<R> {
                 ..
             })
         )
+    }
+
+    /// Entries still kept: from the first object not done to the last one asked for.
+    pub(crate) fn owed(&self) -> usize {
+        self.entries.len()
     }
 
     /// Objects asked for and not dispatched yet.
@@ -222,18 +226,17 @@ mod tests {
         assert_eq!(p.moved(), None);
         p.finished(&"a");
         assert_eq!(p.moved(), Some(at("b")));
-        // A failed read puts c back: a finish without a new dispatch does not count.
-        p.retry(&"c");
-        p.finished(&"c");
-        assert_eq!(p.moved(), None);
+        // A finish without a dispatch after the pass asked does not count (a reconcile
+        // that started before it).
+        p.push("e", at("e"));
+        p.finished(&"e");
         assert_eq!(p.waiting(), 1);
-        p.dispatched(&"c");
+        p.dispatched(&"e");
+        // A failed read counts as an attempt (the request keeps its own retry).
         p.finished(&"c");
-        assert_eq!(
-            p.moved(),
-            Some(at("d")),
-            "through the keys that needed nothing"
-        );
+        assert_eq!(p.moved(), Some(at("d")));
+        p.finished(&"e");
+        assert_eq!(p.moved(), Some(at("e")));
         assert!(p.settled());
     }
 

@@ -38,6 +38,16 @@ use crate::disk::record;
 use crate::model::{Counters, Stats};
 use crate::model::{Error, Result};
 
+/// What a stored record says of its object without its body: what a controller's pass
+/// compares with its reconcile records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredHead {
+    /// The stored `metadata.resourceVersion`.
+    pub(crate) resource_version: String,
+    /// The stored `metadata.uid` (empty if the object had none).
+    pub(crate) uid: String,
+}
+
 /// Read access to one persistent stream, from any number of tasks while the watcher writes.
 ///
 /// Reads go to disk (through the engine's page cache) and decode the stored JSON into `K`;
@@ -328,19 +338,23 @@ where
     }
 
     /// Up to `limit` stored objects after `cursor` (the last key suffix read), in key
-    /// order: (key suffix, resourceVersion), read from the record heads without decoding
+    /// order: (key suffix, its [`StoredHead`]), read from the record heads without decoding
     /// bodies. Blocking: for the controller's startup pass on the blocking pool.
     pub(crate) fn versions_after(
         &self,
         cursor: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, String)>> {
+    ) -> Result<Vec<(Vec<u8>, StoredHead)>> {
         let after = cursor.map(|c| keys::tagged(OBJECT, c));
         let mut out = Vec::with_capacity(limit.min(1024));
         for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (k, v) = entry?;
             let head = record::decode_ref(&v).map_err(|d| record::corrupt(&self.path, &k, d))?;
-            out.push((k[1..].to_vec(), head.resource_version.to_string()));
+            let head = StoredHead {
+                resource_version: head.resource_version.to_string(),
+                uid: head.uid.to_string(),
+            };
+            out.push((k[1..].to_vec(), head));
         }
         Ok(out)
     }
