@@ -20,6 +20,11 @@ impl Db {
     /// Open (or create) the store directory at `path` with default options: an existing
     /// store with the engine recorded in it, a new one with [`Engine::Redb`].
     ///
+    /// The directory is the store's alone: a new one, an existing empty one, or a store. One
+    /// that holds anything else (someone's files, a volume's `lost+found`) is refused with
+    /// [`Error::NotAStore`](crate::Error::NotAStore), naming what it holds, before anything in
+    /// it is created, opened or changed (see [`Db::open_with`]).
+    ///
     /// Blocking, like [`Db::open_with`]: a redb store that read-only handles hold (the
     /// `kube-persist` tool's reading commands) is waited for, up to 30 s
     /// ([`DbConfig::wait_for_readers`]), before it is [`Error::Locked`](crate::Error::Locked).
@@ -39,7 +44,25 @@ impl Db {
 
     /// Open (or create) the store directory at `path`.
     ///
-    /// The directory is created with mode 0700: cached objects are cluster data. An existing
+    /// The directory is created with mode 0700: cached objects are cluster data. Only the
+    /// store's own entries are ever made private: the directory, its `engine` file and the
+    /// engine's files (redb's `data.redb`; sled's `conf`, `db`, `blobs/`, `snap.*`). A
+    /// directory that holds anything else is not a store's, and every open refuses it (read
+    /// only too) with [`Error::NotAStore`](crate::Error::NotAStore), changing nothing in it:
+    ///
+    /// ```
+    /// use kube_persist::{Db, DbConfig, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
+    /// match Db::open_with(dir.path(), DbConfig::default()) {
+    ///     Err(Error::NotAStore { path, found }) => {
+    ///         assert_eq!((path.as_path(), found), (dir.path(), vec![dir.path().join("notes.txt")]));
+    ///     }
+    ///     other => panic!("expected NotAStore, got {other:?}"),
+    /// }
+    /// ```
+    ///
+    /// An existing
     /// store is opened with the engine recorded in it unless `config` chose another one
     /// ([`Error::EngineMismatch`](crate::Error::EngineMismatch)); see [`DbConfig::engine`].
     ///
@@ -75,9 +98,11 @@ impl Db {
     /// server cannot give again.
     ///
     /// A path that does not exist is not an error (there is nothing to remove). To guard
-    /// against a wrong path, it refuses (with [`Error::Config`](crate::Error::Config)) a directory that does not
-    /// look like a store: it must hold its engine's files and nothing else (the `engine`
-    /// file; for sled `conf`, `db`, `blobs/`, `snap.*`; for redb `data.redb`). It refuses
+    /// against a wrong path, it refuses a directory that does not look like a store: it must
+    /// hold its engine's files ([`Error::Config`](crate::Error::Config) without them) and
+    /// nothing else the store did not make ([`Error::NotAStore`](crate::Error::NotAStore), the
+    /// same rule as [`Db::open_with`]'s: the `engine` file; for sled `conf`, `db`, `blobs/`,
+    /// `snap.*`; for redb `data.redb`). It refuses
     /// (with [`Error::Locked`](crate::Error::Locked)) a store that is open, in this process or another one;
     /// checking that lock opens the store, which costs a recovery scan for a healthy sled
     /// store.

@@ -669,6 +669,41 @@ async fn reading_commands_on_a_live_store(engine: Engine) {
     }
 }
 
+/// Issue 56 item 6: a store directory that also holds a user's files (a script, a folder)
+/// is refused by every command, reading or removing, on either engine (sled's reading
+/// commands open it for writing), and nothing in it changes: no permission, no file.
+async fn commands_refuse_a_store_beside_other_files_and_change_nothing(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(10, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let d = dir.to_str().unwrap();
+    synced_store(engine, &server, &dir).await;
+    wait_unlocked(&dir);
+    add_user_files(&dir);
+    let before = modes_below(&dir);
+    for args in [
+        &["stats", d][..],
+        &["inspect", d],
+        &["get", d, "pods", "ns-0/pod-0"],
+        &["dump", d, "pods"],
+        &["controller-states", d],
+        &["drop-stream", d, "pods", "--yes"],
+        &["destroy", d, "--yes"],
+    ] {
+        let run = tool(args, &[], None);
+        assert_eq!(run.code, Some(2), "{args:?}: {}{}", run.out, run.err);
+        assert!(
+            run.err.contains("is not a kube-persist store directory")
+                && run.err.contains("run.sh")
+                && run.err.contains(d),
+            "{args:?}: {}",
+            run.err
+        );
+        assert_eq!(modes_below(&dir), before, "{args:?} changed the directory");
+    }
+}
+
 /// Issue 39 item 3: `dump` into a reader that does not read (a pager left open) must not
 /// keep a controller from starting. The tool reads a redb store in pieces and closes it
 /// before it writes a piece, so while its stdout is blocked a writer with periodic
@@ -848,6 +883,7 @@ fn empty_key_env_is_no_key() {
 
 engine_tests! {
     async: verify_equal_stale_compacted_and_damaged_stores,
+        commands_refuse_a_store_beside_other_files_and_change_nothing,
         stats_text_and_json,
         stats_shows_controller_state,
         destroy_confirms_and_refuses_non_stores,

@@ -53,10 +53,12 @@ pub(crate) fn skippable(reason: &ReconcileReason) -> bool {
 /// Whether a request for `reason` may be skipped, given whether the object's version is
 /// `handled` and the record's pending requeue (`due_ms`, unix ms) at `now_ms`.
 ///
-/// A requeue runs when it is due. One that comes early is another request (a change, the
-/// startup pass) that kube-runtime's scheduler merged into the pending requeue, which keeps
-/// the requeue's reason: skipped like that request when the version is handled (the caller
-/// then schedules the requeue again at its time).
+/// A requeue runs when it is due. One that comes early is a requeue an earlier reconcile
+/// asked for, still queued after a later reconcile asked for a later one (kube-runtime
+/// 5.0's scheduler keeps one request per object: a new one due no later replaces the
+/// queued one, reason included; one due later, or one for an object already due and held
+/// back, is dropped): skipped when the version is handled (the caller then schedules the
+/// recorded requeue again at its time).
 pub(crate) fn may_skip(
     reason: &ReconcileReason,
     handled: bool,

@@ -1,9 +1,12 @@
 //! File permissions of a store directory: cached objects are cluster data, readable by the
-//! owner only (directory 0700, files 0600), whatever the umask.
+//! owner only (directory 0700, files 0600), whatever the umask. Only the directory and the
+//! entries the store made in it ([`Contents`]) are ever read or changed here: a directory
+//! that holds anything else is refused ([`Error::NotAStore`]), never tightened.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::engine::Contents;
 use crate::model::{Error, Result};
 
 /// Create `path` (mode 0700) if missing.
@@ -20,27 +23,29 @@ pub(crate) fn create_private_dir(path: &Path) -> Result<()> {
     set_mode(path, 0o700)
 }
 
-/// Entries of the store directory (recursively) that group or others may access.
-pub(crate) fn too_open(path: &Path) -> Vec<PathBuf> {
+/// The store's entries (the directory and what the store made in it) that group or others
+/// may access; [`Error::NotAStore`] if it holds anything else.
+pub(crate) fn too_open(path: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
-    walk(path, &mut |p, mode| {
+    each_own(path, &mut |p, mode| {
         if mode & 0o077 != 0 {
             out.push(p.to_path_buf());
         }
-    });
-    out
+        Ok(())
+    })?;
+    Ok(out)
 }
 
-/// Tighten the store directory to 0700 (directories) and 0600 (files).
+/// Tighten the store's entries to 0700 (directories) and 0600 (files);
+/// [`Error::NotAStore`], changing nothing, if the directory holds anything else.
 pub(crate) fn tighten(path: &Path) -> Result<()> {
-    let mut result = Ok(());
-    walk(path, &mut |p, mode| {
+    each_own(path, &mut |p, mode| {
         let want = if p.is_dir() { 0o700 } else { 0o600 };
-        if mode & 0o777 != want && result.is_ok() {
-            result = set_mode(p, want);
+        if mode & 0o777 != want {
+            set_mode(p, want)?;
         }
-    });
-    result
+        Ok(())
+    })
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
@@ -48,19 +53,24 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
         .map_err(|e| Error::from_io(p.to_path_buf(), e))
 }
 
-fn walk(p: &Path, f: &mut dyn FnMut(&Path, u32)) {
-    let Ok(meta) = std::fs::symlink_metadata(p) else {
-        return;
+/// Call `f` with each entry the store made at `path` (the directory first) and its mode,
+/// never following a symbolic link; nothing at all if the directory itself is one, or
+/// does not exist; [`Error::NotAStore`], calling nothing, if it holds anything else.
+fn each_own(path: &Path, f: &mut dyn FnMut(&Path, u32) -> Result<()>) -> Result<()> {
+    let Some(contents) = Contents::read(path)? else {
+        return Ok(());
     };
-    if meta.file_type().is_symlink() {
-        return;
+    contents.only_own(path)?;
+    if contents.own.first().map(PathBuf::as_path) != Some(path) {
+        return Ok(());
     }
-    f(p, meta.permissions().mode());
-    if meta.is_dir()
-        && let Ok(rd) = std::fs::read_dir(p)
-    {
-        for e in rd.flatten() {
-            walk(&e.path(), f);
+    for p in &contents.own {
+        let Ok(meta) = std::fs::symlink_metadata(p) else {
+            continue;
+        };
+        if !meta.file_type().is_symlink() {
+            f(p, meta.permissions().mode())?;
         }
     }
+    Ok(())
 }

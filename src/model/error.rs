@@ -1,6 +1,6 @@
 //! The one error type users of kube-persist see.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong in kube-persist, with the context needed to act on it:
 /// which store path, which object, which resourceVersion.
@@ -112,6 +112,20 @@ pub enum Error {
         /// The entries that are too open.
         open: Vec<PathBuf>,
     },
+    /// The directory given to `Db::open` (in any form: `open_with`, read-only, the
+    /// `kube-persist` tool) or to `Db::destroy` holds entries the store did not make: it is
+    /// not a store directory, and nothing in it was created, changed or removed (no
+    /// permission either). A store needs a directory of its own, new or empty, where it
+    /// keeps its engine's files and nothing else; on a mounted volume, a subdirectory of the
+    /// volume's root (which holds `lost+found` on ext4).
+    #[error("{} is not a kube-persist store directory: it holds {}, which the store did not make; nothing in it was changed. Give the store a new or empty directory of its own (on a mounted volume, a subdirectory of its root)", path.display(), names(path, found))]
+    NotAStore {
+        /// The directory.
+        path: PathBuf,
+        /// The entries in it that the store did not make, sorted (what is inside them is
+        /// not read).
+        found: Vec<PathBuf>,
+    },
     /// An encrypted store was opened without its key, or with another key.
     #[error("cannot open the encrypted store at {}: {detail}", path.display())]
     Encryption {
@@ -201,6 +215,20 @@ pub enum Error {
 /// assert_eq!(cached_streams(dir.path()).unwrap(), 0);
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Up to five of `found`, relative to `dir`, quoted, for a message.
+fn names(dir: &Path, found: &[PathBuf]) -> String {
+    const SHOWN: usize = 5;
+    let mut names: Vec<String> = found
+        .iter()
+        .take(SHOWN)
+        .map(|p| format!("{:?}", p.strip_prefix(dir).unwrap_or(p)))
+        .collect();
+    if found.len() > SHOWN {
+        names.push(format!("and {} more", found.len() - SHOWN));
+    }
+    names.join(", ")
+}
 
 impl Error {
     /// Map an I/O error to the most specific variant.

@@ -21,7 +21,8 @@ pub(crate) use inspect::StoredVersions;
 pub use inspect::{RawObjects, StreamInfo};
 pub use reader::{ByIndex, Iter, Reader};
 #[cfg(feature = "metrics")]
-pub(crate) use reader::{MetricsSource, StoredHead};
+pub(crate) use reader::MetricsSource;
+pub(crate) use reader::StoredHead;
 pub use status::SyncPhase;
 pub(crate) use status::{Status, StatusTx};
 pub(crate) use stream_state::{Identity, Phase, State};
@@ -177,10 +178,13 @@ impl Dir {
     /// The work of [`Db::open_with`](crate::Db::open_with). Blocking.
     pub(crate) fn open(path: impl AsRef<Path>, config: DbConfig) -> Result<Dir> {
         let path = path.as_ref().to_path_buf();
+        // Before anything is created, changed or opened: a directory holding what the store
+        // did not make (the user's files, a volume's `lost+found`) is not a store's.
+        disk::refuse_foreign(&path)?;
         if config.read_only {
             return Dir::open_read_only(path, config);
         }
-        let open = disk::too_open(&path);
+        let open = disk::too_open(&path)?;
         if !open.is_empty() {
             if config.strict_permissions {
                 return Err(Error::Permissions { path, open });

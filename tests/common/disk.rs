@@ -128,3 +128,41 @@ impl Drop for Tmpfs {
         }
     }
 }
+
+/// Put what a user keeps in a directory into `dir` (created, mode 0755, if missing): a
+/// script `run.sh` (mode 0755) and a folder `tools` (0750) holding `notes.txt` (0640), none
+/// of which a store makes. Returns those two entries, sorted: what `Error::NotAStore` names.
+pub fn add_user_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path, m| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).unwrap();
+        mode(dir, 0o755);
+    }
+    let script = dir.join("run.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hello\n").unwrap();
+    mode(&script, 0o755);
+    let tools = dir.join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    std::fs::write(tools.join("notes.txt"), "keep me").unwrap();
+    mode(&tools.join("notes.txt"), 0o640);
+    mode(&tools, 0o750);
+    vec![script, tools]
+}
+
+/// The permission bits of `dir` and of every entry below it, by path (symbolic links are
+/// listed, not followed).
+pub fn modes_below(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let meta = std::fs::symlink_metadata(dir).unwrap();
+    out.insert(dir.to_path_buf(), meta.permissions().mode() & 0o7777);
+    if meta.is_dir() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            out.extend(modes_below(&e.unwrap().path()));
+        }
+    }
+    out
+}

@@ -1,5 +1,6 @@
-//! Data at rest: directory and file permissions, the Secret opt-in, and encryption of
-//! stored objects (round trip, missing key, wrong key, a modified record on disk).
+//! Data at rest: directory and file permissions (and the refusal of a directory that is not
+//! a store's), the Secret opt-in, and encryption of stored objects (round trip, missing
+//! key, wrong key, a modified record on disk).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -10,29 +11,10 @@ use kube::Api;
 use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};
 use kube_persist_testkit::ResourceType;
 
-fn modes(dir: &Path) -> Vec<(String, u32)> {
-    let mut out = vec![(
-        dir.display().to_string(),
-        std::fs::metadata(dir).unwrap().permissions().mode() & 0o777,
-    )];
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let m = e.metadata().unwrap();
-        if m.is_dir() {
-            out.extend(modes(&e.path()));
-        } else {
-            out.push((
-                e.path().display().to_string(),
-                m.permissions().mode() & 0o777,
-            ));
-        }
-    }
-    out
-}
-
 fn assert_private(dir: &Path) {
-    for (p, mode) in modes(dir) {
-        let want = if Path::new(&p).is_dir() { 0o700 } else { 0o600 };
-        assert_eq!(mode, want, "{p} has mode {mode:o}");
+    for (p, mode) in modes_below(dir) {
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, want, "{} has mode {mode:o}", p.display());
     }
 }
 
@@ -68,8 +50,8 @@ async fn world_readable_store_is_tightened_or_refused(engine: Engine) {
         let db = try_open_db(engine, &dir).unwrap();
         sync_pods(&fx.server, &db).await;
     }
-    for (p, _) in modes(&dir) {
-        let mode = if Path::new(&p).is_dir() { 0o755 } else { 0o644 };
+    for p in modes_below(&dir).into_keys() {
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     match Db::open_with(
@@ -147,8 +129,8 @@ fn key(b: u8) -> EncryptionKey {
 
 /// Bytes of every file under `dir` contain `needle`?
 fn on_disk(dir: &Path, needle: &[u8]) -> bool {
-    modes(dir).into_iter().any(|(p, _)| {
-        Path::new(&p).is_file()
+    modes_below(dir).into_keys().any(|p| {
+        p.is_file()
             && std::fs::read(&p)
                 .unwrap()
                 .windows(needle.len())
@@ -297,11 +279,88 @@ async fn every_codec_reads_back_and_codecs_mix_in_one_store(engine: Engine) {
     }
 }
 
+/// Issue 56 item 6: a directory holding what a store does not make (a user's script and
+/// folder, a volume's `lost+found`) is refused by every open, with `Error::NotAStore`
+/// naming it and those entries, and nothing in it changes: no permission, no file. A store
+/// directory with such entries added is refused the same way, by `Db::destroy` too, and
+/// opens again, private, once they are gone. An empty directory is the store's.
+fn a_directory_holding_other_files_is_refused_and_left_alone(engine: Engine) {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |dir: &Path, found: &[std::path::PathBuf], config: DbConfig| {
+        let before = modes_below(dir);
+        match Db::open_with(dir, config.clone()) {
+            Err(e @ Error::NotAStore { .. }) => {
+                let text = e.to_string();
+                let Error::NotAStore { path, found: named } = e else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    (path.as_path(), named.as_slice()),
+                    (dir, found),
+                    "{config:?}"
+                );
+                assert!(text.contains(dir.to_str().unwrap()), "{text}");
+                for f in found {
+                    let name = f.file_name().unwrap().to_str().unwrap();
+                    assert!(text.contains(name), "{text}");
+                }
+            }
+            other => panic!("{config:?}: expected NotAStore, got {other:?}"),
+        }
+        assert_eq!(modes_below(dir), before, "{config:?} changed the directory");
+    };
+    let configs = [
+        DbConfig::default().engine(engine),
+        DbConfig::default(),
+        DbConfig::default().engine(engine).strict_permissions(true),
+        DbConfig::default().read_only(),
+    ];
+
+    // The user's files, no store.
+    let home = tmp.path().join("home");
+    let found = add_user_files(&home);
+    for config in &configs {
+        refused(&home, &found, config.clone());
+    }
+    // A volume's root: its `lost+found` is not the store's either (docs/kubernetes.md).
+    let volume = tmp.path().join("volume");
+    std::fs::create_dir_all(volume.join("lost+found")).unwrap();
+    refused(&volume, &[volume.join("lost+found")], configs[0].clone());
+
+    // A store, with the same entries added.
+    let store = tmp.path().join("store");
+    drop(try_open_db(engine, &store).unwrap());
+    let found = add_user_files(&store);
+    for config in &configs {
+        refused(&store, &found, config.clone());
+    }
+    let before = modes_below(&store);
+    assert!(matches!(Db::destroy(&store), Err(Error::NotAStore { .. })));
+    assert_eq!(modes_below(&store), before, "destroy changed the directory");
+    // Once they are gone, the store opens again, private, and reopens.
+    std::fs::remove_file(&found[0]).unwrap();
+    std::fs::remove_dir_all(&found[1]).unwrap();
+    for _ in 0..2 {
+        let db = try_open_db(engine, &store).unwrap();
+        assert_eq!(db.engine(), engine);
+        drop(db);
+        assert_private(&store);
+    }
+
+    // An empty directory, even a world-readable one, is the store's.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    drop(try_open_db(engine, &empty).unwrap());
+    assert_private(&empty);
+}
+
 engine_tests! {
     async: store_is_private_whatever_the_umask,
         every_codec_reads_back_and_codecs_mix_in_one_store,
         world_readable_store_is_tightened_or_refused,
         secrets_need_an_explicit_opt_in,
         encrypted_store_round_trip_and_wrong_or_missing_key,
-        modified_encrypted_record_is_a_corruption_error,
+        modified_encrypted_record_is_a_corruption_error;
+    sync: a_directory_holding_other_files_is_refused_and_left_alone,
 }

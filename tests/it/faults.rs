@@ -874,7 +874,8 @@ fn destroy_refuses_what_is_not_a_store(engine: Engine) {
     drop(try_open_db(engine, &store).unwrap());
     std::fs::write(store.join("notes.txt"), "mine").unwrap();
     match Db::destroy(&store) {
-        Err(Error::Config(msg)) => {
+        Err(e @ Error::NotAStore { .. }) => {
+            let msg = e.to_string();
             assert!(
                 msg.contains("notes.txt") && msg.contains(store.to_str().unwrap()),
                 "{msg}"

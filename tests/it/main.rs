@@ -36,6 +36,7 @@ mod indexes;
 mod metrics;
 mod msrv;
 mod nonblocking;
+mod pass_restarts;
 mod passes;
 mod ported_examples;
 mod reads;

@@ -8,12 +8,16 @@
 //! store directory records which engine wrote it in its `engine` file, and is
 //! reopened with that engine unless the caller asks for another one.
 
+mod files;
 mod held;
 mod redb;
 #[cfg(feature = "sled")]
 mod sled;
 
+pub(crate) use files::{Contents, refuse_foreign};
 pub(crate) use held::wait_released;
+
+use files::{ENGINE_FILE, ENGINE_FILE_NEW, REDB_FILE, SLED_REQUIRED};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -116,9 +120,6 @@ pub(crate) trait Storage: Send + Sync + 'static {
     fn engine(&self) -> Engine;
 }
 
-/// The file in a store directory that names its engine.
-const ENGINE_FILE: &str = "engine";
-
 /// What only the disk knows of an engine: which one wrote a store directory, by its files.
 impl Engine {
     /// Which engine wrote the store at `path`, or `None` if there is no store there yet.
@@ -170,25 +171,7 @@ impl Engine {
             path.join(REDB_FILE).is_file().then_some(Engine::Redb)
         }
     }
-
-    /// Names of the files and directories this engine keeps in a store directory, and
-    /// which of them a store must hold.
-    fn files(self) -> (&'static [&'static str], &'static [&'static str]) {
-        match self {
-            Engine::Sled => (SLED_FILES, SLED_REQUIRED),
-            Engine::Redb => (REDB_FILES, REDB_FILES),
-        }
-    }
 }
-
-/// The file redb keeps a store in.
-const REDB_FILE: &str = "data.redb";
-const REDB_FILES: &[&str] = &[REDB_FILE];
-
-/// The files sled keeps in a store directory, and those every sled store holds (known
-/// without the `sled` feature, so that such a build recognises a sled store and refuses it).
-const SLED_FILES: &[&str] = &["conf", "db", "blobs"];
-const SLED_REQUIRED: &[&str] = &["conf", "db"];
 
 /// The error of a build without the `sled` feature asked to open a sled store.
 #[cfg(not(feature = "sled"))]
@@ -256,7 +239,7 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
 fn record_engine(path: &Path, engine: Engine) -> Result<Engine> {
     use std::io::Write;
     let io = |e| Error::from_io(path.to_path_buf(), e);
-    let tmp = path.join(format!("{ENGINE_FILE}.new.{}", std::process::id()));
+    let tmp = path.join(format!("{ENGINE_FILE_NEW}{}", std::process::id()));
     let written = (|| {
         // An engine file created but never written (a crash at that moment) is replaced.
         let file = path.join(ENGINE_FILE);
@@ -278,8 +261,9 @@ fn record_engine(path: &Path, engine: Engine) -> Result<Engine> {
 }
 
 /// Check that `path` looks like a store directory that is not open anywhere, before
-/// [`Db::destroy`](crate::Db::destroy) removes it. Any failure other than a held lock (the
-/// corruption being wiped, say) does not prevent the removal.
+/// [`Db::destroy`](crate::Db::destroy) removes it: it holds its engine's files and nothing
+/// else the store did not make (else [`Error::NotAStore`]; see [`Contents`]). Any failure
+/// other than a held lock (the corruption being wiped, say) does not prevent the removal.
 pub(crate) fn check_removable(path: &Path) -> Result<()> {
     let refuse = |why: String| {
         Error::Config(format!(
@@ -287,30 +271,13 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
             path.display()
         ))
     };
-    let engine = match Engine::of_store(path) {
-        Ok(engine) => engine,
-        Err(Error::Corrupt { .. }) => Engine::by_files(path),
-        Err(e) => return Err(e),
-    };
-    let Some(engine) = engine else {
+    let contents = Contents::read(path)?
+        .ok_or_else(|| Error::from_io(path.to_path_buf(), std::io::ErrorKind::NotFound.into()))?;
+    contents.only_own(path)?;
+    let Some(engine) = contents.engine else {
         return Err(refuse("it holds no engine file and no store files".into()));
     };
-    let (files, required) = engine.files();
-    let io = |e| Error::from_io(path.to_path_buf(), e);
-    for entry in std::fs::read_dir(path).map_err(io)? {
-        let name = entry.map_err(io)?.file_name();
-        let name = name.to_string_lossy();
-        let ours = name == ENGINE_FILE
-            || name.starts_with(&format!("{ENGINE_FILE}.new."))
-            || files.contains(&&*name)
-            || (engine == Engine::Sled && name.starts_with("snap."));
-        if !ours {
-            return Err(refuse(format!(
-                "it holds {name:?}, which is not a {engine} store file"
-            )));
-        }
-    }
-    for file in required {
+    for file in files::required(engine) {
         if !path.join(file).exists() {
             return Err(refuse(format!("it has no {engine} {file:?} file")));
         }
