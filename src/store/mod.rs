@@ -19,10 +19,10 @@ pub(crate) use cache::DECODED_PER_JSON_BYTE;
 pub use caught_up::{CatchUpRule, Freshness};
 pub(crate) use inspect::StoredVersions;
 pub use inspect::{RawObjects, StreamInfo};
-pub use reader::{ByIndex, Iter, Reader};
 #[cfg(feature = "metrics")]
 pub(crate) use reader::MetricsSource;
 pub(crate) use reader::StoredHead;
+pub use reader::{ByIndex, Iter, Reader};
 pub use status::SyncPhase;
 pub(crate) use status::{Status, StatusTx};
 pub(crate) use stream_state::{Identity, Phase, State};
