@@ -1,7 +1,8 @@
 //! The delta relist in the lifecycle model: each run's `RelistMode` (Auto, Full or Delta,
 //! drawn at every reopen), a relist of the live store while objects change under it between
 //! their metadata page and their fetch ([`Move`]: changed again, moved out of the selection
-//! or into it, created again under the same name with another uid, deleted) with a fault on
+//! or into it, created again under the same name with another uid, deleted; or deleted
+//! before its snapshot and created again after its first page) with a fault on
 //! its fetches ([`FetchFault`]: all refused with 403, every n-th 429 or 500, every LIST
 //! slow), every fetch of a run refused (`RunCfg::refuse`), and a child killed in the middle
 //! of a delta relist (`KillAt::Delta`). Invariants: a run in `Full` fetches no body and
