@@ -189,7 +189,7 @@ const COUNTERS: &[Metric<Stats, u64>] = &[
     ),
     (
         "delta_fallbacks",
-        "Delta relists that listed in full from some page on because the server refused a metadata page or a fetch (401, 403, 405, 406, 415, 400, 422).",
+        "Delta relists that listed in full from some page on because the server refused a metadata page or a fetch (401, 403, 405, 406, 415, 400, 422), or answered a fetch with 404 or with what it did not ask for.",
         |s| s.delta_fallbacks,
     ),
     (

@@ -63,8 +63,10 @@ pub struct Stats {
     pub fetch_retries: u64,
     /// Delta relists that listed in full from some page on because the server refused
     /// their metadata pages or fetches (401, 403, 405, 406, 415, 400, 422): a verb the
-    /// store's credentials lack, or a request the server does not serve. Each is logged
-    /// once, as a warning naming what was refused.
+    /// store's credentials lack, or a request the server does not serve; or answered a
+    /// fetch with 404 or with what it did not ask for (more than the one object, another
+    /// object, an answer older than the page: a server that ignores the field selector or
+    /// the resourceVersion). Each is logged once, as a warning naming the reason.
     pub delta_fallbacks: u64,
     /// Watch events skipped because the store already held a newer version of their
     /// object (the replay after a delta relist, which fetched bodies newer than the list).

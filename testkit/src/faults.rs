@@ -1,4 +1,5 @@
-//! Fault injection: failed requests, dropped and expired watches, slow and malformed pages.
+//! Fault injection: failed requests, dropped and expired watches, slow and malformed pages,
+//! LISTs narrowed to one name that are slow or answered as if not narrowed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +29,12 @@ pub(crate) struct FaultState {
     named_lists: usize,
     /// Every LIST asking for `PartialObjectMetadataList` fails with this status.
     fail_metadata_lists: Option<u16>,
+    /// LISTs narrowed to one object by name are answered as if they had no field selector.
+    ignore_named_field_selector: bool,
+    /// Every LIST narrowed to one object by name is answered this late.
+    named_list_delay: Duration,
+    /// LISTs narrowed to one object by name are answered at this revision, whatever they ask.
+    named_lists_at: Option<u64>,
     gone_next_watch: bool,
     too_large_next_watch: bool,
     page_delay: Duration,
@@ -86,6 +93,23 @@ impl FaultState {
             reason_for(code),
             format!("injected failure ({code}) for a LIST of one object"),
         ))
+    }
+
+    /// Whether a LIST narrowed to one object by name is answered without its field
+    /// selector ([`Faults::ignore_named_field_selector`]).
+    pub(crate) fn ignores_named_field_selector(&self) -> bool {
+        self.ignore_named_field_selector
+    }
+
+    /// The revision a LIST narrowed to one object by name is answered at
+    /// ([`Faults::answer_named_lists_at`]).
+    pub(crate) fn named_lists_at(&self) -> Option<u64> {
+        self.named_lists_at
+    }
+
+    /// The delay of a LIST narrowed to one object by name ([`Faults::named_list_delay`]).
+    pub(crate) fn named_list_delay(&self) -> Duration {
+        self.named_list_delay
     }
 
     /// Consumes one pending failure for `verb`, if any.
@@ -357,6 +381,45 @@ impl Faults {
     /// affected.
     pub fn fail_metadata_lists(&self, status: Option<u16>) {
         self.shared.faults().fail_metadata_lists = status;
+    }
+
+    /// Answer every LIST narrowed to one object by name (a `fieldSelector` with
+    /// `metadata.name=<name>`, counted in [`RequestCounts::list_named`](crate::RequestCounts))
+    /// as if it had no field selector at all, until called with `false`: the whole
+    /// collection (within the label selector, the namespace of the path and the shard, from
+    /// `continue` and up to `limit` if asked), as a server or proxy does that ignores
+    /// `fieldSelector` (some aggregated APIs, old servers). The request still counts as
+    /// narrowed, and [`Faults::fail_named_lists`] still applies to it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = kube_persist_testkit::TestServer::start().await;
+    /// server.handle().faults().ignore_named_field_selector(true);
+    /// server.handle().faults().ignore_named_field_selector(false);
+    /// # }
+    /// ```
+    pub fn ignore_named_field_selector(&self, on: bool) {
+        self.shared.faults().ignore_named_field_selector = on;
+    }
+
+    /// Answer every LIST narrowed to one object by name `d` late (`Duration::ZERO` clears
+    /// it), so that a client's fetches overlap: how many it keeps in flight is then
+    /// [`RequestCounts::list_named_max_in_flight`](crate::RequestCounts). Other LISTs are
+    /// not delayed (see [`Faults::page_delay`] for them).
+    pub fn named_list_delay(&self, d: Duration) {
+        self.shared.faults().named_list_delay = d;
+    }
+
+    /// Answer every LIST narrowed to one object by name (counted in
+    /// [`RequestCounts::list_named`](crate::RequestCounts)) as the collection was at
+    /// `revision` (a [`ServerHandle::revision`](crate::ServerHandle::revision)), whatever
+    /// `resourceVersion` and `resourceVersionMatch` it asks for, until called with `None`:
+    /// a server or proxy that ignores `resourceVersionMatch=NotOlderThan` and answers from a
+    /// stale cache. A revision the history no longer holds (before a compaction) is served
+    /// as now.
+    pub fn answer_named_lists_at(&self, revision: Option<u64>) {
+        self.shared.faults().named_lists_at = revision;
     }
 
     /// Clears all pending faults and the page delay.

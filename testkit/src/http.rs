@@ -260,9 +260,22 @@ async fn api(
     let named = verb == Verb::List
         && FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))
             .is_ok_and(|f| f.names_one());
+    // A narrowed LIST is in flight until its answer is built (the guard's owner outlives it).
+    let counted = shared.clone();
+    let _in_flight = named.then(|| counted.counters.named_list_in_flight());
+    let (mut ignore_fields, mut stale_at) = (false, None);
     if named {
         shared.counters.incr_list_named();
-        if let Some(err) = shared.faults().take_named_list_failure() {
+        let (failure, delay) = {
+            let mut f = shared.faults();
+            ignore_fields = f.ignores_named_field_selector();
+            stale_at = f.named_lists_at();
+            (f.take_named_list_failure(), f.named_list_delay())
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(err) = failure {
             return Err(err);
         }
     } else if verb == Verb::List && params.get("limit").map(String::as_str) == Some("1") {
@@ -285,7 +298,12 @@ async fn api(
             let filter = Filter {
                 namespace: ns.clone(),
                 labels: LabelSelector::parse(params.get("labelSelector").map_or("", |s| s))?,
-                fields: FieldSelector::parse(params.get("fieldSelector").map_or("", |s| s))?,
+                fields: match params.get("fieldSelector") {
+                    // `Faults::ignore_named_field_selector`: as if there were none.
+                    Some(_) if ignore_fields => FieldSelector::default(),
+                    Some(s) => FieldSelector::parse(s)?,
+                    None => FieldSelector::default(),
+                },
                 // Without the feature gate the parameter is ignored entirely, even when
                 // malformed (a full list, no shardInfo).
                 shard: match params.get("shardSelector") {
@@ -293,9 +311,17 @@ async fn api(
                     _ => None,
                 },
             };
+            if let Some(field) = filter.fields.kind_specific() {
+                let kind = shared.state().resource_type(ty).kind.clone();
+                if kind != "Pod" {
+                    return Err(ApiError::bad_request(format!(
+                        "field label not supported: {field}"
+                    )));
+                }
+            }
             match verb {
                 Verb::Watch => watch::start(shared, ty, filter, params, meta_only).await,
-                Verb::List => list(shared, ty, filter, params, meta_only).await,
+                Verb::List => list(shared, ty, filter, params, meta_only, stale_at).await,
                 _ => create(&shared, ty, ns.as_deref(), &body),
             }
         }
@@ -559,12 +585,16 @@ fn validate_list(
     Ok(errs)
 }
 
+/// A LIST page; `stale_at`: answered at that revision whatever it asks for
+/// ([`Faults::answer_named_lists_at`](crate::Faults::answer_named_lists_at)), while the
+/// history holds it.
 async fn list(
     shared: Arc<Shared>,
     ty: usize,
     filter: Filter,
     params: &Params,
     meta_only: bool,
+    stale_at: Option<u64>,
 ) -> Result<Response, ApiError> {
     let opaque = shared.opts.opaque_resource_versions;
     let limit = match params.get("limit").map(|l| l.parse::<u64>()) {
@@ -624,25 +654,30 @@ async fn list(
             }
             (t.rv, Some((t.ns, t.name)), t.served, t.page, t.started_ms)
         } else {
-            let snapshot = match rv {
-                RvParam::Unset | RvParam::Any => st.revision,
-                RvParam::Rev(n) if n > st.revision => {
-                    return Err(ApiError::too_large_resource_version(
-                        &st.rv(n),
-                        &st.rv(st.revision),
-                    ));
-                }
-                RvParam::Rev(n) if rv_match == "Exact" => {
-                    if n < st.floor {
-                        return Err(ApiError::expired(format!(
-                            "too old resource version: {} ({})",
-                            st.rv(n),
-                            st.rv(st.floor)
-                        )));
+            let stale = stale_at.filter(|r| *r >= st.floor && *r <= st.revision);
+            let snapshot = if let Some(stale) = stale {
+                stale
+            } else {
+                match rv {
+                    RvParam::Unset | RvParam::Any => st.revision,
+                    RvParam::Rev(n) if n > st.revision => {
+                        return Err(ApiError::too_large_resource_version(
+                            &st.rv(n),
+                            &st.rv(st.revision),
+                        ));
                     }
-                    n
+                    RvParam::Rev(n) if rv_match == "Exact" => {
+                        if n < st.floor {
+                            return Err(ApiError::expired(format!(
+                                "too old resource version: {} ({})",
+                                st.rv(n),
+                                st.rv(st.floor)
+                            )));
+                        }
+                        n
+                    }
+                    RvParam::Rev(_) => st.revision,
                 }
-                RvParam::Rev(_) => st.revision,
             };
             (snapshot, None, 0, 0, unix_ms())
         };

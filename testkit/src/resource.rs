@@ -103,6 +103,11 @@ pub struct RequestCounts {
     /// relist fetches a changed body so, within the stream's selection).
     #[serde(default)]
     pub list_named: u64,
+    /// The most LISTs narrowed to one object by name (as counted in `list_named`) that the
+    /// server was answering at once: how many fetches a client keeps in flight
+    /// ([`Faults::named_list_delay`](crate::Faults::named_list_delay) makes them overlap).
+    #[serde(default)]
+    pub list_named_max_in_flight: u64,
     /// WATCH requests.
     pub watch: u64,
     /// GET of a single object.
@@ -158,9 +163,27 @@ impl Verb {
     }
 }
 
-/// Lock-free per-verb counters.
+/// Lock-free per-verb counters: per verb, LISTs of one (`limit=1`), LISTs narrowed to one
+/// name, and those in flight now and at most.
 #[derive(Debug, Default)]
-pub(crate) struct Counters([AtomicU64; 7], AtomicU64, AtomicU64);
+pub(crate) struct Counters([AtomicU64; 7], AtomicU64, AtomicU64, NamedInFlight);
+
+/// LISTs narrowed to one name being answered, and the most at once.
+#[derive(Debug, Default)]
+struct NamedInFlight {
+    now: AtomicU64,
+    max: AtomicU64,
+}
+
+/// One LIST narrowed to one name in flight, from its arrival until its answer is built
+/// (dropped).
+pub(crate) struct NamedListInFlight<'a>(&'a Counters);
+
+impl Drop for NamedListInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.3.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 impl Counters {
     pub(crate) fn incr(&self, verb: Verb) {
@@ -177,12 +200,20 @@ impl Counters {
         self.2.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A LIST narrowed to one name arrives: in flight until the guard is dropped.
+    pub(crate) fn named_list_in_flight(&self) -> NamedListInFlight<'_> {
+        let now = self.3.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.3.max.fetch_max(now, Ordering::SeqCst);
+        NamedListInFlight(self)
+    }
+
     pub(crate) fn snapshot(&self) -> RequestCounts {
         let g = |v: Verb| self.0[v.index()].load(Ordering::Relaxed);
         RequestCounts {
             list: g(Verb::List),
             list_one: self.1.load(Ordering::Relaxed),
             list_named: self.2.load(Ordering::Relaxed),
+            list_named_max_in_flight: self.3.max.load(Ordering::SeqCst),
             watch: g(Verb::Watch),
             get: g(Verb::Get),
             create: g(Verb::Create),
@@ -198,5 +229,9 @@ impl Counters {
         }
         self.1.store(0, Ordering::Relaxed);
         self.2.store(0, Ordering::Relaxed);
+        // The most in flight since the reset: those in flight now.
+        self.3
+            .max
+            .store(self.3.now.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }

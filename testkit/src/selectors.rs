@@ -179,14 +179,18 @@ impl LabelSelector {
     }
 }
 
-/// Which metadata field a field-selector requirement tests.
+/// Which field a field-selector requirement tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Name,
     Namespace,
+    /// A Pod's `spec.nodeName` (`""` when it is not scheduled), as kube-apiserver selects
+    /// Pods by it (a per-node agent's stream); the only kind-specific field served.
+    NodeName,
 }
 
-/// A parsed `fieldSelector` (supports `metadata.name` and `metadata.namespace`).
+/// A parsed `fieldSelector` (supports `metadata.name`, `metadata.namespace` and, for Pods,
+/// `spec.nodeName`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct FieldSelector(Vec<(Field, bool, String)>);
 
@@ -213,6 +217,7 @@ impl FieldSelector {
             let field = match field.trim() {
                 "metadata.name" => Field::Name,
                 "metadata.namespace" => Field::Namespace,
+                "spec.nodeName" => Field::NodeName,
                 other => {
                     return Err(ApiError::bad_request(format!(
                         "field label not supported: {other}"
@@ -237,12 +242,32 @@ impl FieldSelector {
         self.0.is_empty()
     }
 
-    /// Whether an object with this namespace (`""` if cluster-scoped) and name matches.
+    /// The field this selector tests that not every kind has (`spec.nodeName`, Pods'
+    /// only), if any: kube-apiserver refuses it on other kinds (`field label not
+    /// supported`).
+    pub(crate) fn kind_specific(&self) -> Option<&'static str> {
+        self.uses_node_name().then_some("spec.nodeName")
+    }
+
+    /// Whether it tests a Pod's `spec.nodeName`.
+    pub(crate) fn uses_node_name(&self) -> bool {
+        self.0.iter().any(|(field, ..)| *field == Field::NodeName)
+    }
+
+    /// Whether an object with this namespace (`""` if cluster-scoped) and name matches
+    /// (a selector on `spec.nodeName` sees `""`).
     pub(crate) fn matches(&self, namespace: &str, name: &str) -> bool {
+        self.matches_on(namespace, name, "")
+    }
+
+    /// Whether an object with this namespace, name and `spec.nodeName` (`""` if it has
+    /// none) matches.
+    pub(crate) fn matches_on(&self, namespace: &str, name: &str, node_name: &str) -> bool {
         self.0.iter().all(|(field, negate, value)| {
             let actual = match field {
                 Field::Name => name,
                 Field::Namespace => namespace,
+                Field::NodeName => node_name,
             };
             (actual == value) != *negate
         })
@@ -360,7 +385,13 @@ mod tests {
         assert!(f.matches("default", "a"));
         assert!(!f.matches("kube-system", "a"));
         assert!(!f.matches("default", "b"));
-        assert!(FieldSelector::parse("spec.nodeName=x").is_err());
+        let node = FieldSelector::parse("spec.nodeName=x,metadata.name=a").unwrap();
+        assert!(node.matches_on("default", "a", "x"));
+        assert!(!node.matches_on("default", "a", "y"));
+        assert!(!node.matches("default", "a"), "not scheduled: \"\"");
+        assert_eq!(node.kind_specific(), Some("spec.nodeName"));
+        assert_eq!(f.kind_specific(), None);
+        assert!(FieldSelector::parse("spec.host=x").is_err());
         assert!(FieldSelector::parse("metadata.name").is_err());
     }
 

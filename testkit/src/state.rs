@@ -45,7 +45,14 @@ impl Filter {
     pub(crate) fn matches(&self, o: &StoredObject) -> bool {
         self.namespace.as_deref().is_none_or(|ns| ns == o.namespace)
             && self.labels.matches(&o.labels)
-            && self.fields.matches(&o.namespace, &o.name)
+            && match self.fields.uses_node_name() {
+                true => {
+                    let node = o.value()["spec"]["nodeName"].as_str().map(str::to_string);
+                    self.fields
+                        .matches_on(&o.namespace, &o.name, node.as_deref().unwrap_or(""))
+                }
+                false => self.fields.matches(&o.namespace, &o.name),
+            }
             && self
                 .shard
                 .as_ref()

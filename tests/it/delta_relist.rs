@@ -92,6 +92,7 @@ pub(crate) async fn relist_after_with(
         stats: reader.stats(),
         gets: fx.h.counts().get,
         fetches: fx.h.counts().list_named,
+        max_fetches_in_flight: fx.h.counts().list_named_max_in_flight,
     }
 }
 
@@ -126,6 +127,8 @@ pub(crate) struct Outcome {
     pub(crate) gets: u64,
     /// LISTs narrowed to one object: the delta relist's fetches.
     pub(crate) fetches: u64,
+    /// The most of them the server answered at once.
+    pub(crate) max_fetches_in_flight: u64,
 }
 
 impl Outcome {

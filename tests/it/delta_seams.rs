@@ -20,7 +20,7 @@ use crate::common::{
 use crate::delta_relist::{PODS, cfg, relist_after, relist_after_with, relisted};
 
 /// The last Pod in key order (on the last page of a list): `(namespace, name)`.
-fn last_pod(h: &ServerHandle) -> (String, String) {
+pub(crate) fn last_pod(h: &ServerHandle) -> (String, String) {
     let key = server_versions(h, &ResourceType::pods())
         .keys()
         .next_back()
@@ -33,7 +33,7 @@ fn last_pod(h: &ServerHandle) -> (String, String) {
 /// Reopen a stopped store whose Pods changed while it was down, with the last metadata page
 /// held back by a page delay; `between` runs once the list's snapshot is fixed (its second
 /// page was asked for) and before the last page's fetches.
-async fn reopen_with_changes_before_fetch(
+pub(crate) async fn reopen_with_changes_before_fetch(
     fx: &Fixture,
     db: &kube_persist::Db,
     config: StreamConfig,

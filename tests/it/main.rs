@@ -26,6 +26,7 @@ mod budget;
 mod controller;
 mod crash;
 mod debounce;
+mod delta_fetch;
 mod delta_relist;
 mod delta_seams;
 mod deploy_manifests;

@@ -531,6 +531,30 @@ pub(crate) fn deployment(name: &str, replicas: i32) -> serde_json::Value {
     })
 }
 
+/// A durable controller (state `name`) of the Deployments of namespace `app`, stopped
+/// gracefully once `stop` fires.
+pub(crate) fn deployments_controller(
+    db: &kube_persist::Db,
+    client: kube::Client,
+    config: Config,
+    name: &str,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> Controller<k8s_openapi::api::apps::v1::Deployment> {
+    Controller::for_store(
+        db,
+        "deployments",
+        Api::namespaced(client, "app"),
+        kube_persist::StreamConfig::default(),
+        config,
+    )
+    .unwrap()
+    .durable_state(db, name)
+    .unwrap()
+    .graceful_shutdown_on(async move {
+        let _ = stop.await;
+    })
+}
+
 /// Runs a durable Deployment controller in this process until it reconciled every name of
 /// `wanted`; then creates Deployment `last` (reconciled after anything scheduled before it,
 /// one reconcile at a time) and stops gracefully once that is reconciled. Returns the names
@@ -547,21 +571,10 @@ async fn run_until(
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tx = Arc::new(Mutex::new(Some(tx)));
-    let controller = Controller::for_store(
-        db,
-        "deployments",
-        Api::<Deployment>::namespaced(client, "app"),
-        kube_persist::StreamConfig::default(),
-        Config::default()
-            .concurrency(1)
-            .skip_unchanged_generation(generation_filter),
-    )
-    .unwrap()
-    .durable_state(db, "deployer")
-    .unwrap()
-    .graceful_shutdown_on(async move {
-        let _ = rx.await;
-    });
+    let config = Config::default()
+        .concurrency(1)
+        .skip_unchanged_generation(generation_filter);
+    let controller = deployments_controller(db, client, config, "deployer", rx);
     let sink = seen.clone();
     let wanted: Vec<String> = wanted.iter().map(|w| w.to_string()).collect();
     let (h, last_name) = (h.clone(), last.to_string());

@@ -13,12 +13,11 @@
 use std::sync::{Arc, Mutex};
 
 use crate::common;
-use crate::reconcile_state::{deployment, sync_store};
+use crate::reconcile_state::{deployment, deployments_controller, sync_store};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::Api;
 use kube::runtime::controller::Action;
-use kube_persist::controller::{Config, Controller};
+use kube_persist::controller::Config;
 use kube_persist::{Db, Engine};
 use kube_persist_testkit::{ResourceType, ServerHandle, TestServer, Verb};
 use tokio::sync::Semaphore;
@@ -45,21 +44,10 @@ impl Run {
     /// Starts it; the first reconcile of `gated` (if any) waits for a permit of the gate.
     fn start(db: &Db, client: kube::Client, gated: Option<(&str, Arc<Semaphore>)>) -> Run {
         let (stop, rx) = tokio::sync::oneshot::channel();
-        let controller = Controller::for_store(
-            db,
-            "deployments",
-            Api::<Deployment>::namespaced(client, "app"),
-            kube_persist::StreamConfig::default(),
-            Config::default()
-                .concurrency(2)
-                .skip_unchanged_generation(true),
-        )
-        .unwrap()
-        .durable_state(db, CONTROLLER)
-        .unwrap()
-        .graceful_shutdown_on(async move {
-            let _ = rx.await;
-        });
+        let config = Config::default()
+            .concurrency(2)
+            .skip_unchanged_generation(true);
+        let controller = deployments_controller(db, client, config, CONTROLLER, rx);
         let reader = controller.reader();
         let seen = Seen::default();
         let sink = seen.clone();
@@ -145,45 +133,44 @@ fn recorded_uid(db: &Db, name: &str) -> Option<String> {
 async fn first_run(db: &Db, client: kube::Client, h: &ServerHandle) -> Run {
     let run = Run::start(db, client, None);
     for name in ["d-0", "d-1"] {
-        let u = uid(h, name);
-        common::eventually("the first reconciles", || run.reconciled(name, &u)).await;
-        common::eventually("the first records", || {
-            recorded_uid(db, name).as_deref() == Some(&u)
-        })
-        .await;
+        reconciled_as(&run, db, name, &uid(h, name), "the first reconciles").await;
     }
     run
 }
 
-fn seed(h: &ServerHandle) {
+/// A server holding Deployments `d-0` and `d-1`, and a store directory on `engine`.
+async fn setup(engine: Engine) -> (TestServer, ServerHandle, tempfile::TempDir, Db) {
+    common::init_tracing();
+    let server = TestServer::start().await;
+    let h = server.handle();
     for name in ["d-0", "d-1"] {
         h.apply(&ResourceType::deployments(), deployment(name, 1));
     }
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::try_open_db(engine, dir.path()).unwrap();
+    (server, h, dir, db)
+}
+
+/// Waits until the reconciler saw `name` as the object `uid`, and its record is of it.
+async fn reconciled_as(run: &Run, db: &Db, name: &str, uid: &str, what: &str) {
+    common::eventually(what, || run.reconciled(name, uid)).await;
+    common::eventually("its record is of that uid", || {
+        recorded_uid(db, name).as_deref() == Some(uid)
+    })
+    .await;
 }
 
 /// Deleted and created again while the controller was stopped: the startup merge reconciles
 /// the new object (at 9ad23f8 it counted it handled by the old one's generation).
 async fn recreated_while_stopped_is_reconciled_on_start(engine: Engine) {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    seed(&h);
-    let dir = tempfile::tempdir().unwrap();
-    let db = common::try_open_db(engine, dir.path()).unwrap();
+    let (server, h, _dir, db) = setup(engine).await;
     first_run(&db, server.client(), &h).await.stop().await;
 
     let new = recreate(&h, "d-0");
     sync_store(&db, server.client(), &h).await;
     let run = Run::start(&db, server.client(), None);
-    common::eventually(
-        "d-0 reconciled as the new object by the startup pass",
-        || run.reconciled("d-0", &new),
-    )
-    .await;
-    common::eventually("its record is of the new uid", || {
-        recorded_uid(&db, "d-0").as_deref() == Some(&new)
-    })
-    .await;
+    let what = "d-0 reconciled as the new object by the startup pass";
+    reconciled_as(&run, &db, "d-0", &new, what).await;
     run.stop().await;
 }
 
@@ -191,12 +178,7 @@ async fn recreated_while_stopped_is_reconciled_on_start(engine: Engine) {
 /// create reach the runner as one request, after the reconcile of the old object recorded
 /// it; the new object is reconciled.
 async fn recreated_while_busy_is_reconciled(engine: Engine) {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    seed(&h);
-    let dir = tempfile::tempdir().unwrap();
-    let db = common::try_open_db(engine, dir.path()).unwrap();
+    let (server, h, _dir, db) = setup(engine).await;
     let gate = Arc::new(Semaphore::new(0));
     let run = Run::start(&db, server.client(), Some(("d-0", gate.clone())));
     let old = uid(&h, "d-0");
@@ -216,14 +198,7 @@ async fn recreated_while_busy_is_reconciled(engine: Engine) {
     })
     .await;
     gate.add_permits(1);
-    common::eventually("d-0 reconciled as the new object", || {
-        run.reconciled("d-0", &new)
-    })
-    .await;
-    common::eventually("its record is of the new uid", || {
-        recorded_uid(&db, "d-0").as_deref() == Some(&new)
-    })
-    .await;
+    reconciled_as(&run, &db, "d-0", &new, "d-0 reconciled as the new object").await;
     run.stop().await;
 }
 
@@ -231,12 +206,7 @@ async fn recreated_while_busy_is_reconciled(engine: Engine) {
 /// the relist after `410 Gone` shows an Apply of the new uid only, and the new object is
 /// reconciled.
 async fn recreated_behind_a_relist_is_reconciled(engine: Engine) {
-    common::init_tracing();
-    let server = TestServer::start().await;
-    let h = server.handle();
-    seed(&h);
-    let dir = tempfile::tempdir().unwrap();
-    let db = common::try_open_db(engine, dir.path()).unwrap();
+    let (server, h, _dir, db) = setup(engine).await;
     let run = first_run(&db, server.client(), &h).await;
 
     // Keep the watch down: every reconnect fails until the history is compacted.
@@ -248,14 +218,8 @@ async fn recreated_behind_a_relist_is_reconciled(engine: Engine) {
     let new = recreate(&h, "d-0");
     h.compact();
     faults.clear();
-    common::eventually("d-0 reconciled as the new object after the relist", || {
-        run.reconciled("d-0", &new)
-    })
-    .await;
-    common::eventually("its record is of the new uid", || {
-        recorded_uid(&db, "d-0").as_deref() == Some(&new)
-    })
-    .await;
+    let what = "d-0 reconciled as the new object after the relist";
+    reconciled_as(&run, &db, "d-0", &new, what).await;
     run.stop().await;
 }
 

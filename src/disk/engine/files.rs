@@ -62,24 +62,19 @@ pub(super) fn required(engine: Engine) -> &'static [&'static str] {
     }
 }
 
+/// Whether `s` is a non-empty run of digits in `radix`.
+fn digits(s: &str, radix: u32) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_digit(radix))
+}
+
 /// What the entry `name`, directly in a store directory written by `engine` (`None`: no
 /// engine recorded or told by its files yet), is when the store made it; `None` if the
 /// store makes no entry of that name.
 fn own_kind(name: &str, engine: Option<Engine>) -> Option<Kind> {
-    let digits = |s: &str, hex: bool| {
-        !s.is_empty()
-            && s.bytes().all(|b| {
-                if hex {
-                    b.is_ascii_hexdigit()
-                } else {
-                    b.is_ascii_digit()
-                }
-            })
-    };
     if name == ENGINE_FILE
         || name
             .strip_prefix(ENGINE_FILE_NEW)
-            .is_some_and(|pid| digits(pid, false))
+            .is_some_and(|pid| digits(pid, 10))
     {
         return Some(Kind::File);
     }
@@ -90,7 +85,7 @@ fn own_kind(name: &str, engine: Option<Engine>) -> Option<Kind> {
         Engine::Sled => {
             let snap = name.strip_prefix("snap.");
             let lsn = snap.map(|s| s.strip_suffix(".generating").unwrap_or(s));
-            lsn.is_some_and(|lsn| lsn.len() == 16 && digits(lsn, true))
+            lsn.is_some_and(|lsn| lsn.len() == 16 && digits(lsn, 16))
                 .then_some(Kind::File)
         }
     }
@@ -185,10 +180,7 @@ fn blobs(dir: &Path, own: &mut Vec<PathBuf>, foreign: &mut Vec<PathBuf>) {
     };
     for entry in entries.flatten() {
         let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-        let numbered = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        let numbered = entry.file_name().to_str().is_some_and(|n| digits(n, 10));
         if is_file && numbered {
             own.push(entry.path());
         } else {
@@ -258,5 +250,61 @@ mod tests {
         }
         assert_eq!(own_kind("blobs", sled), Some(Kind::Dir));
         assert_eq!(own_kind("db", sled), Some(Kind::File));
+    }
+
+    #[test]
+    fn contents_sorts_what_the_store_made_from_what_it_did_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        assert!(Contents::read(&d.join("absent")).unwrap().is_none());
+        std::fs::write(d.join("engine"), "sled\n").unwrap();
+        for file in [
+            "conf",
+            "db",
+            "snap.00000000000001AF",
+            "blobs/42",
+            "blobs/notes",
+        ] {
+            std::fs::create_dir_all(d.join(file).parent().unwrap()).unwrap();
+            std::fs::write(d.join(file), "").unwrap();
+        }
+        // Right names, wrong types: a link and a directory.
+        std::os::unix::fs::symlink(d.join("conf"), d.join("snap.00000000000001B0")).unwrap();
+        std::fs::create_dir(d.join("tools")).unwrap();
+        std::fs::create_dir(d.join("tools").join("db")).unwrap();
+        let c = Contents::read(d).unwrap().unwrap();
+        assert_eq!(c.engine, Some(Engine::Sled));
+        let all = |names: &[&str]| names.iter().map(|n| d.join(n)).collect::<Vec<_>>();
+        assert_eq!(
+            c.foreign,
+            all(&["blobs/notes", "snap.00000000000001B0", "tools"])
+        );
+        let mut own = c.own.clone();
+        own.sort();
+        assert_eq!(
+            own,
+            all(&[
+                "",
+                "blobs",
+                "blobs/42",
+                "conf",
+                "db",
+                "engine",
+                "snap.00000000000001AF"
+            ])
+        );
+        assert!(matches!(c.only_own(d), Err(Error::NotAStore { found, .. }) if found == c.foreign));
+
+        // An `engine` file that names no engine, beside no engine's files, is someone else's.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join("engine"), "v8\n").unwrap();
+        let c = Contents::read(other.path()).unwrap().unwrap();
+        assert_eq!(
+            (c.engine, c.foreign),
+            (None, vec![other.path().join("engine")])
+        );
+        // An empty directory is the store's.
+        let empty = tempfile::tempdir().unwrap();
+        assert!(refuse_foreign(empty.path()).is_ok());
     }
 }

@@ -7,15 +7,21 @@
 //! Each fetch is retried on its own after a transient failure (429, 5xx, a timeout, a
 //! connection error), with a backoff, so one failure does not discard the page's other
 //! fetches; an answer that says fetching cannot work for this stream (401, 403, 405, 406,
-//! 415, 400, 422: a verb or a request the server refuses) is [`Fetch::Unusable`], and the
-//! relist lists in full from that page on.
+//! 415, 400, 422: a verb or a request the server refuses; 404, which a LIST of a collection
+//! says nothing of one object with) is [`Fetch::Unusable`], and the relist lists in full
+//! from that page on. So is an answer that is not what was asked for (`answer_of`): more
+//! than one object, a continue token, another object, more bytes than one object can be
+//! ([`FETCH_ANSWER_ENVELOPE_BYTES`]), or an answer older than the page: a server or proxy
+//! that ignores the field selector or the resourceVersion (an aggregated API, an old
+//! server) cannot be fetched from, and nothing it answered is taken.
+
+use std::cmp::Ordering;
 
 use futures::AsyncReadExt;
 use kube::core::Request;
-use serde_json::value::RawValue;
 
 use crate::exec::DiskWorker;
-use crate::model::{Counters, Error, Result};
+use crate::model::{Counters, Error, Result, resource_version};
 use crate::sync::backoff::{Backoff, jitter};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::with_shard;
@@ -26,6 +32,15 @@ use crate::sync::raw::{ListPage, Listed, StatusKind, too_large};
 /// Bodies a delta relist of one stream fetches at once (the directory caps all its streams'
 /// together, `exec::FETCHES_PER_DIRECTORY`).
 pub(crate) const FETCHES_IN_FLIGHT: usize = 16;
+
+/// Room for the list envelope around the one object of a fetch's answer: the answer is read
+/// up to the stream's largest object ([`StreamConfig::get_max_object_bytes`]) plus this, and
+/// one past it is [`Fetch::Unusable`]. A LIST narrowed to one name answers at most that
+/// object, in a `List` whose own fields (apiVersion, kind, metadata.resourceVersion) take
+/// a few hundred bytes; an answer past the bound is a server that ignored the field
+/// selector and answers the whole collection, unpaginated, which is not read into memory
+/// (up to [`FETCHES_IN_FLIGHT`] answers are held at once) but listed page by page in full.
+pub(crate) const FETCH_ANSWER_ENVELOPE_BYTES: usize = 64 << 10;
 
 /// Attempts of one object's fetch before the page fails (and is retried from the stored
 /// phase after the stream's backoff).
@@ -144,9 +159,15 @@ impl Fetcher<'_> {
             .map_err(|e| Attempt::unusable("the fetch cannot be built", e.to_string()))?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
-            // The collection itself is not there (its namespace path, a removed kind).
+            // A LIST of a collection answered 404 says nothing of one object (a removed
+            // kind, a proxy or an aggregated API that does not serve the path): not "gone".
+            // Every other LIST of the stream retries it; here the rest of the relist lists
+            // in full, and the page's LIST tells what it means.
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                return Ok(Fetch::Gone { answered_at: None });
+                return Err(Attempt::unusable(
+                    "a LIST narrowed to one object answered 404",
+                    format!("404: {}", s.message),
+                ));
             }
             Err(kube::Error::Api(s)) => {
                 let large = too_large(s.code, &s.message, std::iter::empty());
@@ -157,40 +178,104 @@ impl Fetcher<'_> {
             }
             Err(e) => return Err(Attempt::Failed(Failure::Kube(e))),
         };
-        let mut bytes = Vec::new();
-        Box::pin(body)
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| Attempt::Failed(Failure::Read(e.to_string())))?;
-        item_of(&bytes, l).map_err(|detail| Attempt::unusable("the answer does not decode", detail))
+        let bound = self
+            .cfg
+            .get_max_object_bytes()
+            .saturating_add(FETCH_ANSWER_ENVELOPE_BYTES);
+        let bytes = read_answer(body, bound).await?;
+        answer_of(&bytes, l, at).map_err(|(reason, detail)| Attempt::unusable(reason, detail))
     }
 }
 
-/// The item of a narrowed LIST's answer that is `l` (by namespace and name; a server that
-/// ignored the name would answer more).
-fn item_of(bytes: &[u8], l: &Listed) -> std::result::Result<Fetch, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    let page: ListPage<'_> =
-        serde_json::from_str(text).map_err(|e| format!("list body does not decode: {e}"))?;
+/// A fetch's answer, read up to `bound` bytes: one past it is unusable (not read further).
+async fn read_answer(
+    body: impl futures::AsyncRead,
+    bound: usize,
+) -> std::result::Result<Vec<u8>, Attempt> {
+    let mut bytes = Vec::new();
+    Box::pin(body)
+        .take(bound as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| Attempt::Failed(Failure::Read(e.to_string())))?;
+    if bytes.len() > bound {
+        return Err(Attempt::unusable(
+            "the answer to a LIST narrowed to one object is larger than one object (the server ignores the field selector)",
+            format!("more than {bound} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// What a narrowed LIST's answer says of `l`, listed at `at` in its metadata page: its
+/// body, or gone (an empty answer); or why the answer is unusable, as `(reason, detail)`:
+/// it does not decode, or it is not the answer to what was asked (more than one item, a
+/// continue token, an item that is not `l`: a server that ignores the field selector;
+/// an answer older than `at` or an item older than the page's version of it, where
+/// versions are comparable: a server that ignores `resourceVersionMatch=NotOlderThan`).
+fn answer_of(
+    bytes: &[u8],
+    l: &Listed,
+    at: &str,
+) -> std::result::Result<Fetch, (&'static str, String)> {
+    const UNDECODED: &str = "the answer does not decode";
+    const IGNORED: &str = "the answer to a LIST narrowed to one object is not that object alone (the server ignores the field selector)";
+    const OLDER: &str = "the answer to a LIST narrowed to one object is older than its metadata page (the server ignores resourceVersionMatch=NotOlderThan)";
+    let text = std::str::from_utf8(bytes).map_err(|e| (UNDECODED, format!("not UTF-8: {e}")))?;
+    let page: ListPage<'_> = serde_json::from_str(text)
+        .map_err(|e| (UNDECODED, format!("list body does not decode: {e}")))?;
+    if let Some(token) = page.metadata.continue_token.filter(|t| !t.is_empty()) {
+        return Err((IGNORED, format!("a continue token ({} bytes)", token.len())));
+    }
     let answered_at = page.metadata.resource_version.filter(|rv| !rv.is_empty());
-    let item = page
-        .items
-        .unwrap_or_default()
-        .into_iter()
-        .find(|item| is(item, l));
-    Ok(match (item, answered_at) {
-        (Some(item), Some(answered_at)) => Fetch::Body {
-            json: item.get().as_bytes().to_vec(),
-            answered_at,
-        },
-        (Some(_), None) => return Err("list answer has no metadata.resourceVersion".into()),
-        (None, answered_at) => Fetch::Gone { answered_at },
+    if let Some(answered) = &answered_at
+        && older(answered, at)
+    {
+        return Err((
+            OLDER,
+            format!("listed at {answered}, its metadata page at {at}"),
+        ));
+    }
+    let mut items = page.items.unwrap_or_default();
+    if items.len() > 1 {
+        return Err((IGNORED, format!("{} items", items.len())));
+    }
+    let Some(item) = items.pop() else {
+        return Ok(Fetch::Gone { answered_at });
+    };
+    let found = crate::sync::raw::listed(item)
+        .map_err(|e| (UNDECODED, format!("{}: {}", e.what, e.why)))?;
+    if found.suffix != l.suffix {
+        let ns = found.namespace.as_deref().unwrap_or("");
+        return Err((
+            IGNORED,
+            format!("asked for {:?}, answered {ns:?}/{:?}", l.name, found.name),
+        ));
+    }
+    if older(&found.resource_version, &l.resource_version) {
+        return Err((
+            OLDER,
+            format!(
+                "{:?} answered at version {}, its metadata page lists {}",
+                l.name, found.resource_version, l.resource_version
+            ),
+        ));
+    }
+    let Some(answered_at) = answered_at else {
+        return Err((
+            UNDECODED,
+            "list answer has no metadata.resourceVersion".into(),
+        ));
+    };
+    Ok(Fetch::Body {
+        json: item.get().as_bytes().to_vec(),
+        answered_at,
     })
 }
 
-/// Whether a list item is the object `l` (its namespace and name).
-fn is(item: &RawValue, l: &Listed) -> bool {
-    crate::sync::raw::listed(item).is_ok_and(|i| i.suffix == l.suffix)
+/// Whether `a` is older than `b`, both comparable (KEP-5504); `false` where they are not.
+fn older(a: &str, b: &str) -> bool {
+    matches!(resource_version::compare(a, b), Ok(Ordering::Less))
 }
 
 /// A failed attempt.
@@ -246,13 +331,32 @@ mod tests {
         }
     }
 
+    /// A list answer listed at `at` with `items` (and a continue token, if any).
+    fn answer(at: &str, items: &[(&str, &str, &str)], token: Option<&str>) -> Vec<u8> {
+        let items: Vec<serde_json::Value> = items
+            .iter()
+            .map(|(ns, name, rv)| {
+                serde_json::json!({"metadata": {"namespace": ns, "name": name, "resourceVersion": rv}})
+            })
+            .collect();
+        let mut meta = serde_json::json!({"resourceVersion": at});
+        if let Some(t) = token {
+            meta["continue"] = t.into();
+        }
+        serde_json::to_vec(&serde_json::json!({"metadata": meta, "items": items})).unwrap()
+    }
+
+    fn unusable(bytes: &[u8], l: &Listed, at: &str) -> &'static str {
+        match answer_of(bytes, l, at) {
+            Err((reason, _)) => reason,
+            Ok(other) => panic!("{other:?} taken from {}", String::from_utf8_lossy(bytes)),
+        }
+    }
+
     #[test]
     fn an_answer_is_the_named_item_or_gone() {
         let l = listed("ns", "a");
-        let page = br#"{"metadata":{"resourceVersion":"9"},"items":[
-            {"metadata":{"name":"b","namespace":"ns","resourceVersion":"3"}},
-            {"metadata":{"name":"a","namespace":"ns","resourceVersion":"8"}}]}"#;
-        match item_of(page, &l).unwrap() {
+        match answer_of(&answer("9", &[("ns", "a", "8")], None), &l, "7").unwrap() {
             Fetch::Body { json, answered_at } => {
                 assert_eq!(answered_at, "9");
                 assert!(
@@ -263,15 +367,69 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let empty = br#"{"metadata":{"resourceVersion":"9"},"items":[]}"#;
         assert!(matches!(
-            item_of(empty, &l).unwrap(),
+            answer_of(&answer("9", &[], None), &l, "7").unwrap(),
             Fetch::Gone { answered_at: Some(rv) } if rv == "9"
         ));
-        let other = br#"{"metadata":{"resourceVersion":"9"},"items":[
-            {"metadata":{"name":"a","namespace":"elsewhere","resourceVersion":"3"}}]}"#;
-        assert!(matches!(item_of(other, &l).unwrap(), Fetch::Gone { .. }));
-        assert!(item_of(b"{", &l).is_err());
+        // Opaque versions are not ordered: taken as they are.
+        assert!(matches!(
+            answer_of(&answer("tkab", &[("ns", "a", "tkaa")], None), &l, "tkac").unwrap(),
+            Fetch::Body { .. }
+        ));
+        assert_eq!(unusable(b"{", &l, "7"), "the answer does not decode");
+        assert_eq!(
+            unusable(&answer("", &[("ns", "a", "8")], None), &l, "7"),
+            "the answer does not decode"
+        );
+    }
+
+    /// Issue 56 (5): a server that ignores the field selector (the whole collection, a
+    /// page of it, another object) or the resourceVersion (an answer older than the page)
+    /// gives an answer that is not taken: the relist lists in full.
+    #[test]
+    fn an_answer_that_is_not_the_one_object_asked_for_is_unusable() {
+        let l = Listed {
+            resource_version: "8".into(),
+            ..listed("ns", "a")
+        };
+        let ignored = |bytes: Vec<u8>| {
+            let reason = unusable(&bytes, &l, "7");
+            assert!(reason.contains("ignores the field selector"), "{reason}");
+        };
+        ignored(answer("9", &[("ns", "b", "3"), ("ns", "a", "8")], None));
+        ignored(answer("9", &[("ns", "a", "8"), ("ns", "b", "3")], None));
+        ignored(answer("9", &[("ns", "a", "8")], Some("next")));
+        ignored(answer("9", &[], Some("next")));
+        ignored(answer("9", &[("elsewhere", "a", "8")], None));
+        ignored(answer("9", &[("ns", "b", "8")], None));
+        let stale = |bytes: Vec<u8>| {
+            let reason = unusable(&bytes, &l, "7");
+            assert!(reason.contains("older than its metadata page"), "{reason}");
+        };
+        stale(answer("6", &[("ns", "a", "8")], None));
+        stale(answer("6", &[], None));
+        stale(answer("9", &[("ns", "a", "5")], None));
+        // The same version as the page's, and an answer at the page's version, are taken.
+        assert!(matches!(
+            answer_of(&answer("7", &[("ns", "a", "8")], None), &l, "7").unwrap(),
+            Fetch::Body { .. }
+        ));
+    }
+
+    /// Issue 56 (5): an answer is read up to its bound, and one past it is unusable.
+    #[test]
+    fn an_answer_past_its_bound_is_unusable_and_not_read_further() {
+        let read = |len: usize, bound: usize| {
+            futures::executor::block_on(read_answer(
+                futures::io::Cursor::new(vec![b' '; len]),
+                bound,
+            ))
+        };
+        assert_eq!(read(100, 100).ok().map(|b| b.len()), Some(100));
+        match read(101, 100) {
+            Err(Attempt::Unusable(u)) => assert!(u.reason.contains("larger than one object")),
+            _ => panic!("an answer past its bound is unusable"),
+        }
     }
 
     #[test]

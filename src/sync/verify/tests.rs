@@ -3,8 +3,8 @@
 //! exception). The state is built as a delta relist leaves it: the store holds the server's
 //! objects as the watch brought them, then its checkpoint is put back to an earlier list's
 //! resourceVersion and the window opened (`FETCHED_KEY`), as after a relist listed at that
-//! resourceVersion, fetched newer bodies and found deleted objects gone (404), and was
-//! stopped before its watch replayed past them.
+//! resourceVersion, fetched newer bodies and found deleted objects gone (an empty answer),
+//! and was stopped before its watch replayed past them.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -83,7 +83,7 @@ async fn a_delta_relists_window_is_correct_and_bounded() {
     let key = |(ns, name): &(String, String)| format!("{ns}/{name}");
 
     // After the checkpoint: `a` changes (a body the relist fetched newer than its list), `b`
-    // is deleted (its fetch answered 404).
+    // is deleted (its fetch answered empty).
     relabel(&h, &a, "fetched");
     let fetched = h.resource_version();
     h.delete(&rt, Some(&b.0), &b.1);

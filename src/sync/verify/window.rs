@@ -106,7 +106,7 @@ impl Window {
         resource_version::compare(stored, ceiling).is_ok_and(|o| o != Ordering::Greater)
     }
 
-    /// An object not stored that a fetch answered 404 explains: the server no longer has
+    /// An object not stored that a fetch answered empty explains: the server no longer has
     /// it, or has another object (another uid) under its name.
     fn gone_before_fetch(&self, key: u128, uid: Option<&str>) -> bool {
         match self.now.get(&key) {

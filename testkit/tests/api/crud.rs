@@ -82,6 +82,7 @@ async fn create_get_replace_delete() {
             list: 0,
             list_one: 0,
             list_named: 0,
+            list_named_max_in_flight: 0,
             watch: 0,
             get: 2,
             create: 2,

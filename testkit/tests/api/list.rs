@@ -214,6 +214,13 @@ async fn label_and_field_selectors() {
         if i == 3 {
             p["metadata"]["labels"]["canary"] = "true".into();
         }
+        // On node `n1`, and not scheduled (no `spec.nodeName`); the others on `node-<k>`.
+        if i == 1 {
+            p["spec"]["nodeName"] = "n1".into();
+        }
+        if i == 0 {
+            p["spec"].as_object_mut().unwrap().remove("nodeName");
+        }
         h.create(&rt, p).unwrap();
     }
     let api: Api<Pod> = Api::all(server.client());
@@ -276,8 +283,39 @@ async fn label_and_field_selectors() {
             "{bad}"
         );
     }
+    // Pods are selected by `spec.nodeName` too (`""`: not scheduled), as kube-apiserver
+    // selects them; other kinds refuse it, and every kind refuses a field it does not have.
     assert_eq!(
-        api_code(api.list(&fields("spec.nodeName=x")).await.unwrap_err()).0,
+        names(&api.list(&fields("spec.nodeName=n1")).await.unwrap()),
+        vec!["p1"]
+    );
+    assert_eq!(
+        names(&api.list(&fields("spec.nodeName!=n1")).await.unwrap()),
+        vec!["p0", "p2", "p3"]
+    );
+    assert_eq!(
+        names(
+            &api.list(&fields("spec.nodeName=,metadata.name=p0"))
+                .await
+                .unwrap()
+        ),
+        vec!["p0"]
+    );
+    assert!(
+        names(
+            &api.list(&fields("spec.nodeName=n1,metadata.name=p0"))
+                .await
+                .unwrap()
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        api_code(api.list(&fields("spec.host=x")).await.unwrap_err()).0,
+        400
+    );
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::all(server.client());
+    assert_eq!(
+        api_code(cms.list(&fields("spec.nodeName=n1")).await.unwrap_err()).0,
         400
     );
 }
