@@ -43,8 +43,10 @@ async fn cut_run(
     env: (&str, &str),
 ) -> BTreeSet<String> {
     let run = Child::spawn_with(engine, dir, url, &[(env.0, env.1.as_ref())]);
-    run.wait_for("the pass makes progress", |c| c.reconciled().len() >= PER_RUN)
-        .await;
+    run.wait_for("the pass makes progress", |c| {
+        c.reconciled().len() >= PER_RUN
+    })
+    .await;
     let done: BTreeSet<String> = run.stop().await.into_iter().collect();
     assert!(done.len() < PODS, "the pass was cut before its end");
     done
