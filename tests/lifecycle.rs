@@ -29,7 +29,7 @@
 //! through it (the tool's). A relist of the live store runs while objects change between
 //! its metadata page and its fetch (changed, moved out of the selection, moved in, created
 //! again elsewhere, deleted: a fetch that finds nothing) with a fault on its fetches (all
-//! refused with 403, every n-th 429 or 500, every LIST slow). Objects are deleted and
+//! refused with 403 or answered 404, every n-th 429 or 500, every LIST slow). Objects are deleted and
 //! created again under the same name (another uid, maybe another mode, tier or shard) at
 //! every point (`lifecycle/recreate.rs`): while the controller runs (churn), while it is
 //! stopped (after a graceful stop, before a killed child's run), in a burst just before an

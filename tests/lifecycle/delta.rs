@@ -3,8 +3,8 @@
 //! their metadata page and their fetch ([`Move`]: changed again, moved out of the selection
 //! or into it, created again under the same name with another uid, deleted; or deleted
 //! before its snapshot and created again after its first page) with a fault on
-//! its fetches ([`FetchFault`]: all refused with 403, every n-th 429 or 500, every LIST
-//! slow), every fetch of a run refused (`RunCfg::refuse`), and a child killed in the middle
+//! its fetches ([`FetchFault`]: all refused with 403 or answered 404, every n-th 429 or
+//! 500, every LIST slow), every fetch of a run refused (`RunCfg::refuse`), and a child killed in the middle
 //! of a delta relist (`KillAt::Delta`). Invariants: a run in `Full` fetches no body and
 //! lists no metadata page; a run in `Delta` on a store that was synced lists no page in full
 //! unless its fetches were refused, and no relist falls back to full pages without a
@@ -179,6 +179,9 @@ pub(super) enum FetchFault {
     None,
     /// Every fetch refused (403): the relist lists in full from that page on.
     Refused,
+    /// Every fetch answered 404 (the collection's path not found): unusable like a
+    /// refusal, the relist lists in full from that page on.
+    NotFound,
     /// Every n-th fetch 429 (retried by kube's retry layer when the run's client keeps it,
     /// by the store when it does not).
     Throttled(usize),
@@ -197,7 +200,7 @@ pub(super) struct Under {
 
 impl Under {
     /// The `n`-th relist under changes of a run: its moves drawn, its fault the next in
-    /// turn (every kind comes up within five of them).
+    /// turn (every kind comes up within six of them).
     pub(super) fn draw(r: &mut impl Rng, n: usize) -> Under {
         let moves = (0..r.random_range(2..6))
             .map(|_| {
@@ -212,8 +215,9 @@ impl Under {
                 ][r.random_range(0..7)]
             })
             .collect();
-        let fault = match n % 5 {
+        let fault = match n % 6 {
             0 => FetchFault::Refused,
+            5 => FetchFault::NotFound,
             // Every other or third one: the retry of a fetch (the store's, or kube's retry
             // layer's for a 429) gets through while the fault lasts.
             1 => FetchFault::Throttled(r.random_range(2..4)),
@@ -269,11 +273,12 @@ impl Model {
         }
         match under.fault {
             FetchFault::Refused => faults.fail_named_lists(1, 403),
+            FetchFault::NotFound => faults.fail_named_lists(1, 404),
             FetchFault::Throttled(n) => faults.fail_named_lists(n, 429),
             FetchFault::Failing(n) => faults.fail_named_lists(n, 500),
             FetchFault::None | FetchFault::Slow(_) => {}
         }
-        if under.fault == FetchFault::Refused
+        if matches!(under.fault, FetchFault::Refused | FetchFault::NotFound)
             && let Some(live) = self.live.as_mut()
         {
             live.view.refused = true;
