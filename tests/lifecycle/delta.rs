@@ -217,12 +217,12 @@ impl Under {
             .collect();
         let fault = match n % 6 {
             0 => FetchFault::Refused,
-            5 => FetchFault::NotFound,
+            1 => FetchFault::NotFound,
             // Every other or third one: the retry of a fetch (the store's, or kube's retry
             // layer's for a 429) gets through while the fault lasts.
-            1 => FetchFault::Throttled(r.random_range(2..4)),
-            2 => FetchFault::Failing(r.random_range(2..4)),
-            3 => FetchFault::Slow(r.random_range(100..250)),
+            2 => FetchFault::Throttled(r.random_range(2..4)),
+            3 => FetchFault::Failing(r.random_range(2..4)),
+            4 => FetchFault::Slow(r.random_range(100..250)),
             _ => FetchFault::None,
         };
         Under { moves, fault }
