@@ -9,7 +9,7 @@
 //! takes an event every [`SLOW_TAKE`] (never longer than the stall bound for one event,
 //! always behind the watch) and one first polled [`LATE_POLL`] after the run starts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,9 +23,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube_persist::controller::Controller;
 use kube_persist::{
-    Db, DbConfig, Durability, Engine, Event, Reader, RelistMode, Shard, ShardKey, SharedEvent,
-    SharedWatcher, Subscriber,
+    Db, DbConfig, Durability, Engine, Event, Reader, RelistMode, SharedEvent, SharedWatcher,
+    Subscriber,
 };
+
+use crate::select::{Meta, Sel, TIER, TRANSFORM};
+
+mod child;
+pub use child::*;
 
 /// Namespace of the ConfigMaps the controller reconciles.
 pub const NS: &str = "lc";
@@ -74,41 +79,48 @@ pub const MIRRORED: &str = "mirrored";
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunCfg {
     pub streaming: bool,
-    /// `(index, count)` of an even uid shard, or everything.
-    pub shard: Option<(u32, u32)>,
-    /// A label index on `mode`.
+    /// The stream's label and field selectors and its uid shard.
+    pub sel: Sel,
+    /// Label indexes on `mode` and `tier`.
     pub index: bool,
     pub page: u32,
     /// The `Db`'s durability: fsync every batch (0) or a background flush every that many ms.
     pub flush_ms: u64,
     /// How the store lists again after a 410 (`RelistMode`).
     pub relist: RelistMode,
+    /// The model's transform ([`crate::select::transform`]) applied before writing.
+    pub transform: bool,
+    /// The `Db` is encrypted (drawn once per engine: a store keeps its key).
+    pub encrypt: bool,
+    /// The stream's client keeps kube's retry layer (which retries 429/503/504 itself);
+    /// without it the store sees them.
+    pub retry: bool,
+    /// Every LIST narrowed to one object (a delta relist's fetch) is refused (403) while
+    /// this run lasts: its delta relists list in full from the refused page on.
+    pub refuse: bool,
 }
+
+/// The key of an encrypted model store.
+const KEY: [u8; 32] = [0x4c; 32];
 
 impl RunCfg {
     /// The form passed to a child process (`from_env` reads it back).
     pub fn encode(&self) -> String {
-        let shard = match self.shard {
-            Some((i, n)) => format!("{i}/{n}"),
-            None => "all".into(),
-        };
         let (s, i, p, f) = (self.streaming, self.index, self.page, self.flush_ms);
         let r = match self.relist {
             RelistMode::Full => "full",
             RelistMode::Delta => "delta",
             _ => "auto",
         };
-        format!("{s} {shard} {i} {p} {f} {r}")
+        let (t, e, y, x) = (self.transform, self.encrypt, self.retry, self.refuse);
+        format!("{s} {} {i} {p} {f} {r} {t} {e} {y} {x}", self.sel.encode())
     }
 
     pub fn decode(s: &str) -> RunCfg {
         let f: Vec<&str> = s.split(' ').collect();
-        let shard = f[1]
-            .split_once('/')
-            .map(|(i, n)| (i.parse().unwrap(), n.parse().unwrap()));
         RunCfg {
             streaming: f[0] == "true",
-            shard,
+            sel: Sel::decode(f[1]),
             index: f[2] == "true",
             page: f[3].parse().unwrap(),
             flush_ms: f[4].parse().unwrap(),
@@ -117,17 +129,36 @@ impl RunCfg {
                 "delta" => RelistMode::Delta,
                 _ => RelistMode::Auto,
             },
+            transform: f[6] == "true",
+            encrypt: f[7] == "true",
+            retry: f[8] == "true",
+            refuse: f[9] == "true",
         }
     }
 
-    pub fn shard(&self) -> Option<Shard> {
-        self.shard
-            .map(|(i, n)| Shard::even(ShardKey::Uid, i, n).expect("a valid shard"))
+    /// Whether this run's stream selects the object `m` describes.
+    pub fn selects(&self, m: &Meta) -> bool {
+        self.sel.selects(m)
     }
 
-    /// Whether this run's replica owns the object with this uid.
-    pub fn owns(&self, uid: &str) -> bool {
-        self.shard().is_none_or(|s| s.contains(Some(uid), Some(NS)))
+    /// The `DbConfig` of this run's store (engine, key), before its durability.
+    pub fn db_config(&self, engine: Engine) -> DbConfig {
+        let c = DbConfig::default().engine(engine);
+        if self.encrypt {
+            c.encryption_key(kube_persist::EncryptionKey::from_bytes(KEY))
+        } else {
+            c
+        }
+    }
+
+    /// The read-only `DbConfig` a tool opens this run's store with (its key, if any).
+    pub fn read_only_config(&self) -> DbConfig {
+        let c = DbConfig::default().read_only();
+        if self.encrypt {
+            c.encryption_key(kube_persist::EncryptionKey::from_bytes(KEY))
+        } else {
+            c
+        }
     }
 
     /// Open the `Db` at `dir` with this run's durability.
@@ -136,10 +167,12 @@ impl RunCfg {
             0 => Durability::EveryBatch,
             ms => Durability::Periodic(Duration::from_millis(ms)),
         };
-        Db::open_with(
-            dir,
-            DbConfig::default().engine(engine).durability(durability),
-        )
+        Db::open_with(dir, self.db_config(engine).durability(durability))
+    }
+
+    /// The stream's client: with or without kube's retry layer.
+    pub fn client(&self, url: &str) -> kube::Client {
+        kube_persist_testkit::client_for_opts(url, None, self.retry)
     }
 
     pub fn store_config(&self) -> kube_persist::StreamConfig {
@@ -151,11 +184,14 @@ impl RunCfg {
         if self.streaming {
             c = c.streaming_lists();
         }
-        if let Some(shard) = self.shard() {
-            c = c.shard(shard);
+        c = self.sel.apply(c);
+        if self.transform {
+            c = c.transform(TRANSFORM, crate::select::transform);
         }
         if self.index {
-            c = c.label_index::<ConfigMap>("mode");
+            c = c
+                .label_index::<ConfigMap>("mode")
+                .label_index::<ConfigMap>(TIER);
         }
         c
     }
@@ -195,8 +231,9 @@ impl Seen {
     }
 }
 
-/// What a reconcile reports: `(what, name, resourceVersion, uid)`.
-pub type Sink = Arc<dyn Fn(Seen, &str, &str, &str) + Send + Sync>;
+/// What a reconcile reports: what it did, and the object's metadata (at the version it
+/// reconciled, or wrote).
+pub type Sink = Arc<dyn Fn(Seen, &Meta) + Send + Sync>;
 
 /// The reconciler's context.
 pub struct Ctx {
@@ -219,13 +256,10 @@ pub fn mirrored(cm: &serde_json::Value) -> bool {
 
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Injected> {
     let m = &cm.metadata;
-    let (name, rv, uid) = (
-        m.name.as_deref().unwrap_or_default(),
-        m.resource_version.as_deref().unwrap_or_default(),
-        m.uid.as_deref().unwrap_or_default(),
-    );
+    let name = m.name.as_deref().unwrap_or_default();
+    let meta = Meta::of(m, cm.data.as_ref().is_some_and(|d| d.contains_key("blob")));
     // Reported before the result is returned, so before the durable state records it.
-    (ctx.sink)(Seen::Reconciled, name, rv, uid);
+    (ctx.sink)(Seen::Reconciled, &meta);
     match mode(&cm) {
         "short" => Ok(Action::requeue(SHORT)),
         "fail" => Err(Injected),
@@ -249,8 +283,11 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Injected
                     .replace(name, &PostParams::default(), &next)
                     .await
                     .map_err(|_| Injected)?;
-                let written = w.metadata.resource_version.unwrap_or_default();
-                (ctx.sink)(Seen::Wrote, name, &written, uid);
+                let written = Meta {
+                    rv: w.metadata.resource_version.unwrap_or_default(),
+                    ..meta
+                };
+                (ctx.sink)(Seen::Wrote, &written);
             }
             tokio::time::sleep(SLOW).await;
             Ok(Action::requeue(LONG))
@@ -310,6 +347,7 @@ pub fn controller(
         slow: hub.subscribe(),
         late: hub.subscribe(),
         hub,
+        reader: reader.clone(),
     };
     let c = Controller::for_shared(
         reader,
@@ -335,11 +373,15 @@ pub struct Consumers {
     hub: SharedWatcher<ConfigMap>,
     slow: Subscriber<ConfigMap>,
     late: Subscriber<ConfigMap>,
+    /// The stream's store: what a consumer reads again at `Resumed` and `Lagged`.
+    reader: Reader<ConfigMap>,
 }
 
 /// What the other consumers of the shared stream saw.
 #[derive(Debug, Default)]
 pub struct Consumed {
+    /// The run's selection (none in a child process: nothing checked there).
+    pub sel: Option<Sel>,
     /// Start signals (`InitDone`, `Resumed`) the slow and the late consumer received.
     pub started: [AtomicUsize; 2],
     /// `Lagged` each received.
@@ -349,10 +391,53 @@ pub struct Consumed {
     pub newest: [Mutex<HashMap<String, String>>; 2],
     /// Objects a consumer was given older than a version it (or the store) had before.
     pub older: Mutex<Vec<String>>,
+    /// Per consumer, what it holds: `name -> resourceVersion`, from the store when the run
+    /// opened it, read again at `Resumed` and `Lagged` (a consumer's contract: the store is
+    /// the state then), changed by every `Apply` and `Delete` it is given.
+    pub held: [Mutex<BTreeMap<String, String>>; 2],
+    /// Objects a consumer was given outside the run's selection (by their own metadata).
+    pub outside: Mutex<Vec<String>>,
+    /// Per consumer, its last events (for a violation's detail).
+    pub trace: [Mutex<std::collections::VecDeque<String>>; 2],
+    /// Set while the model checks what the consumers hold, once the store is quiescent:
+    /// the slow consumer takes what is left at once (it is slow while the store moves).
+    pub hurry: std::sync::atomic::AtomicBool,
 }
 
+/// `name -> resourceVersion` of what `reader` holds.
+pub fn held_by(reader: &Reader<ConfigMap>) -> BTreeMap<String, String> {
+    reader
+        .iter()
+        .filter_map(|o| o.ok())
+        .map(|c| {
+            let m = &c.metadata;
+            let rv = m.resource_version.clone().unwrap_or_default();
+            (m.name.clone().unwrap_or_default(), rv)
+        })
+        .collect()
+}
+
+/// How many events of each consumer [`Consumed::trace`] keeps.
+const TRACED: usize = 40;
+
 impl Consumed {
-    /// Consumer `i` is given `cm`: never older than what it had of that object.
+    fn traced(&self, i: usize, what: String) {
+        let mut t = self.trace[i].lock().unwrap();
+        if t.len() == TRACED {
+            t.pop_front();
+        }
+        t.push_back(what);
+    }
+
+    pub fn new(sel: Sel) -> Consumed {
+        Consumed {
+            sel: Some(sel),
+            ..Consumed::default()
+        }
+    }
+
+    /// Consumer `i` is given `cm`: never older than what it had of that object, never
+    /// outside the selection.
     fn given(&self, i: usize, cm: &ConfigMap) {
         use kube_persist::resource_version::compare;
         let m = &cm.metadata;
@@ -360,7 +445,19 @@ impl Consumed {
             m.name.clone().unwrap_or_default(),
             m.resource_version.clone(),
         );
+        let meta = Meta::of(m, false);
+        if self.sel.is_some_and(|s| !s.selects(&meta)) {
+            let what = format!(
+                "consumer {i}: {name} at {rv:?} (tier {:?}, mode {:?}, uid {})",
+                meta.tier, meta.mode, meta.uid
+            );
+            self.outside.lock().unwrap().push(what);
+        }
         let Some(rv) = rv else { return };
+        self.held[i]
+            .lock()
+            .unwrap()
+            .insert(name.clone(), rv.clone());
         let mut newest = self.newest[i].lock().unwrap();
         if let Some(had) = newest.get(&name)
             && compare(&rv, had).is_ok_and(|o| o.is_lt())
@@ -376,30 +473,72 @@ impl Consumed {
 impl Consumers {
     /// Drives the shared watch and the two consumers (until dropped).
     async fn run(self, seen: Arc<Consumed>) {
-        let Consumers { hub, slow, late } = self;
+        let Consumers {
+            hub,
+            slow,
+            late,
+            reader,
+        } = self;
         let take = |sub: Subscriber<ConfigMap>, i: usize, pace: Duration, first: Duration| {
-            let seen = seen.clone();
+            let (seen, reader) = (seen.clone(), reader.clone());
             async move {
                 tokio::time::sleep(first).await;
                 let mut sub = std::pin::pin!(sub);
+                let reread = |why: &str| {
+                    let now = held_by(&reader);
+                    seen.traced(i, format!("{why}(read {})", now.len()));
+                    *seen.held[i].lock().unwrap() = now;
+                };
                 while let Some(item) = sub.next().await {
+                    let name = |cm: &ConfigMap| {
+                        let m = &cm.metadata;
+                        let rv = m.resource_version.as_deref().unwrap_or_default();
+                        format!("{}@{rv}", m.name.as_deref().unwrap_or_default())
+                    };
                     match item {
                         Ok(SharedEvent::Lagged) => {
                             seen.lagged[i].fetch_add(1, Ordering::SeqCst);
+                            reread("Lagged");
                         }
-                        Ok(SharedEvent::Event(ev))
-                            if matches!(*ev, Event::InitDone | Event::Resumed { .. }) =>
-                        {
-                            seen.started[i].fetch_add(1, Ordering::SeqCst);
-                        }
-                        Ok(SharedEvent::Event(ev)) => {
-                            if let Event::Apply(cm) | Event::InitApply(cm) = &*ev {
+                        Ok(SharedEvent::Event(ev)) => match &*ev {
+                            Event::InitDone => {
+                                seen.traced(i, "InitDone".into());
+                                seen.started[i].fetch_add(1, Ordering::SeqCst);
+                            }
+                            Event::Resumed { resource_version } => {
+                                seen.started[i].fetch_add(1, Ordering::SeqCst);
+                                reread(&format!("Resumed@{resource_version}"));
+                            }
+                            Event::Init => reread("Init"),
+                            Event::Apply(cm) | Event::InitApply(cm) => {
+                                let init = matches!(&*ev, Event::InitApply(_));
+                                seen.traced(
+                                    i,
+                                    format!("{}{}", if init { "I+" } else { "+" }, name(cm)),
+                                );
                                 seen.given(i, cm);
                             }
-                        }
-                        _ => {}
+                            Event::Delete(cm) => {
+                                seen.traced(i, format!("-{}", name(cm)));
+                                let name = cm.metadata.name.clone().unwrap_or_default();
+                                seen.held[i].lock().unwrap().remove(&name);
+                            }
+                            Event::DeleteKey(k) => {
+                                seen.traced(i, format!("-{}", k.name));
+                                seen.held[i].lock().unwrap().remove(&k.name);
+                            }
+                        },
+                        Err(e) => seen.traced(
+                            i,
+                            format!(
+                                "error {}",
+                                e.to_string().chars().take(60).collect::<String>()
+                            ),
+                        ),
                     }
-                    tokio::time::sleep(pace).await;
+                    if !seen.hurry.load(Ordering::SeqCst) {
+                        tokio::time::sleep(pace).await;
+                    }
                 }
             }
         };
@@ -436,106 +575,14 @@ pub async fn run(
 }
 
 /// Waits until `reader` reports ready, then counts the stored objects outside `cfg`'s
-/// shard: a store must not be ready while it still holds what a narrowed shard prunes.
+/// selection (by their own metadata): a store must not be ready while it still holds what
+/// a narrowed shard prunes, nor ever hold what its selectors exclude.
 pub async fn outside_at_ready(reader: Reader<ConfigMap>, cfg: RunCfg) -> Option<usize> {
     reader.wait_until_ready().await.ok()?;
     let outside = reader
         .iter()
         .filter_map(|o| o.ok())
-        .filter(|o| !cfg.owns(o.metadata.uid.as_deref().unwrap_or_default()))
+        .filter(|o| !cfg.selects(&Meta::of(&o.metadata, false)))
         .count();
     Some(outside)
-}
-
-pub const CHILD_DIR_ENV: &str = "KP_LIFECYCLE_CHILD_DIR";
-pub const CHILD_URL_ENV: &str = "KP_LIFECYCLE_CHILD_URL";
-pub const CHILD_CFG_ENV: &str = "KP_LIFECYCLE_CHILD_CFG";
-/// `phase:<SyncPhase>`: the child SIGKILLs itself as soon as it sees the store in that
-/// phase; `after:<ms>`: that long after it opened the store; `delta:<n>`: in `Listing` once
-/// it has read `n` metadata pages of a delta relist; `delta-synced`: in `Synced` after one
-/// (flushed first).
-pub const CHILD_KILL_ENV: &str = "KP_LIFECYCLE_CHILD_KILL";
-
-/// The child process: the controller on the store at `dir`, printing `child-started`,
-/// `phase <phase>`, `len <n>` and `delta <metadata pages> <bodies fetched>` at each change
-/// of the store's phase, length and delta relist counters (watched on a thread, every 200 µs), `ready-outside <n>` once ready, and `reconciled <name> <rv>
-/// <uid>` (and `wrote ...`), until it is killed (by the test, or by itself as `CHILD_KILL_ENV` says).
-pub fn child_main(dir: String) {
-    let url = std::env::var(CHILD_URL_ENV).expect("the server's URL");
-    let cfg = RunCfg::decode(&std::env::var(CHILD_CFG_ENV).expect("the run's config"));
-    let kill = std::env::var(CHILD_KILL_ENV).unwrap_or_default();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async move {
-        let client = kube_persist_testkit::client_for(&url, None);
-        let db = cfg
-            .open_db(crate::common::child_engine(), dir.as_ref())
-            .expect("the child opens the store");
-        let c =
-            controller(&db, client.clone(), &cfg, Inputs::none()).expect("the child's controller");
-        let reader = c.0.reader();
-        println!("child-started");
-        let watched = reader.clone();
-        let flushed = db.clone();
-        std::thread::spawn(move || watch_phases(watched, &kill, flushed));
-        let ready = tokio::spawn(outside_at_ready(reader, cfg));
-        tokio::spawn(async move {
-            if let Ok(Some(n)) = ready.await {
-                println!("ready-outside {n}");
-            }
-        });
-        let sink: Sink =
-            Arc::new(|seen, name, rv, uid| println!("{} {name} {rv} {uid}", seen.word()));
-        run(c, client, sink, Arc::default(), futures::future::pending()).await;
-    });
-}
-
-fn watch_phases(reader: Reader<ConfigMap>, kill: &str, db: Db) {
-    let start = std::time::Instant::now();
-    let kill_after = kill.strip_prefix("after:").and_then(|ms| ms.parse().ok());
-    let kill_on = kill.strip_prefix("phase:");
-    let kill_delta: Option<u64> = kill.strip_prefix("delta:").and_then(|n| n.parse().ok());
-    let kill_delta_synced = kill == "delta-synced";
-    let (mut phase, mut len, mut delta, mut delta_listed) = (None, None, None, false);
-    loop {
-        let p = reader.phase();
-        if phase != Some(p) {
-            println!("phase {p:?}");
-            phase = Some(p);
-            if kill_on == Some(format!("{p:?}").as_str()) {
-                sigkill_self();
-            }
-        }
-        let l = reader.len();
-        if len != Some(l) {
-            println!("len {l}");
-            len = Some(l);
-        }
-        let s = reader.stats();
-        if delta != Some((s.metadata_pages, s.bodies_fetched)) {
-            println!("delta {} {}", s.metadata_pages, s.bodies_fetched);
-            delta = Some((s.metadata_pages, s.bodies_fetched));
-            if p == kube_persist::SyncPhase::Listing
-                && kill_delta.is_some_and(|n| s.metadata_pages >= n)
-            {
-                sigkill_self();
-            }
-        }
-        delta_listed |= p == kube_persist::SyncPhase::Listing && s.metadata_pages > 0;
-        if kill_delta_synced && delta_listed && p == kube_persist::SyncPhase::Synced {
-            // Durable whatever the durability: the store checked is the synced one.
-            let _ = db.flush();
-            sigkill_self();
-        }
-        if kill_after.is_some_and(|ms| start.elapsed() >= Duration::from_millis(ms)) {
-            sigkill_self();
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn sigkill_self() {
-    // SAFETY: kill(2) on this process's own pid; it does not return.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
 }

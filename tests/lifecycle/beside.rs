@@ -2,7 +2,7 @@
 //! store read-only, as the `kube-persist` tool does (`kubectl exec` beside an operator), and
 //! verifies it against the server.
 
-use kube_persist::{Db, DbConfig, Engine, Error, Verdict};
+use kube_persist::{Db, Engine, Error, Verdict};
 
 use super::Model;
 use crate::app::STREAM;
@@ -23,8 +23,8 @@ impl Model {
         let at = dir.clone();
         // As the tool opens it: redb read-only; sled, which has no read-only mode, for writing.
         let config = match self.engine {
-            Engine::Redb => DbConfig::default().read_only(),
-            _ => DbConfig::default().engine(self.engine),
+            Engine::Redb => self.cfg.read_only_config(),
+            _ => self.cfg.db_config(self.engine),
         };
         let opened = tokio::task::spawn_blocking(move || Db::open_with(&at, config).map(drop))
             .await
@@ -61,7 +61,7 @@ impl Model {
         }
         let verified = Db::verify_at(
             &dir,
-            DbConfig::default().read_only(),
+            self.cfg.read_only_config(),
             STREAM,
             self.server.client(),
             5,

@@ -9,11 +9,15 @@ use kube_persist::{Reader, SyncPhase};
 use kube_persist_testkit::{ResourceType, ServerHandle};
 
 use crate::app::{NS, RunCfg, Seen};
+use crate::select::Meta;
+
+mod owed;
+pub use owed::*;
 
 /// How long the store may take to be `Synced`, live and at the server's resourceVersion.
 pub const SYNC_WAIT: Duration = Duration::from_secs(20);
 /// How long the controller may take to reconcile what it owes, once the store is synced.
-const RECONCILE_WAIT: Duration = Duration::from_secs(5);
+pub const RECONCILE_WAIT: Duration = Duration::from_secs(5);
 
 /// One reconcile (or a reconciler's write), as seen by the test process.
 #[derive(Debug, Clone)]
@@ -23,20 +27,23 @@ pub struct Rec {
     pub run: usize,
     pub name: String,
     pub rv: String,
-    pub uid: String,
+    /// Its metadata then (uid, labels: what the selection is decided on).
+    pub meta: Meta,
 }
 
 /// Every reconcile of every run, in the order the test saw them.
 pub type Log = Arc<Mutex<Vec<Rec>>>;
 
-/// A server object: resourceVersion, uid, mode label, and whether a `write` object shows
+/// A server object: resourceVersion, mode label, metadata, and whether a `write` object shows
 /// its value in its annotation.
 #[derive(Debug, Clone)]
 pub struct Obj {
     pub rv: String,
-    pub uid: String,
+    pub generation: i64,
     pub mode: String,
     pub mirrored: bool,
+    /// Its metadata (what a selection is decided on).
+    pub meta: Meta,
 }
 
 /// `name -> object` of the model's ConfigMaps on the server.
@@ -49,9 +56,10 @@ pub fn server_objects(h: &ServerHandle) -> BTreeMap<String, Obj> {
             let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
             let obj = Obj {
                 rv: s(&m["resourceVersion"]),
-                uid: s(&m["uid"]),
+                generation: m["generation"].as_i64().unwrap_or_default(),
                 mode: s(&m["labels"]["mode"]),
                 mirrored: crate::app::mirrored(&o),
+                meta: Meta::of_json(&o),
             };
             (s(&m["name"]), obj)
         })
@@ -69,7 +77,7 @@ pub fn found(invariant: &'static str, detail: String) -> Found {
     Found { invariant, detail }
 }
 
-fn few<T: std::fmt::Debug>(items: impl IntoIterator<Item = T>) -> String {
+pub fn few<T: std::fmt::Debug>(items: impl IntoIterator<Item = T>) -> String {
     let all: Vec<T> = items.into_iter().collect();
     let n = all.len();
     let shown: Vec<_> = all.into_iter().take(6).collect();
@@ -122,31 +130,32 @@ pub async fn quiesce(reader: &Reader<ConfigMap>, h: &ServerHandle) -> Result<(),
     }
 }
 
-/// The store, once quiescent: equal to the server's objects in the shard, object by
-/// object; nothing outside the shard; `len()` equal to the records; the index consistent.
+/// The store, once quiescent: equal to the server's selection, object by object (name,
+/// resourceVersion, uid); nothing outside the selection; `len()` equal to the records; the index consistent.
 pub fn store_matches(
     reader: &Reader<ConfigMap>,
     cfg: &RunCfg,
     server: &BTreeMap<String, Obj>,
 ) -> Vec<Found> {
     let mut out = Vec::new();
-    let want: BTreeMap<&str, &str> = server
+    // Object by object: name, resourceVersion and uid (a store that kept an object deleted
+    // and created again under its name holds another uid).
+    let want: BTreeMap<&str, (&str, &str)> = server
         .iter()
-        .filter(|(_, o)| cfg.owns(&o.uid))
-        .map(|(n, o)| (n.as_str(), o.rv.as_str()))
+        .filter(|(_, o)| cfg.selects(&o.meta))
+        .map(|(n, o)| (n.as_str(), (o.rv.as_str(), o.meta.uid.as_str())))
         .collect();
     let stored: Vec<ConfigMap> = reader
         .iter()
         .map(|o| (*o.expect("decodes")).clone())
         .collect();
     let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
-    let have: BTreeMap<String, String> = stored
+    let have: BTreeMap<String, (String, String)> = stored
         .iter()
         .map(|c| {
-            (
-                name(c),
-                c.metadata.resource_version.clone().unwrap_or_default(),
-            )
+            let m = &c.metadata;
+            let rv = m.resource_version.clone().unwrap_or_default();
+            (name(c), (rv, m.uid.clone().unwrap_or_default()))
         })
         .collect();
     let missing: Vec<_> = want.keys().filter(|k| !have.contains_key(**k)).collect();
@@ -156,7 +165,10 @@ pub fn store_matches(
         .collect();
     let stale: Vec<_> = have
         .iter()
-        .filter(|(k, v)| want.get(k.as_str()).is_some_and(|w| w != v))
+        .filter(|(k, (rv, uid))| {
+            want.get(k.as_str())
+                .is_some_and(|w| (w.0, w.1) != (rv.as_str(), uid.as_str()))
+        })
         .collect();
     if !missing.is_empty() || !extra.is_empty() || !stale.is_empty() {
         out.push(found(
@@ -173,11 +185,27 @@ pub fn store_matches(
     }
     let outside: Vec<_> = stored
         .iter()
-        .filter(|c| !cfg.owns(c.metadata.uid.as_deref().unwrap_or_default()))
+        .filter(|c| !cfg.selects(&Meta::of(&c.metadata, false)))
         .map(name)
         .collect();
     if !outside.is_empty() {
-        out.push(found("no object outside the shard", few(outside)));
+        out.push(found("no object outside the selection", few(outside)));
+    }
+    if cfg.transform {
+        let untransformed: Vec<_> = stored
+            .iter()
+            .filter(|c| {
+                let blob = c.data.as_ref().is_some_and(|d| d.contains_key("blob"));
+                !Meta::of(&c.metadata, blob).transformed || blob
+            })
+            .map(name)
+            .collect();
+        if !untransformed.is_empty() {
+            out.push(found(
+                "every stored object went through the transform",
+                few(untransformed),
+            ));
+        }
     }
     let records = stored.len();
     if reader.len() != records {
@@ -187,24 +215,35 @@ pub fn store_matches(
         ));
     }
     if cfg.index {
-        for m in ["ok", "short", "fail"] {
-            let by_mode: BTreeSet<String> = stored
+        let label = |c: &ConfigMap, k: &str| {
+            c.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(k))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let values = [("mode", "ok"), ("mode", "short"), ("mode", "fail")]
+            .into_iter()
+            .chain(crate::select::TIERS.map(|t| (crate::select::TIER, t)));
+        for (k, v) in values {
+            let by_label: BTreeSet<String> = stored
                 .iter()
-                .filter(|c| crate::app::mode(c) == m)
+                .filter(|c| label(c, k) == v)
                 .map(name)
                 .collect();
             let indexed: Result<BTreeSet<String>, _> = reader
-                .by_index("label:mode", m)
+                .by_index(&format!("label:{k}"), v)
                 .map(|it| it.map(|o| name(&o.expect("decodes"))).collect());
             match indexed {
-                Ok(i) if i == by_mode => {}
+                Ok(i) if i == by_label => {}
                 Ok(i) => out.push(found(
                     "the index equals the stored objects",
-                    format!("mode={m}: index {} vs store {}", few(&i), few(&by_mode)),
+                    format!("{k}={v}: index {} vs store {}", few(&i), few(&by_label)),
                 )),
                 Err(e) => out.push(found(
                     "the index equals the stored objects",
-                    format!("by_index(label:mode) on a Synced store: {e}"),
+                    format!("by_index(label:{k}) on a Synced store: {e}"),
                 )),
             }
         }
@@ -250,277 +289,6 @@ pub async fn async_reads_match(reader: &Reader<ConfigMap>) -> Vec<Found> {
         }
     }
     out
-}
-
-/// The controller, once the store is quiescent: every owned object reconciled at its
-/// current version (by any run; a version a reconcile wrote itself, keeping the generation,
-/// counts as reconciled), every owned `short`/`fail` object reconciled again after `since`
-/// (its due requeue or retry fired).
-pub async fn reconciled(
-    log: &Log,
-    cfg: &RunCfg,
-    server: &BTreeMap<String, Obj>,
-    since: Instant,
-    rc: &mut RunChecks,
-) -> Vec<Found> {
-    let owed: Vec<(String, String)> = server
-        .iter()
-        .filter(|(n, o)| {
-            cfg.owns(&o.uid) && !rc.unreconciled.contains(&((*n).clone(), o.rv.clone()))
-        })
-        .map(|(n, o)| (n.clone(), o.rv.clone()))
-        .collect();
-    let requeued: Vec<String> = server
-        .iter()
-        .filter(|(n, o)| {
-            cfg.owns(&o.uid)
-                && ["short", "fail"].contains(&o.mode.as_str())
-                && !rc.lost_requeues.contains(*n)
-        })
-        .map(|(n, _)| n.clone())
-        .collect();
-    let deadline = Instant::now() + RECONCILE_WAIT;
-    loop {
-        let (missing, lost) = {
-            let log = log.lock().unwrap();
-            let done: BTreeSet<(&str, &str)> = log
-                .iter()
-                .map(|r| (r.name.as_str(), r.rv.as_str()))
-                .collect();
-            let again: BTreeSet<&str> = log
-                .iter()
-                .rev()
-                .take_while(|r| r.at > since)
-                .filter(|r| r.seen == Seen::Reconciled)
-                .map(|r| r.name.as_str())
-                .collect();
-            let missing: Vec<(String, String)> = owed
-                .iter()
-                .filter(|(n, rv)| !done.contains(&(n.as_str(), rv.as_str())))
-                .cloned()
-                .collect();
-            let lost: Vec<String> = requeued
-                .iter()
-                .filter(|n| !again.contains(n.as_str()))
-                .cloned()
-                .collect();
-            (missing, lost)
-        };
-        if missing.is_empty() && lost.is_empty() {
-            return Vec::new();
-        }
-        if Instant::now() > deadline {
-            let mut out = Vec::new();
-            if !missing.is_empty() {
-                out.push(found(
-                    "every object reconciled at its latest version",
-                    format!("not within {RECONCILE_WAIT:?} of Synced: {}", few(&missing)),
-                ));
-            }
-            if !lost.is_empty() {
-                out.push(found(
-                    "no due requeue lost",
-                    format!(
-                        "requeued every {:?}, not reconciled within {RECONCILE_WAIT:?}: {}",
-                        crate::app::SHORT,
-                        few(&lost)
-                    ),
-                ));
-            }
-            rc.unreconciled.extend(missing);
-            rc.lost_requeues.extend(lost);
-            return out;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// No reconcile of run `run` (with `cfg`) of an object its shard does not own.
-pub fn owned_only(log: &Log, run: usize, cfg: &RunCfg, rc: &mut RunChecks) -> Vec<Found> {
-    let log = log.lock().unwrap();
-    let foreign: Vec<(String, String)> = log[rc.owned_upto..]
-        .iter()
-        .filter(|r| r.run == run && !cfg.owns(&r.uid))
-        .map(|r| (r.name.clone(), r.rv.clone()))
-        .collect();
-    rc.owned_upto = log.len();
-    if foreign.is_empty() {
-        return Vec::new();
-    }
-    vec![found(
-        "no object reconciled by a replica that does not own it",
-        format!("shard {:?}: {}", cfg.shard, few(foreign)),
-    )]
-}
-
-/// How long a trigger may wait for its reconcile: the debounce (none), the longest running
-/// reconcile ([`crate::app::SLOW`]) times the queue before it at the concurrency limit (a
-/// tick reconciles every object), and a margin; far below a `slow` or `write` object's one-minute requeue.
-const TRIGGER_WAIT: Duration = Duration::from_secs(15);
-
-/// A trigger sent to the live run: a reconcile of `name` (every object if `None`) must start
-/// after `at`, and at most `within` after it.
-#[derive(Debug, Clone)]
-pub struct Trig {
-    pub at: Instant,
-    pub name: Option<String>,
-    pub what: &'static str,
-    pub within: Duration,
-}
-
-impl Trig {
-    /// A trigger owed a reconcile within [`TRIGGER_WAIT`].
-    pub fn new(at: Instant, name: Option<String>, what: &'static str) -> Trig {
-        Trig {
-            at,
-            name,
-            what,
-            within: TRIGGER_WAIT,
-        }
-    }
-}
-
-/// Every trigger of this run is followed by a reconcile of its object (of every owned object,
-/// for a tick) that started after it, within its bound ([`TRIGGER_WAIT`], or a storm
-/// tick's): never held until a later requeue's due time, never skipped as already
-/// reconciled, never starved by the ticks after it. Objects deleted since (or outside the
-/// shard) owe nothing. Checked triggers are removed from `pending`.
-pub async fn triggered(
-    log: &Log,
-    cfg: &RunCfg,
-    server: &BTreeMap<String, Obj>,
-    pending: &mut Vec<Trig>,
-) -> Vec<Found> {
-    let owed = |t: &Trig| -> Vec<String> {
-        match &t.name {
-            Some(n) if server.get(n).is_some_and(|o| cfg.owns(&o.uid)) => vec![n.clone()],
-            Some(_) => Vec::new(),
-            None => server
-                .iter()
-                .filter(|(_, o)| cfg.owns(&o.uid))
-                .map(|(n, _)| n.clone())
-                .collect(),
-        }
-    };
-    loop {
-        let now = Instant::now();
-        // Per owed object: (trigger, how long ago, name, past its bound).
-        let late: Vec<(&'static str, Duration, String, bool)> = {
-            let log = log.lock().unwrap();
-            let mut starts: BTreeMap<&str, Vec<Instant>> = BTreeMap::new();
-            for r in log.iter().filter(|r| r.seen == Seen::Reconciled) {
-                starts.entry(r.name.as_str()).or_default().push(r.at);
-            }
-            pending
-                .iter()
-                .flat_map(|t| {
-                    let by = t.at + t.within;
-                    owed(t)
-                        .into_iter()
-                        .filter(|n| {
-                            !starts
-                                .get(n.as_str())
-                                .is_some_and(|at| at.iter().any(|at| *at > t.at && *at <= by))
-                        })
-                        .map(|n| (t.what, t.at.elapsed(), n, now > by))
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
-        if late.is_empty() {
-            pending.clear();
-            return Vec::new();
-        }
-        let overdue: Vec<_> = late
-            .iter()
-            .filter(|l| l.3)
-            .map(|(what, ago, n, _)| (*what, *ago, n.clone()))
-            .collect();
-        if !overdue.is_empty() {
-            pending.clear();
-            return vec![found(
-                "every trigger is followed by a reconcile of its object within its bound",
-                format!("(trigger, since, object) past the bound: {}", few(overdue)),
-            )];
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The owned `write` objects that do not show their value yet: once there are none, the
-/// controller's own writes are done, and the server stays put during the checks.
-pub fn unmirrored(server: &BTreeMap<String, Obj>, cfg: &RunCfg) -> Vec<(String, String)> {
-    server
-        .iter()
-        .filter(|(_, o)| o.mode == "write" && !o.mirrored && cfg.owns(&o.uid))
-        .map(|(n, o)| (n.clone(), o.rv.clone()))
-        .collect()
-}
-
-/// What `log` shows of the objects `names` (for a violation's detail).
-pub fn history(log: &Log, names: &[String]) -> String {
-    let log = log.lock().unwrap();
-    let seen: Vec<String> = log
-        .iter()
-        .filter(|r| names.contains(&r.name))
-        .map(|r| format!("{} {} {} (run {})", r.seen.word(), r.name, r.rv, r.run))
-        .collect();
-    let from = seen.len().saturating_sub(8);
-    seen[from..].join(", ")
-}
-
-/// How long the durable state may take to show the stored objects: its batching window,
-/// and the reconciles of deletions that forget records.
-const RECORDS_WAIT: Duration = Duration::from_secs(5);
-
-/// The durable reconcile state tracks exactly the stored objects: no record is forgotten
-/// for a stored object, none is kept for an object the store no longer holds, and
-/// `controller_states()` counts as many objects.
-pub async fn records(db: &kube_persist::Db, reader: &Reader<ConfigMap>) -> Vec<Found> {
-    let deadline = Instant::now() + RECORDS_WAIT;
-    loop {
-        let stored: BTreeSet<String> = reader
-            .iter()
-            .filter_map(|o| o.ok()?.metadata.name.clone())
-            .collect();
-        let recorded: BTreeSet<String> = match db.reconcile_states(crate::app::CONTROLLER) {
-            Ok(records) => records.filter_map(|r| Some(r.ok()?.name)).collect(),
-            Err(e) => return vec![found("the reconcile state reads", e.to_string())],
-        };
-        let counted = db
-            .controller_states()
-            .ok()
-            .and_then(|s| s.into_iter().find(|c| c.name == crate::app::CONTROLLER))
-            .map_or(0, |c| c.objects);
-        let forgotten: Vec<_> = stored.difference(&recorded).collect();
-        let kept: Vec<_> = recorded.difference(&stored).collect();
-        if forgotten.is_empty() && kept.is_empty() && counted == stored.len() as u64 {
-            return Vec::new();
-        }
-        if Instant::now() > deadline {
-            let mut out = Vec::new();
-            if !forgotten.is_empty() {
-                out.push(found(
-                    "no reconcile record is forgotten for a stored object",
-                    few(forgotten),
-                ));
-            }
-            if !kept.is_empty() {
-                out.push(found(
-                    "no reconcile record of an object the store does not hold",
-                    few(kept),
-                ));
-            }
-            if counted != stored.len() as u64 {
-                out.push(found(
-                    "controller_states() counts the stored objects",
-                    format!("{counted} objects counted, {} stored", stored.len()),
-                ));
-            }
-            return out;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// How long the store may take to reach the server's version after a churn of a live
@@ -581,4 +349,78 @@ pub async fn consumers_started(consumed: &crate::app::Consumed, since: Instant) 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// How long the shared stream's other consumers may take, once the store is quiescent, to
+/// hold what it holds: the slow one, hurried meanwhile, takes what is queued for it (and
+/// reads the store again if it was lagged).
+const HELD_WAIT: Duration = Duration::from_secs(6);
+
+/// Every consumer of the shared stream, once the store is quiescent, holds exactly the
+/// run's selection (what the server has of it): it was given every change of the store,
+/// and never kept an object that left it.
+pub async fn consumers_hold(
+    consumed: &crate::app::Consumed,
+    cfg: &RunCfg,
+    server: &BTreeMap<String, Obj>,
+) -> Vec<Found> {
+    let want: BTreeMap<String, String> = server
+        .iter()
+        .filter(|(_, o)| cfg.selects(&o.meta))
+        .map(|(n, o)| (n.clone(), o.rv.clone()))
+        .collect();
+    let by = Instant::now() + HELD_WAIT;
+    consumed
+        .hurry
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let _slow_again = SlowAgain(consumed);
+    loop {
+        let held = [0, 1].map(|i| consumed.held[i].lock().unwrap().clone());
+        let off: Vec<usize> = (0..2).filter(|i| held[*i] != want).collect();
+        if off.is_empty() {
+            return Vec::new();
+        }
+        if Instant::now() > by {
+            let detail = off
+                .iter()
+                .map(|i| {
+                    let trace = consumed.trace[*i].lock().unwrap();
+                    let trace: Vec<&String> = trace.iter().collect();
+                    format!(
+                        "consumer {i}: {}; its last events: {trace:?}",
+                        crate::common::diff("held", &held[*i], &want)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return vec![found(
+                "a consumer of a stream holds exactly its selection once caught up",
+                format!("{detail} ({HELD_WAIT:?} after the store was)"),
+            )];
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Makes the slow consumer slow again when the check is done.
+struct SlowAgain<'a>(&'a crate::app::Consumed);
+
+impl Drop for SlowAgain<'_> {
+    fn drop(&mut self) {
+        self.0
+            .hurry
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// No consumer of the shared stream was given an object outside the run's selection (by
+/// the object's own metadata); what was is taken from `consumed`.
+pub fn given_outside(consumed: &crate::app::Consumed) -> Option<Found> {
+    let given = std::mem::take(&mut *consumed.outside.lock().unwrap());
+    (!given.is_empty()).then(|| {
+        found(
+            "no consumer of a stream is given an object outside its selection",
+            format!("{} {:?}", given.len(), &given[..given.len().min(5)]),
+        )
+    })
 }

@@ -20,7 +20,7 @@ type Lines = Arc<Mutex<Vec<String>>>;
 impl Model {
     /// Stops this process's run, lets a child process run the controller on the store and
     /// SIGKILLs it at `at`; then a new run in this process.
-    pub(super) async fn kill(&mut self, step: usize, at: KillAt, change: Change) {
+    pub(super) async fn kill(&mut self, step: usize, at: KillAt, change: Change, recreates: usize) {
         if self.rng.random_bool(0.5) {
             self.stop_graceful(step).await;
         } else if let Some(live) = self.live.take() {
@@ -39,6 +39,7 @@ impl Model {
             };
             self.report(step, f);
         }
+        self.recreate_some(recreates);
         self.change(change);
         let delta = matches!(at, KillAt::Delta(_) | KillAt::DeltaSynced);
         if delta {
@@ -72,6 +73,7 @@ impl Model {
             KillAt::DeltaSynced => "delta-synced".to_string(),
             _ => String::new(),
         };
+        self.run_faults();
         let (mut child, lines, readers) = self.spawn_child(child_run, &kill);
         let seen = |p: &str| lines.lock().unwrap().iter().any(|l| l == p);
         let last_phase = || {
@@ -134,6 +136,10 @@ impl Model {
             if matches!(at, KillAt::Reconcile(_)) && self.jitter.random_bool(0.05) {
                 let name = format!("cm-{}", self.jitter.random_range(0..self.created));
                 self.touch(&name);
+                // Now and then created again while the child reconciles.
+                if self.jitter.random_bool(0.2) {
+                    self.jittered(|m| m.recreate(&name));
+                }
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
@@ -193,6 +199,20 @@ impl Model {
         if let Some(n) = outside.filter(|n| *n > 0) {
             self.report(step, ready_outside(n));
         }
+        let given: Vec<String> = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.strip_prefix("given-outside "))
+            .map(String::from)
+            .collect();
+        if !given.is_empty() {
+            let f = Found {
+                invariant: "no consumer of a stream is given an object outside its selection",
+                detail: format!("child: {} {:?}", given.len(), &given[..given.len().min(5)]),
+            };
+            self.report(step, f);
+        }
         faults.clear();
         self.check_killed(step).await;
         let mut rc = RunChecks {
@@ -245,10 +265,10 @@ impl Model {
                     .into_iter()
                     .find_map(|seen| {
                         let rest = line.strip_prefix(seen.word())?.strip_prefix(' ')?;
-                        Some((seen, rest.split(' ').collect::<Vec<_>>()))
+                        Some((seen, app::decode_meta(rest)?))
                     });
                 match seen {
-                    Some((seen, f)) if f.len() == 3 => sink(seen, f[0], f[1], f[2]),
+                    Some((seen, meta)) => sink(seen, &meta),
                     _ => other.lock().unwrap().push(line),
                 }
             }

@@ -1,30 +1,33 @@
 //! The lifecycle model: random operations on the server, the store and the controller's
 //! process, each followed by the invariant checks of `checks.rs`.
 //!
-//! Over 600 lines: the draw of the operations, their dispatch and a run's life (open, stop,
-//! the checks at quiescence) share the model's state; each family of operations lives in a
-//! submodule of its own (`beside`, `delta`, `kill`, `poke`, `storm`, `writes`).
+//! Here: the model's state, the draw of the operations and their dispatch; a run's life
+//! (open, stop, the checks at quiescence) is `life.rs`'s, and each family of operations
+//! lives in a submodule of its own (`beside`, `churn`, `delta`, `kill`, `life`, `poke`, `recreate`,
+//! `side`, `storm`, `writes`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::Api;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube_persist::{Db, Engine, Reader};
-use kube_persist_testkit::{ResourceType, ServerHandle, ServerOptions, TestServer};
+use kube_persist_testkit::{ServerHandle, ServerOptions, TestServer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::app::{self, NS, RunCfg};
-use crate::checks::{self, Found, Log, Rec, RunChecks, Trig};
+use crate::app::{self, RunCfg};
+use crate::checks::{Found, Log, RunChecks, Trig};
+use crate::select::{Fields, Labels, Sel};
 
 mod beside;
+mod churn;
 mod delta;
 mod kill;
+mod life;
 mod poke;
+mod recreate;
+mod side;
 mod storm;
 mod writes;
 
@@ -44,6 +47,18 @@ enum Change {
     Page,
     /// Another durability for the next `Db` opened.
     Durability,
+    /// Another label selector (the store is wiped: another identity).
+    Labels,
+    /// Another field selector (idem).
+    Fields,
+    /// The transform on or off (idem).
+    Transform,
+    /// kube's retry layer on or off in the stream's client.
+    Retry,
+    /// Every delta fetch refused (403) for the next run, or no longer.
+    Refuse,
+    /// Another configuration of the side stream (`side.rs`).
+    Side,
 }
 
 /// Where a child process is SIGKILLed.
@@ -71,6 +86,11 @@ enum Op {
         creates: usize,
         updates: usize,
         deletes: usize,
+        /// Objects moved to another tier (in or out of a label selection).
+        moves: usize,
+        /// Objects deleted and created again under the same name (another uid: maybe
+        /// another shard, another mode).
+        recreates: usize,
     },
     /// Compaction and the watches cut: the reconnect gets 410 and relists.
     Compact,
@@ -82,16 +102,29 @@ enum Op {
     ServerRestart(u64),
     /// A graceful stop and a new run (optionally in a new `Db`, with the server compacted
     /// and changed while down).
+    /// `recreates` objects deleted and created again while it is down; `tick`: the stop
+    /// comes in the middle of a tick's pass (`recreate.rs`), for every restart.
     Stop {
         new_db: bool,
         change: Change,
         compact: bool,
         churn: bool,
+        recreates: usize,
+        tick: bool,
     },
-    /// A burst, then the controller's task aborted and a new run started at once, same `Db`.
-    AbortReopen { burst: usize },
+    /// A burst (recreates too), then the controller's task aborted and a new run started at
+    /// once, same `Db`.
+    AbortReopen { burst: usize, tick: bool },
     /// A child process runs the controller on the store and is SIGKILLed; then a new run.
-    Kill { at: KillAt, change: Change },
+    /// `recreates` objects created again while the store is down (before the child).
+    Kill {
+        at: KillAt,
+        change: Change,
+        recreates: usize,
+        tick: bool,
+    },
+    /// An object deleted (and created again) while its own reconcile runs (`recreate.rs`).
+    Busy(recreate::Busy),
     /// An object written, then read back through the live store after
     /// `wait_for_resource_version` (read your writes).
     WriteRead,
@@ -100,11 +133,29 @@ enum Op {
     /// A read-only handle opened beside the live run (the `kube-persist` tool's), and a
     /// verify through it.
     ReadBeside,
-    /// A relist of the live store while this many objects change under it (`delta.rs`).
-    RelistUnder(usize),
+    /// A relist of the live store while objects change under it, between their metadata
+    /// page and their fetch, with a fault on the fetches (`delta.rs`).
+    RelistUnder(delta::Under),
     /// A tick's pass under a storm of changes, this many kept waiting, its objects drawn
     /// from `seed` (`storm.rs`).
     ChangeStorm { outstanding: usize, seed: u64 },
+}
+
+impl Op {
+    /// What the summary's timing calls it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Op::Churn { .. } => "churn",
+            Op::Compact | Op::Gone | Op::WatchError(_) | Op::ServerRestart(_) => "watch faults",
+            Op::Stop { .. } | Op::AbortReopen { .. } => "stops",
+            Op::Busy(_) => "recreates while busy",
+            Op::Kill { .. } => "kills",
+            Op::WriteRead | Op::ReadBeside => "reads",
+            Op::Poke(_) => "triggers",
+            Op::RelistUnder(_) => "relists under changes",
+            Op::ChangeStorm { .. } => "change storms",
+        }
+    }
 }
 
 struct Live {
@@ -162,14 +213,17 @@ pub struct Model {
     churned: Option<(Instant, String)>,
     /// What the delta operations and checks found.
     delta: delta::Tally,
-}
-
-fn cm(name: &str, mode: &str, value: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": NS, "labels": {"mode": mode}},
-        "data": {"value": value},
-    })
+    /// The side stream of the live run, and its configuration.
+    side: Option<side::Side>,
+    side_cfg: side::SideCfg,
+    /// The server honours `shardSelector` (else every shard is filtered by the store).
+    sharded_server: bool,
+    /// Where the run's time went: the operations, and each check.
+    timing: BTreeMap<&'static str, Duration>,
+    /// Relists under changes drawn so far (their faults come in turn).
+    unders: usize,
+    /// Side streams opened, by kind.
+    side_opened: BTreeMap<&'static str, usize>,
 }
 
 impl Model {
@@ -177,17 +231,24 @@ impl Model {
     /// sequence from it).
     pub async fn run(engine: Engine, seed: u64, steps: usize) -> Outcome {
         let own = seed.wrapping_add(if engine == Engine::Redb { 0 } else { 1 });
+        // One engine's server filters shards, the other's leaves it to the store (which
+        // engine, the seed says): every run covers both.
+        let sharded_server = (engine == Engine::Redb) == seed.is_multiple_of(2);
         let server = TestServer::start_with(ServerOptions {
             bookmark_interval: Duration::from_millis(100),
+            sharded_list_and_watch: sharded_server,
             ..ServerOptions::default()
         })
         .await;
+        let mut rng = StdRng::seed_from_u64(own);
+        let side_cfg = side::SideCfg::draw(&mut rng, OBJECTS);
+        let encrypt = rng.random_bool(0.5);
         let h = server.handle();
         h.seed_pods(BUSY_PODS, 3);
         let mut m = Model {
             engine,
             seed,
-            rng: StdRng::seed_from_u64(own),
+            rng,
             jitter: StdRng::seed_from_u64(!own),
             server,
             h,
@@ -195,11 +256,15 @@ impl Model {
             log: Arc::default(),
             cfg: RunCfg {
                 streaming: false,
-                shard: None,
+                sel: Sel::ALL,
                 index: false,
                 page: 20,
                 flush_ms: 100,
                 relist: kube_persist::RelistMode::Auto,
+                transform: false,
+                encrypt,
+                retry: true,
+                refuse: false,
             },
             run: 0,
             step: 0,
@@ -216,6 +281,12 @@ impl Model {
             triggers: Vec::new(),
             churned: None,
             delta: delta::Tally::default(),
+            side: None,
+            side_cfg,
+            sharded_server,
+            timing: BTreeMap::new(),
+            unders: 0,
+            side_opened: BTreeMap::new(),
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -228,7 +299,9 @@ impl Model {
             let op = m.pick(steps - step);
             m.history.push(format!("{step}:{op:?}"));
             let started = Instant::now();
+            let kind = op.kind();
             m.apply(step, op).await;
+            m.timed(kind, started);
             m.check(step).await;
             slowest = slowest.max((started.elapsed(), step));
         }
@@ -237,17 +310,27 @@ impl Model {
             let _ = live.task.await;
         }
         m.close_db().await;
+        m.h.faults().clear();
         let kills = m
             .kills
             .iter()
             .map(|(k, (hit, n))| format!("{k} {hit}/{n}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let timing: Vec<String> = m
+            .timing
+            .iter()
+            .map(|(k, d)| format!("{k} {:.0} s", d.as_secs_f64()))
+            .collect();
+        let encrypted = if m.cfg.encrypt { "" } else { "not " };
         let kills = format!(
-            "{kills}; slowest step {} ({:.1} s); {}",
+            "{kills}; slowest step {} ({:.1} s); {}; shards filtered by the {}; {encrypted}encrypted; side streams {:?}; time in {}",
             slowest.1,
             slowest.0.as_secs_f64(),
-            m.delta
+            m.delta,
+            if m.sharded_server { "server" } else { "store" },
+            m.side_opened,
+            timing.join(", ")
         );
         if m.violations > 0 || std::env::var_os("KP_LIFECYCLE_HISTORY").is_some() {
             println!("history ({engine}, seed {seed}): {}", m.history.join(" "));
@@ -264,13 +347,19 @@ impl Model {
         let r = &mut self.rng;
         // Enough restarts whatever the draw: at least one in every five steps.
         let restart = left.is_multiple_of(5) || r.random_bool(0.15);
-        let change = |r: &mut StdRng| match r.random_range(0..9) {
+        let change = |r: &mut StdRng| match r.random_range(0..16) {
             0 => Change::Streaming,
             1 | 2 => Change::Narrow,
             3 => Change::Widen,
             4 => Change::Index,
             5 => Change::Page,
             6 => Change::Durability,
+            7 => Change::Labels,
+            8 => Change::Fields,
+            9 => Change::Transform,
+            10 => Change::Retry,
+            11 => Change::Refuse,
+            12 => Change::Side,
             _ => Change::Nothing,
         };
         if restart {
@@ -280,9 +369,12 @@ impl Model {
                     change: change(r),
                     compact: r.random_bool(0.4),
                     churn: r.random_bool(0.5),
+                    recreates: r.random_range(0..3),
+                    tick: r.random_bool(0.3),
                 },
                 3 | 4 => Op::AbortReopen {
                     burst: r.random_range(5..40),
+                    tick: r.random_bool(0.3),
                 },
                 _ => {
                     let at = match r.random_range(0..6) {
@@ -298,22 +390,33 @@ impl Model {
                     } else {
                         change(r)
                     };
-                    Op::Kill { at, change }
+                    Op::Kill {
+                        at,
+                        change,
+                        recreates: r.random_range(0..3),
+                        tick: r.random_bool(0.3),
+                    }
                 }
             };
         }
-        match r.random_range(0..17) {
+        match r.random_range(0..18) {
+            17 => Op::Busy(recreate::Busy::draw(r)),
             16 => Op::ChangeStorm {
                 outstanding: r.random_range(6..13),
                 seed: r.random(),
             },
-            15 => Op::RelistUnder(r.random_range(2..6)),
+            15 => {
+                self.unders += 1;
+                Op::RelistUnder(delta::Under::draw(r, self.unders))
+            }
             14 => Op::ReadBeside,
             11..=13 => Op::Poke(Poke::draw(r)),
             0..=4 => Op::Churn {
                 creates: r.random_range(0..6),
                 updates: r.random_range(0..10),
                 deletes: r.random_range(0..6),
+                moves: r.random_range(0..5),
+                recreates: r.random_range(0..3),
             },
             5 => Op::Compact,
             6 => Op::Gone,
@@ -330,12 +433,15 @@ impl Model {
                 creates,
                 updates,
                 deletes,
+                moves,
+                recreates,
             } => {
                 // Timed from a store that is live at the watch's head: no relist to wait for.
                 let live = self.live.as_ref().is_some_and(|l| {
                     l.reader.phase() == kube_persist::SyncPhase::Synced && l.reader.is_live()
                 });
                 self.churn(creates, updates, deletes);
+                self.shuffle(moves, recreates);
                 if live {
                     self.churned = Some((Instant::now(), self.h.resource_version()));
                 }
@@ -355,7 +461,7 @@ impl Model {
             }
             Op::WriteRead => self.write_read(step).await,
             Op::ReadBeside => self.read_beside(step).await,
-            Op::RelistUnder(n) => self.relist_under(n).await,
+            Op::RelistUnder(under) => self.relist_under(under).await,
             Op::Poke(poke) => self.poke(poke).await,
             Op::ChangeStorm { outstanding, seed } => {
                 self.change_storm(step, outstanding, seed).await
@@ -367,12 +473,16 @@ impl Model {
                     .await
                     .expect("rebind");
             }
+            Op::Busy(busy) => self.busy(busy).await,
             Op::Stop {
                 new_db,
                 change,
                 compact,
                 churn,
+                recreates,
+                tick,
             } => {
+                self.tick_before_restart(tick).await;
                 self.stop_graceful(step).await;
                 if new_db {
                     self.close_db().await;
@@ -384,10 +494,12 @@ impl Model {
                 if churn {
                     self.churn(2, 5, 2);
                 }
+                self.recreate_some(recreates);
                 self.change(change);
                 self.restart(step).await;
             }
-            Op::AbortReopen { burst } => {
+            Op::AbortReopen { burst, tick } => {
+                self.tick_before_restart(tick).await;
                 let live = self.live.take().expect("a run");
                 // The other stream's burst keeps the disk thread busy while this stream's
                 // batches queue behind it; the task is aborted as soon as the first of them
@@ -397,6 +509,7 @@ impl Model {
                     self.h.churn(BUSY_PODS, 0, 0, self.rng.random());
                 }
                 self.churn(burst / 4, burst, burst / 4);
+                self.recreate_some(burst / 10);
                 let deadline = Instant::now() + Duration::from_secs(2);
                 while live.reader.stats().watch_events == applied && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -405,67 +518,34 @@ impl Model {
                 let _ = live.task.await;
                 self.restart(step).await;
             }
-            Op::Kill { at, change } => self.kill(step, at, change).await,
-        }
-    }
-
-    fn create(&mut self) {
-        let mode = match self.rng.random_range(0..100) {
-            0..=11 => "short",
-            12..=19 => "fail",
-            20..=27 => "slow",
-            28..=35 => "write",
-            _ => "ok",
-        };
-        let name = format!("cm-{}", self.created);
-        self.created += 1;
-        self.h
-            .apply(&ResourceType::configmaps(), cm(&name, mode, "v0"));
-    }
-
-    /// A new version of `name`, if it exists.
-    fn touch(&mut self, name: &str) {
-        let rt = ResourceType::configmaps();
-        if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
-            o["data"]["value"] = json!(format!("v{}", self.jitter.random::<u32>()));
-            self.h.apply(&rt, o);
-        }
-    }
-
-    fn churn(&mut self, creates: usize, updates: usize, deletes: usize) {
-        let rt = ResourceType::configmaps();
-        for _ in 0..creates {
-            self.create();
-        }
-        let mut names: Vec<String> = checks::server_objects(&self.h).into_keys().collect();
-        for _ in 0..updates.min(names.len()) {
-            let name = &names[self.rng.random_range(0..names.len())];
-            if let Some(mut o) = self.h.get(&rt, Some(NS), name) {
-                o["data"]["value"] = json!(format!("v{}", self.rng.random::<u32>()));
-                self.h.apply(&rt, o);
+            Op::Kill {
+                at,
+                change,
+                recreates,
+                tick,
+            } => {
+                self.tick_before_restart(tick).await;
+                self.kill(step, at, change, recreates).await
             }
-        }
-        for _ in 0..deletes.min(names.len()) {
-            let name = names.swap_remove(self.rng.random_range(0..names.len()));
-            self.h.delete(&rt, Some(NS), &name);
         }
     }
 
     fn change(&mut self, change: Change) {
         // Every reopen lists again (after a 410) in a mode of its own.
         self.cfg.relist = delta::draw_mode(&mut self.rng);
+        let created = self.created;
         let cfg = &mut self.cfg;
         match change {
             Change::Nothing => {}
             Change::Streaming => cfg.streaming = !cfg.streaming,
-            Change::Narrow => {
-                cfg.shard = match cfg.shard {
-                    None => Some((self.rng.random_range(0..2), 2)),
-                    Some((i, 2)) => Some((2 * i + self.rng.random_range(0..2), 4)),
-                    other => other,
-                }
-            }
-            Change::Widen => cfg.shard = None,
+            Change::Narrow => cfg.sel.shard = Sel::narrowed(cfg.sel.shard, &mut self.rng),
+            Change::Widen => cfg.sel.shard = None,
+            Change::Labels => cfg.sel.labels = Labels::draw(&mut self.rng),
+            Change::Fields => cfg.sel.fields = Fields::draw(&mut self.rng, created),
+            Change::Transform => cfg.transform = !cfg.transform,
+            Change::Retry => cfg.retry = !cfg.retry,
+            Change::Refuse => cfg.refuse = !cfg.refuse,
+            Change::Side => self.side_cfg = side::SideCfg::draw(&mut self.rng, created),
             Change::Index => cfg.index = !cfg.index,
             Change::Page => cfg.page = self.rng.random_range(5..60),
             Change::Durability => {
@@ -495,207 +575,18 @@ impl Model {
         );
     }
 
-    fn sink(&self, run: usize) -> app::Sink {
-        let log = self.log.clone();
-        Arc::new(move |seen, name, rv, uid| {
-            let mut log = log.lock().unwrap();
-            let rec = Rec {
-                seen,
-                at: Instant::now(),
-                run,
-                name: name.into(),
-                rv: rv.into(),
-                uid: uid.into(),
-            };
-            log.push(rec);
-        })
+    fn timed(&mut self, what: &'static str, since: Instant) {
+        *self.timing.entry(what).or_default() += since.elapsed();
     }
 
-    async fn open_db(&mut self) -> &Db {
-        if self.db.is_none() {
-            let db = self
-                .cfg
-                .open_db(self.engine, self.dir.path())
-                .expect("open the store");
-            // A second stream on the same Db, so that the disk thread has other work queued.
-            let api = Api::<Pod>::all(self.server.client());
-            let (_, watcher) = db
-                .store("busy", api, kube_persist::StreamConfig::default())
-                .unwrap();
-            self.db = Some((db, tokio::spawn(watcher.run())));
-        }
-        &self.db.as_ref().unwrap().0
-    }
-
-    async fn close_db(&mut self) {
-        if let Some((db, busy)) = self.db.take() {
-            busy.abort();
-            let _ = busy.await;
-            db.flush().unwrap();
-        }
-    }
-
-    /// A new run of the controller in this process, at once.
-    async fn start_run(&mut self) {
-        self.run += 1;
-        self.run_started_at_step = self.history.len();
-        self.rc = RunChecks {
-            owned_upto: self.log.lock().unwrap().len(),
-            ..RunChecks::default()
-        };
-        // Requests queued in a run that stopped are lost with it, as in kube-runtime.
-        self.triggers.clear();
-        self.churned = None;
-        let client = self.server.client();
-        let (cfg, sink) = (self.cfg.clone(), self.sink(self.run));
-        self.open_db().await;
-        let db = &self.db.as_ref().expect("open").0;
-        let mut refused = None;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let (requests, requests_rx) = futures::channel::mpsc::unbounded();
-        let (ticks, ticks_rx) = futures::channel::mpsc::unbounded();
-        let mut inputs = Some(app::Inputs {
-            requests: requests_rx.boxed(),
-            ticks: ticks_rx.boxed(),
-        });
-        let c = loop {
-            let i = inputs.take().unwrap_or_else(app::Inputs::none);
-            match app::controller(db, client.clone(), &cfg, i) {
-                Ok(c) => break c,
-                Err(e) if Instant::now() < deadline => {
-                    refused.get_or_insert(e.to_string());
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(e) => panic!("the controller does not open: {e}"),
-            }
-        };
-        if let Some(e) = refused {
-            self.report(
-                self.step,
-                Found {
-                    invariant: "a stream and controller reopen in the same Db at once",
-                    detail: format!("refused at first (then opened on a retry): {e}"),
-                },
-            );
-        }
-        let reader = c.0.reader();
-        let stats = c.0.stats();
-        let consumed = Arc::new(app::Consumed::default());
-        let view = delta::RunView::open(&reader, &consumed);
-        self.history.push(format!(
-            "(run {} opens {:?}, ready {})",
-            self.run,
-            reader.phase(),
-            reader.is_ready()
-        ));
-        let outside = tokio::spawn(app::outside_at_ready(reader.clone(), cfg));
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app::run(c, client, sink, consumed.clone(), async move {
-            let _ = rx.await;
-        }));
-        self.live = Some(Live {
-            reader,
-            requests,
-            ticks,
-            stats,
-            task,
-            stop,
-            outside_at_ready: Some(outside),
-            view,
-            consumed,
-            started: Instant::now(),
-        });
-    }
-
-    async fn restart(&mut self, _step: usize) {
-        self.restarts += 1;
-        self.start_run().await;
-        // Half the restarts get a trigger at once: during the startup pass or the wait for
-        // the store to catch up.
-        if self.rng.random_bool(0.5) {
-            let poke = Poke::draw(&mut self.rng);
-            self.history.push(format!("(at start: {poke:?})"));
-            self.poke(poke).await;
-        }
-    }
-
-    async fn stop_graceful(&mut self, step: usize) {
-        let live = self.live.take().expect("a run");
-        let _ = live.stop.send(());
-        let mut task = live.task;
-        if tokio::time::timeout(Duration::from_secs(20), &mut task)
-            .await
-            .is_err()
-        {
-            self.report(
-                step,
-                Found {
-                    invariant: "a graceful stop finishes",
-                    detail: "the controller still ran 20 s after its shutdown signal".into(),
-                },
-            );
-            task.abort();
-            let _ = task.await;
-        }
-    }
-
-    /// The invariants, once the server is quiescent (nothing changes it during the check).
-    async fn check(&mut self, step: usize) {
-        let Some(live) = &mut self.live else { return };
-        let reader = live.reader.clone();
-        let consumed = live.consumed.clone();
-        let run_started = live.started;
-        let at_ready = match live.outside_at_ready.take_if(|t| t.is_finished()) {
-            Some(t) => t.await.ok().flatten(),
-            None => None,
-        };
-        if let Some(n) = at_ready.filter(|n| *n > 0) {
-            self.report(step, ready_outside(n));
-        }
-        if let Some((at, rv)) = self.churned.take()
-            && let Some(f) = checks::watch_not_held(&reader, at, &rv).await
-        {
-            self.report(step, f);
-        }
-        let cfg = self.cfg.clone();
-        match self.quiesce(&reader, &cfg).await {
-            Err(f) => self.report(step, f),
-            Ok(()) => {
-                let since = Instant::now();
-                let server = checks::server_objects(&self.h);
-                for f in checks::store_matches(&reader, &cfg, &server) {
-                    self.report(step, f);
-                }
-                for f in checks::async_reads_match(&reader).await {
-                    self.report(step, f);
-                }
-                let log = self.log.clone();
-                let mut rc = std::mem::take(&mut self.rc);
-                let found = checks::reconciled(&log, &cfg, &server, since, &mut rc).await;
-                self.rc = rc;
-                for f in found {
-                    self.report(step, f);
-                }
-                let mut triggers = std::mem::take(&mut self.triggers);
-                for f in checks::triggered(&log, &cfg, &server, &mut triggers).await {
-                    self.report(step, f);
-                }
-                if let Some((db, _)) = self.db.as_ref() {
-                    for f in checks::records(db, &reader).await {
-                        self.report(step, f);
-                    }
-                }
-                if let Some(f) = checks::consumers_started(&consumed, run_started).await {
-                    self.report(step, f);
-                }
-                self.check_delta(step);
-            }
-        }
-        let mut rc = std::mem::take(&mut self.rc);
-        let found = checks::owned_only(&self.log, self.run, &cfg, &mut rc);
-        self.rc = rc;
-        for f in found {
-            self.report(step, f);
+    /// The faults a run keeps: every delta fetch refused (403) while it lasts, if its
+    /// configuration says so (the others cleared).
+    fn run_faults(&self) {
+        let faults = self.h.faults();
+        if self.cfg.refuse {
+            faults.fail_named_lists(1, 403);
+        } else {
+            faults.fail_named_lists(0, 0);
         }
     }
 }

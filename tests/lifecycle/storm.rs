@@ -158,7 +158,7 @@ impl Model {
         let server = checks::server_objects(&self.h);
         let owned: BTreeMap<String, String> = server
             .iter()
-            .filter(|(_, o)| self.cfg.owns(&o.uid))
+            .filter(|(_, o)| self.cfg.selects(&o.meta))
             .map(|(n, o)| (n.clone(), o.mode.clone()))
             .collect();
         let marked: BTreeSet<String> = owned

@@ -15,7 +15,7 @@ use crate::checks::{self, Found};
 
 impl Model {
     /// Writes an object and reads it back once `wait_for_resource_version` says the store
-    /// holds that version: it must (or a newer one), if the object is in the shard.
+    /// holds that version: it must (or a newer one), if the object is in the selection.
     pub(super) async fn write_read(&mut self, step: usize) {
         let Some(reader) = self.live.as_ref().map(|l| l.reader.clone()) else {
             return;
@@ -35,10 +35,7 @@ impl Model {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let uid = written["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let meta = crate::select::Meta::of_json(&written);
         if let Err(e) = reader
             .wait_for_resource_version(Some(NS), &name, &rv, checks::SYNC_WAIT)
             .await
@@ -48,7 +45,7 @@ impl Model {
                 checks::found("wait_for_resource_version resolves", e.to_string()),
             );
         }
-        if !self.cfg.owns(&uid) {
+        if !self.cfg.selects(&meta) {
             return;
         }
         let stored = reader
