@@ -234,10 +234,15 @@ where
             match triggers.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(Trigger::Request(req))))
                     if self.startup_pending
-                        && matches!(req.reason, ReconcileReason::ObjectUpdated) =>
+                        && matches!(req.reason, ReconcileReason::ObjectUpdated)
+                        && !self.running_refs.contains(&req.obj_ref) =>
                 {
                     // Stored before the startup pass reads its key: the pass reconciles it,
                     // in its order (longest owed first), not in the order of the replay.
+                    // Not so for an object being read or reconciled (a resumed ticks' pass,
+                    // a related trigger): the record that reconcile writes when it ends
+                    // would outlive a delete the pass has already seen, so the change is
+                    // scheduled, and runs after it (a read that finds no object forgets).
                     tracing::trace!(object = %req.obj_ref, "change left to the startup pass");
                 }
                 Poll::Ready(Some(Ok(Trigger::Request(req)))) => {
