@@ -6,7 +6,6 @@
 //! stored); and no more fetches are in flight than `FETCHES_IN_FLIGHT` per stream and
 //! `FETCHES_PER_DIRECTORY` per directory.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube_persist::{Engine, RelistMode, StreamConfig, SyncPhase};
@@ -33,16 +32,7 @@ async fn a_fetch_answered_404_lists_the_rest_in_full(engine: Engine) {
         h.faults().fail_named_lists(1, 404)
     })
     .await;
-    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
-    assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
-    assert_eq!(o.applied(), o.changed, "Apply events: exactly the changes");
-    assert_eq!(o.stats.delta_fallbacks, 1, "{:?}", o.stats);
-    assert_eq!(o.stats.bodies_fetched, 0, "{:?}", o.stats);
-    assert!(
-        o.stats.list_pages > o.stats.metadata_pages,
-        "pages in full: {:?}",
-        o.stats
-    );
+    o.assert_fell_back_exactly();
 }
 
 /// (5) A server that ignores the field selector of a fetch answers the whole collection,
@@ -54,20 +44,7 @@ async fn a_server_ignoring_the_fetch_selector_lists_the_rest_in_full(engine: Eng
         h.faults().ignore_named_field_selector(true)
     })
     .await;
-    assert_eq!(o.stats.delta_fallbacks, 1, "{:?}", o.stats);
-    assert_eq!(
-        o.stats.bodies_fetched, 0,
-        "no body of such an answer is taken: {:?}",
-        o.stats
-    );
-    assert!(
-        o.stats.list_pages > o.stats.metadata_pages,
-        "pages in full: {:?}",
-        o.stats
-    );
-    assert_eq!(o.applied(), o.changed, "Apply events: exactly the changes");
-    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
-    assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
+    o.assert_fell_back_exactly();
 }
 
 /// (5) A server that answers fetches from a stale cache (it ignores

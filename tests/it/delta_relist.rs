@@ -132,6 +132,32 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
+    /// The relist fell back to full pages once, took no fetched body, and gave exactly
+    /// the changes as `Apply` and the deletions as `Delete` events.
+    pub(crate) fn assert_fell_back_exactly(&self) {
+        assert_eq!(self.stats.delta_fallbacks, 1, "{:?}", self.stats);
+        assert_eq!(
+            self.stats.bodies_fetched, 0,
+            "no fetched body taken: {:?}",
+            self.stats
+        );
+        assert!(
+            self.stats.list_pages > self.stats.metadata_pages,
+            "pages in full: {:?}",
+            self.stats
+        );
+        assert_eq!(
+            self.applied(),
+            self.changed,
+            "Apply events: exactly the changes"
+        );
+        let deleted: BTreeSet<String> = deleted_keys(&self.events).into_iter().collect();
+        assert_eq!(
+            deleted, self.deleted,
+            "Delete events: exactly the deletions"
+        );
+    }
+
     pub(crate) fn applied(&self) -> BTreeSet<String> {
         self.events
             .iter()

@@ -157,16 +157,7 @@ async fn refused_fetches_list_the_rest_in_full(engine: Engine) {
         h.faults().fail_named_lists(1, 403)
     })
     .await;
-    assert_eq!(o.stats.delta_fallbacks, 1, "{:?}", o.stats);
-    assert_eq!(o.stats.bodies_fetched, 0);
-    assert!(
-        o.stats.list_pages > o.stats.metadata_pages,
-        "pages in full: {:?}",
-        o.stats
-    );
-    assert_eq!(o.applied(), o.changed, "Apply events: exactly the changes");
-    let deleted: BTreeSet<String> = deleted_keys(&o.events).into_iter().collect();
-    assert_eq!(deleted, o.deleted, "Delete events: exactly the deletions");
+    o.assert_fell_back_exactly();
 }
 
 /// (2) A server that refuses metadata-only pages (406: it cannot serve that
