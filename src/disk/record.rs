@@ -27,6 +27,10 @@ pub(crate) const READABLE_FORMATS: &[u32] = &[2];
 /// far above any object the API server stores (etcd's limit is 1.5 MiB by default).
 const MAX_BODY_BYTES: usize = 256 << 20;
 
+/// The most an LZ4 block can expand: a run of one byte encodes 255 bytes per byte of
+/// block, plus a few bytes of literals around it.
+const LZ4_MAX_RATIO: usize = 256;
+
 /// How a stored body is packed before encryption: one byte in the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Codec {
@@ -148,8 +152,13 @@ fn unzstd(data: &[u8]) -> Result<Vec<u8>, String> {
 fn unlz4(data: &[u8]) -> Result<Vec<u8>, String> {
     let (size, block) = lz4_flex::block::uncompressed_size(data)
         .map_err(|e| format!("compressed body has no valid size: {e}"))?;
-    if size > MAX_BODY_BYTES {
-        return Err(format!("compressed body claims {size} bytes"));
+    // LZ4 expands a block at most ~255 times: a larger claim is damage, refused before
+    // anything is allocated for it.
+    if size > MAX_BODY_BYTES || size > block.len().saturating_mul(LZ4_MAX_RATIO) + 16 {
+        return Err(format!(
+            "compressed body of {} bytes claims {size} bytes",
+            block.len()
+        ));
     }
     let mut out = vec![0; size];
     let n = lz4_flex::block::decompress_into(block, &mut out)
@@ -211,11 +220,10 @@ fn aad(key: &[u8], resource_version: &str, uid: &str, epoch: u64, codec: u8) -> 
     aad
 }
 
-/// Decode the head of an encoded [`Record`], ignoring the body that follows.
+/// Decode the head of an encoded [`Record`], ignoring the body that follows. Bounded like
+/// [`decode`].
 pub(crate) fn decode_head(bytes: &[u8]) -> Result<RecordHead, String> {
-    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-        .map(|(head, _)| head)
-        .map_err(|e| e.to_string())
+    bounded_decode(bytes).map(|(head, _)| head)
 }
 
 /// A body compressed for its record: the codec and the compressed bytes, or `None` when
@@ -369,11 +377,70 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
         .expect("encoding plain structs into a Vec cannot fail")
 }
 
+/// Decode a whole value read from disk (any trailing byte is an error).
+///
+/// Bounded: bincode allocates the length a string or byte buffer claims before it reads
+/// it, so one damaged length prefix (`0xFD` and eight bytes claim ~4e18 bytes) would abort
+/// the process on the failed allocation, which no unwinding catches. Every decode runs with
+/// a limit on the bytes its strings and buffers may claim in total, the smallest
+/// [`LIMITS`] step at or above the input's length: a valid encoding never claims more than
+/// it holds, so a damaged one fails with "limit exceeded" instead of allocating (at most 4x
+/// the input). Sequences are preallocated by serde's cautious size hint (at most 1 MiB each).
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    match bincode::serde::decode_from_slice(bytes, bincode::config::standard()) {
+    match bounded_decode(bytes) {
         Ok((v, used)) if used == bytes.len() => Ok(v),
         Ok((_, used)) => Err(format!("record has {} trailing bytes", bytes.len() - used)),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The largest value [`decode`] reads: far above any record this crate writes (an object
+/// body is at most etcd's request limit, 1.5 MiB by default, an index's entry list a few
+/// bytes per object).
+const MAX_RECORD_BYTES: usize = 1 << 30;
+
+/// The limits [`decode`] picks from (powers of four from 256 bytes to [`MAX_RECORD_BYTES`]):
+/// bincode takes its limit as a constant.
+const LIMITS: [usize; 12] = [
+    1 << 8,
+    1 << 10,
+    1 << 12,
+    1 << 14,
+    1 << 16,
+    1 << 18,
+    1 << 20,
+    1 << 22,
+    1 << 24,
+    1 << 26,
+    1 << 28,
+    MAX_RECORD_BYTES,
+];
+
+/// Decode `T` from the front of `bytes` with bincode's limit at the [`LIMITS`] step that
+/// holds `bytes`: the value and the bytes it used.
+fn bounded_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), String> {
+    fn with<T: DeserializeOwned, const N: usize>(bytes: &[u8]) -> Result<(T, usize), String> {
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard().with_limit::<N>())
+            .map_err(|e| e.to_string())
+    }
+    const _: () = assert!(LIMITS[11] == MAX_RECORD_BYTES);
+    match LIMITS.iter().position(|&l| bytes.len() <= l) {
+        Some(0) => with::<T, { LIMITS[0] }>(bytes),
+        Some(1) => with::<T, { LIMITS[1] }>(bytes),
+        Some(2) => with::<T, { LIMITS[2] }>(bytes),
+        Some(3) => with::<T, { LIMITS[3] }>(bytes),
+        Some(4) => with::<T, { LIMITS[4] }>(bytes),
+        Some(5) => with::<T, { LIMITS[5] }>(bytes),
+        Some(6) => with::<T, { LIMITS[6] }>(bytes),
+        Some(7) => with::<T, { LIMITS[7] }>(bytes),
+        Some(8) => with::<T, { LIMITS[8] }>(bytes),
+        Some(9) => with::<T, { LIMITS[9] }>(bytes),
+        Some(10) => with::<T, { LIMITS[10] }>(bytes),
+        Some(_) => with::<T, { LIMITS[11] }>(bytes),
+        None => Err(format!(
+            "record is {} bytes, above the {MAX_RECORD_BYTES} any record may be",
+            bytes.len()
+        )),
     }
 }
 
@@ -403,6 +470,44 @@ mod tests {
             ("42", "u", 3)
         );
         assert_eq!(view.body, r.body.as_slice());
+    }
+
+    /// A length prefix claiming ~4e18 bytes (varint tag 0xFD, then a u64) in front of any
+    /// string or buffer: refused as an error, never allocated (which aborts the process).
+    #[test]
+    fn damaged_length_prefixes_are_errors_not_allocations() {
+        let r = Record {
+            resource_version: "42".into(),
+            uid: "u".into(),
+            epoch: 3,
+            codec: Codec::Lz4 as u8,
+            body: vec![7; 40],
+        };
+        let good = encode(&r);
+        let huge = [0xFD, 0, 0, 0, 0, 0, 0, 0, 0x3F];
+        // Each field's length prefix in turn (rv at 0, uid at 3, body's after epoch/codec).
+        for at in [0, 3, 7] {
+            let mut bad = good[..at].to_vec();
+            bad.extend_from_slice(&huge);
+            bad.extend_from_slice(&good[at + 1..]);
+            assert!(decode::<Record>(&bad).is_err(), "prefix at {at}");
+            assert!(
+                decode_head(&bad).is_err() || at == 7,
+                "head, prefix at {at}"
+            );
+            assert!(decode_ref(&bad).is_err(), "borrowed, prefix at {at}");
+        }
+        assert!(decode::<String>(&huge).is_err());
+        assert!(decode::<Vec<String>>(&[0xFD, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]).is_err());
+        assert!(
+            decode::<Option<Vec<u8>>>(&[1, 0xFD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F])
+                .is_err()
+        );
+        // A small LZ4 block claiming 200 MiB (under the body cap) is refused before allocating.
+        let mut lz = (200u32 << 20).to_le_bytes().to_vec();
+        lz.extend_from_slice(&[0x1F, 0x41, 1, 0, 0xFF, 0xFF]);
+        let err = unpack(Codec::Lz4 as u8, std::borrow::Cow::Borrowed(&lz)).unwrap_err();
+        assert!(err.contains("claims"), "{err}");
     }
 
     #[test]
