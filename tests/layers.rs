@@ -48,7 +48,7 @@ const LAYERS: &[&str] = &[
 ];
 
 /// Files at the root of `src/`: the top layer.
-const TOP_FILES: &[&str] = &["lib", "db", "metrics"];
+const TOP_FILES: &[&str] = &["lib", "db", "fuzz", "metrics"];
 
 /// The object key tags of a stream's keyspace, defined in `disk/keys.rs`: only `store/`
 /// builds keys with them.

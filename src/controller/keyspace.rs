@@ -541,6 +541,16 @@ pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates>
     })))
 }
 
+/// Every decoder of a controller's records (identity, counts, object records, passes) on
+/// arbitrary bytes: for the fuzz targets (`fuzz/`).
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_decode(bytes: &[u8]) {
+    let _ = record::decode::<ReconcileRecord>(bytes);
+    let _ = record::decode::<ControllerIdentity>(bytes);
+    let _ = record::decode::<Counts>(bytes);
+    let _ = record::decode::<PassRecord>(bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -323,13 +323,15 @@ impl Record {
     }
 }
 
-/// The one "corrupt record" error: the value at `key` (a whole key, tag first) in the store at
-/// `path` does not decode or does not open.
-pub(crate) fn corrupt(path: &Path, key: &[u8], detail: impl std::fmt::Display) -> Error {
-    Error::Corrupt {
-        path: path.to_path_buf(),
-        detail: format!("{}: {detail}", describe(key)),
-    }
+/// The one "corrupt record" error: the value at `key` (a whole key, tag first) of stream
+/// `stream` in the store at `path` does not decode or does not open.
+pub(crate) fn corrupt(
+    path: &Path,
+    stream: &str,
+    key: &[u8],
+    detail: impl std::fmt::Display,
+) -> Error {
+    corrupt_in(path, &format!("stream {stream:?}"), key, detail)
 }
 
 /// [`corrupt`] for a record of a named keyspace (`stream "pods"`, `controller state "x"`),
@@ -442,6 +444,29 @@ fn bounded_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), Strin
             bytes.len()
         )),
     }
+}
+
+/// Every decoder of this module on arbitrary bytes, as read from disk: the record envelope
+/// (owned, head, borrowed, and its body opened with every codec, sealed or not) and the
+/// plain values other records are made of. For the fuzz targets (`fuzz/`); an error is
+/// fine, an abort or a panic is the bug.
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_decode(bytes: &[u8]) {
+    let _ = decode::<Record>(bytes).map(|r| r.open(b"o\0k", None));
+    let _ = decode_head(bytes);
+    if let Ok(view) = decode_ref(bytes) {
+        let _ = view.open(b"o\0k", None);
+        #[cfg(feature = "encryption")]
+        if let Ok(c) = crate::disk::EncryptionKey::from_bytes([7; 32]).cipher() {
+            let _ = view.open(b"o\0k", Some(&c));
+        }
+    }
+    for codec in [Codec::Plain, Codec::Zstd, Codec::Lz4] {
+        let _ = unpack(codec as u8, std::borrow::Cow::Borrowed(bytes));
+    }
+    let _ = decode::<String>(bytes);
+    let _ = decode::<Option<Vec<u8>>>(bytes);
+    let _ = decode::<Vec<String>>(bytes);
 }
 
 #[cfg(test)]

@@ -155,7 +155,7 @@ pub(super) fn raw_get(
     let (backend, cipher) = readable(dir, stream)?;
     let key = keys::tagged(OBJECT, &keys::object_suffix(namespace, name));
     match backend.get(&key)? {
-        Some(v) => open_record(dir, &key, &v, cipher.as_deref()).map(Some),
+        Some(v) => open_record(dir, stream, &key, &v, cipher.as_deref()).map(Some),
         None => Ok(None),
     }
 }
@@ -175,10 +175,10 @@ pub(super) fn raw_objects(dir: &Dir, stream: &str, after: Option<&str>) -> Resul
         start = keys::tagged(OBJECT, &keys::object_suffix(ns, name));
         start.push(0);
     }
-    let db = dir.clone();
+    let (db, stream) = (dir.clone(), stream.to_string());
     Ok(Box::new(backend.range(&start, &end).map(move |entry| {
         let (k, v) = entry?;
-        let body = open_record(&db, &k, &v, cipher.as_deref())?;
+        let body = open_record(&db, &stream, &k, &v, cipher.as_deref())?;
         Ok((keys::display(&k[1..]), body))
     })))
 }
@@ -201,6 +201,7 @@ pub(super) fn stored_versions(dir: &Dir, stream: &str) -> Result<StoredVersions>
     Ok(StoredVersions {
         backend: stream_keyspace(dir, stream)?,
         path: dir.inner.path.clone(),
+        stream: stream.to_string(),
     })
 }
 
@@ -222,8 +223,14 @@ fn readable(dir: &Dir, stream: &str) -> Result<Readable> {
     Ok((backend, cipher))
 }
 
-fn open_record(dir: &Dir, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> Result<Vec<u8>> {
-    let corrupt = |detail: String| record::corrupt(&dir.inner.path, key, detail);
+fn open_record(
+    dir: &Dir,
+    stream: &str,
+    key: &[u8],
+    value: &[u8],
+    cipher: Option<&Cipher>,
+) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| record::corrupt(&dir.inner.path, stream, key, detail);
     let rec: Record = record::decode(value).map_err(corrupt)?;
     rec.open(key, cipher).map_err(corrupt)
 }
@@ -234,6 +241,7 @@ fn open_record(dir: &Dir, key: &[u8], value: &[u8], cipher: Option<&Cipher>) -> 
 pub(crate) struct StoredVersions {
     backend: Arc<dyn Backend>,
     path: std::path::PathBuf,
+    stream: String,
 }
 
 impl StoredVersions {
@@ -254,8 +262,8 @@ impl StoredVersions {
         let (start, end) = keys::range(OBJECT, None);
         for entry in self.backend.range(&start, &end) {
             let (key, value) = entry?;
-            let head =
-                record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+            let head = record::decode_ref(&value)
+                .map_err(|d| record::corrupt(&self.path, &self.stream, &key, d))?;
             f(&key[1..], head.resource_version.to_string(), head.uid);
         }
         Ok(())
@@ -265,6 +273,6 @@ impl StoredVersions {
     fn head_version(&self, key: &[u8], value: &[u8]) -> Result<String> {
         record::decode_ref(value)
             .map(|r| r.resource_version.to_string())
-            .map_err(|detail| record::corrupt(&self.path, key, detail))
+            .map_err(|detail| record::corrupt(&self.path, &self.stream, key, detail))
     }
 }

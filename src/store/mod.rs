@@ -25,6 +25,8 @@ pub(crate) use reader::StoredHead;
 pub use reader::{ByIndex, Iter, Reader};
 pub use status::SyncPhase;
 pub(crate) use status::{Status, StatusTx};
+#[cfg(any(fuzzing, test))]
+pub(crate) use stream_state::fuzz_decode;
 pub(crate) use stream_state::{Identity, Phase, State};
 pub(crate) use writer::{Body, Change, Incoming, IndexEntries, ListProgress, Op, Writer};
 

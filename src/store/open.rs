@@ -59,6 +59,7 @@ where
     let mut writer = Writer::new(WriterParts {
         backend: opened.backend.clone(),
         path: path.clone(),
+        stream: name.to_string(),
         state: opened.state,
         status: tx,
         stats: stats.clone(),
@@ -66,7 +67,7 @@ where
         cipher: cipher.clone(),
         lease: opened.lease,
     });
-    let reader = Reader::new(opened.backend, path, rx, stats.clone(), cache, cipher);
+    let reader = Reader::new(opened.backend, path, name, rx, stats.clone(), cache, cipher);
     writer.set_fetched_through(fetched_through);
     // A narrowed shard still holding objects it no longer owns is not ready.
     writer.set_pruning(writer.prune_pending()?.is_some());

@@ -154,6 +154,15 @@ impl Identity {
     }
 }
 
+/// Every decoder of the stream's own records (state, identity, an object's index entries)
+/// on arbitrary bytes: for the fuzz targets (`fuzz/`).
+#[cfg(any(fuzzing, test))]
+pub(crate) fn fuzz_decode(bytes: &[u8]) {
+    let _ = crate::disk::record::decode::<State>(bytes);
+    let _ = crate::disk::record::decode::<Identity>(bytes);
+    let _ = crate::disk::record::decode::<super::IndexEntries>(bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,7 @@ pub struct StreamConfig {
     pub(crate) timeout: u32,
     pub(crate) validate: bool,
     pub(crate) max_object_bytes: usize,
+    pub(crate) max_page_bytes: usize,
     pub(crate) min_backoff: Duration,
     pub(crate) max_backoff: Duration,
     pub(crate) relist_jitter: Duration,
@@ -83,6 +84,7 @@ impl Default for StreamConfig {
             timeout: 290,
             validate: true,
             max_object_bytes: 16 << 20,
+            max_page_bytes: 1 << 30,
             min_backoff: Duration::from_millis(800),
             max_backoff: Duration::from_secs(30),
             relist_jitter: Duration::from_secs(1),
@@ -413,6 +415,36 @@ impl StreamConfig {
     pub fn max_object_bytes(mut self, bytes: usize) -> Self {
         self.max_object_bytes = bytes.max(1 << 10);
         self
+    }
+
+    /// The largest LIST page read, in bytes of JSON (default 1 GiB): a page the server makes
+    /// longer is not read past this bound but fails the list (`Error::Protocol`, retried with
+    /// backoff), so that a server that sends without end (a broken proxy, an aggregated API
+    /// that ignores `limit`, a hostile endpoint) cannot exhaust the process's memory. Watch
+    /// lines and a delta relist's fetches are bounded by [`StreamConfig::max_object_bytes`].
+    /// At least `max_object_bytes` plus 64 KiB (one object and its list envelope); lower
+    /// [`StreamConfig::page_size`] rather than this if pages of large objects exceed it.
+    ///
+    /// ```
+    /// use kube_persist::StreamConfig;
+    /// assert_eq!(StreamConfig::default().get_max_page_bytes(), 1 << 30);
+    /// let cfg = StreamConfig::default().max_object_bytes(1 << 20).max_page_bytes(64 << 20);
+    /// assert_eq!(cfg.get_max_page_bytes(), 64 << 20);
+    /// assert_eq!(cfg.max_page_bytes(0).get_max_page_bytes(), (1 << 20) + (64 << 10));
+    /// ```
+    pub fn max_page_bytes(mut self, bytes: usize) -> Self {
+        self.max_page_bytes = bytes;
+        self
+    }
+
+    /// The largest LIST page read ([`StreamConfig::max_page_bytes`]).
+    ///
+    /// ```
+    /// assert_eq!(kube_persist::StreamConfig::default().get_max_page_bytes(), 1 << 30);
+    /// ```
+    pub fn get_max_page_bytes(&self) -> usize {
+        self.max_page_bytes
+            .max(self.max_object_bytes.saturating_add(64 << 10))
     }
 
     /// How many `ResourceVersionTooLarge` answers (a lagging API server replica) to retry

@@ -166,3 +166,59 @@ pub fn modes_below(dir: &std::path::Path) -> std::collections::BTreeMap<std::pat
     }
     out
 }
+
+/// Every `(keyspace, key, value)` of a closed store, in keyspace then key order, read with
+/// the engine's own API (sled's default tree, which the store does not use, left out).
+pub fn raw_records(engine: Engine, dir: &std::path::Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    match engine {
+        Engine::Sled => {
+            wait_unlocked(dir);
+            let raw = ::sled::open(dir).expect("opening the sled store");
+            for name in raw.tree_names() {
+                let name = String::from_utf8(name.to_vec()).expect("tree names are UTF-8");
+                if name == "__sled__default" {
+                    continue;
+                }
+                for kv in raw.open_tree(&name).unwrap().iter() {
+                    let (k, v) = kv.unwrap();
+                    out.push((name.clone(), k.to_vec(), v.to_vec()));
+                }
+            }
+        }
+        Engine::Redb => {
+            use ::redb::{ReadableDatabase, ReadableTable, TableHandle};
+            let raw = ::redb::Database::open(dir.join("data.redb")).unwrap();
+            let txn = raw.begin_read().unwrap();
+            for handle in txn.list_tables().unwrap() {
+                let def = ::redb::TableDefinition::<&[u8], &[u8]>::new(handle.name());
+                let table = txn.open_table(def).unwrap();
+                for kv in table.iter().unwrap() {
+                    let (k, v) = kv.unwrap();
+                    out.push((
+                        handle.name().to_string(),
+                        k.value().to_vec(),
+                        v.value().to_vec(),
+                    ));
+                }
+            }
+        }
+        other => panic!("no raw access to the {other} engine in this test"),
+    }
+    out.sort();
+    out
+}
+
+/// Copy the store directory `from` (files and folders, no links) to `to` (created).
+pub fn copy_store(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_store(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}

@@ -25,6 +25,7 @@ mod at_rest;
 mod budget;
 mod controller;
 mod crash;
+mod damage;
 mod debounce;
 mod delta_fetch;
 mod delta_relist;
@@ -33,6 +34,7 @@ mod deploy_manifests;
 mod faults;
 mod held_pass;
 mod indexes;
+mod list_bound;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod msrv;

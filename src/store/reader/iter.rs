@@ -119,14 +119,15 @@ impl<T: DeserializeOwned + Send + Sync + 'static> Iter<T> {
             Ok(()) => reader.backend.range(start, end),
             Err(e) => Box::new(std::iter::once(Err(e))),
         };
-        let (path, cipher, stats) = (
+        let (path, stream, cipher, stats) = (
             reader.path.clone(),
+            reader.stream.clone(),
             reader.cipher.clone(),
             reader.stats.clone(),
         );
         let decode: MapFn<Result<Arc<T>>> = Arc::new(move |(k, v)| {
             Counters::add(&stats.decodes, 1);
-            decode_value::<T>(&path, &k, &v, cipher.as_deref()).map(|(t, _)| Arc::new(t))
+            decode_value::<T>(&path, &stream, &k, &v, cipher.as_deref()).map(|(t, _)| Arc::new(t))
         });
         Iter {
             ahead: ReadAhead::new(

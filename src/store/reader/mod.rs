@@ -73,6 +73,8 @@ pub(crate) struct StoredHead {
 pub struct Reader<K> {
     backend: Arc<dyn Backend>,
     path: Arc<PathBuf>,
+    /// The stream's name (errors name it).
+    stream: Arc<str>,
     status: watch::Receiver<Status>,
     stats: Arc<Counters>,
     cache: Arc<HotCache>,
@@ -89,6 +91,7 @@ impl<K> Clone for Reader<K> {
         Reader {
             backend: self.backend.clone(),
             path: self.path.clone(),
+            stream: self.stream.clone(),
             status: self.status.clone(),
             stats: self.stats.clone(),
             cache: self.cache.clone(),
@@ -116,6 +119,7 @@ where
     pub(crate) fn new(
         backend: Arc<dyn Backend>,
         path: PathBuf,
+        stream: &str,
         status: watch::Receiver<Status>,
         stats: Arc<Counters>,
         cache: Arc<HotCache>,
@@ -124,6 +128,7 @@ where
         Reader {
             backend,
             path: Arc::new(path),
+            stream: stream.into(),
             status,
             stats,
             cache,
@@ -168,7 +173,8 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let head = record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+        let head = record::decode_ref(&value)
+            .map_err(|d| record::corrupt(&self.path, &self.stream, &key, d))?;
         Ok(Some(head.resource_version.to_string()))
     }
 
@@ -183,7 +189,8 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let head = record::decode_ref(&value).map_err(|d| record::corrupt(&self.path, &key, d))?;
+        let head = record::decode_ref(&value)
+            .map_err(|d| record::corrupt(&self.path, &self.stream, &key, d))?;
         Ok(Some((
             head.resource_version.to_string(),
             head.uid.to_string(),
@@ -272,7 +279,13 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let (obj, json_len) = decode_value::<K>(&self.path, &key, &value, self.cipher.as_deref())?;
+        let (obj, json_len) = decode_value::<K>(
+            &self.path,
+            &self.stream,
+            &key,
+            &value,
+            self.cipher.as_deref(),
+        )?;
         Counters::add(&self.stats.decodes, 1);
         let obj = Arc::new(obj);
         if let Some(g) = generation {
@@ -297,7 +310,13 @@ where
         let Some(value) = self.backend.get(&key)? else {
             return Ok(None);
         };
-        let body = open_body(&self.path, &key, &value, self.cipher.as_deref())?;
+        let body = open_body(
+            &self.path,
+            &self.stream,
+            &key,
+            &value,
+            self.cipher.as_deref(),
+        )?;
         Ok(Some(body.into_owned()))
     }
 
@@ -330,8 +349,14 @@ where
         match self.backend.get(&key)? {
             Some(value) => {
                 Counters::add(&self.stats.decodes, 1);
-                decode_value::<T>(&self.path, &key, &value, self.cipher.as_deref())
-                    .map(|(t, _)| Some(t))
+                decode_value::<T>(
+                    &self.path,
+                    &self.stream,
+                    &key,
+                    &value,
+                    self.cipher.as_deref(),
+                )
+                .map(|(t, _)| Some(t))
             }
             None => Ok(None),
         }
@@ -349,7 +374,8 @@ where
         let mut out = Vec::with_capacity(limit.min(1024));
         for entry in keys::chunk(&*self.backend, OBJECT, after.as_deref(), limit) {
             let (k, v) = entry?;
-            let head = record::decode_ref(&v).map_err(|d| record::corrupt(&self.path, &k, d))?;
+            let head = record::decode_ref(&v)
+                .map_err(|d| record::corrupt(&self.path, &self.stream, &k, d))?;
             let head = StoredHead {
                 resource_version: head.resource_version.to_string(),
                 uid: head.uid.to_string(),
@@ -1199,11 +1225,12 @@ where
 /// (and decrypted).
 fn open_body<'v>(
     path: &std::path::Path,
+    stream: &str,
     key: &[u8],
     value: &'v [u8],
     cipher: Option<&Cipher>,
 ) -> Result<std::borrow::Cow<'v, [u8]>> {
-    let corrupt = |detail: String| record::corrupt(path, key, detail);
+    let corrupt = |detail: String| record::corrupt(path, stream, key, detail);
     record::decode_ref(value)
         .map_err(corrupt)?
         .open(key, cipher)
@@ -1215,17 +1242,18 @@ fn open_body<'v>(
 /// simd-json from that (mutable) buffer; serde_json only reports what simd-json refused.
 fn decode_value<T: DeserializeOwned>(
     path: &std::path::Path,
+    stream: &str,
     key: &[u8],
     value: &[u8],
     cipher: Option<&Cipher>,
 ) -> Result<(T, usize)> {
-    let mut buf = open_body(path, key, value, cipher)?.into_owned();
+    let mut buf = open_body(path, stream, key, value, cipher)?.into_owned();
     let len = buf.len();
     match crate::model::decode_in_place::<T>(&mut buf) {
         Ok(t) => Ok((t, len)),
         Err(simd) => {
             // simd-json rewrote the buffer in place: read the body again for the error.
-            let body = open_body(path, key, value, cipher)?;
+            let body = open_body(path, stream, key, value, cipher)?;
             match serde_json::from_slice::<T>(&body) {
                 Ok(t) => {
                     tracing::debug!(key = %keys::display(&key[1..]), error = %simd,

@@ -10,7 +10,7 @@ use super::index::IndexEntries;
 use crate::disk::keys::{self, ENTRIES, INDEXES_KEY, OBJECT, PRUNE_KEY};
 use crate::disk::record::{self, Record};
 use crate::disk::{Backend, Cipher};
-use crate::model::{Error, Result};
+use crate::model::Result;
 
 /// What a batch needs of a stored (or earlier written) record.
 #[derive(Debug, Clone)]
@@ -24,19 +24,21 @@ pub(super) struct Head {
 pub(super) struct Keyspace {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) path: PathBuf,
+    /// The stream's name, for errors.
+    pub(super) stream: String,
     pub(super) cipher: Option<Arc<Cipher>>,
 }
 
 impl Keyspace {
     /// A stored record, decoded.
     pub(super) fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<Record> {
-        record::decode(value).map_err(|d| record::corrupt(&self.path, key, d))
+        record::decode(value).map_err(|d| record::corrupt(&self.path, &self.stream, key, d))
     }
 
     /// A stored record's plaintext JSON body (decrypted, decompressed).
     pub(super) fn open_body(&self, key: &[u8], rec: Record) -> Result<Vec<u8>> {
         rec.open(key, self.cipher.as_deref())
-            .map_err(|detail| record::corrupt(&self.path, key, detail))
+            .map_err(|detail| record::corrupt(&self.path, &self.stream, key, detail))
     }
 
     /// Whether any object record is stored.
@@ -57,8 +59,8 @@ impl Keyspace {
         let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let mut out = vec![None; keys.len()];
         self.backend.get_each(&refs, &mut |i, value| {
-            let r =
-                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
+            let r = record::decode_head(value)
+                .map_err(|d| record::corrupt(&self.path, &self.stream, &keys[i], d))?;
             out[i] = Some(r.resource_version);
             Ok(())
         })?;
@@ -78,8 +80,8 @@ impl Keyspace {
         let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         self.backend.get_each(&refs, &mut |i, value| {
             let suffix = &keys[i][1..];
-            let r =
-                record::decode_head(value).map_err(|d| record::corrupt(&self.path, &keys[i], d))?;
+            let r = record::decode_head(value)
+                .map_err(|d| record::corrupt(&self.path, &self.stream, &keys[i], d))?;
             heads.insert(
                 suffix.to_vec(),
                 Head {
@@ -104,7 +106,9 @@ impl Keyspace {
         }
         let key = keys::tagged(ENTRIES, suffix);
         match self.backend.get(&key)? {
-            Some(v) => record::decode(&v).map_err(|d| record::corrupt(&self.path, &key, d)),
+            Some(v) => {
+                record::decode(&v).map_err(|d| record::corrupt(&self.path, &self.stream, &key, d))
+            }
             None => Ok(Vec::new()),
         }
     }
@@ -112,7 +116,8 @@ impl Keyspace {
     /// The indexes built on disk.
     pub(super) fn built_indexes(&self) -> Result<Vec<String>> {
         match self.backend.get(INDEXES_KEY)? {
-            Some(v) => record::decode(&v).map_err(|d| record::corrupt(&self.path, INDEXES_KEY, d)),
+            Some(v) => record::decode(&v)
+                .map_err(|d| record::corrupt(&self.path, &self.stream, INDEXES_KEY, d)),
             None => Ok(Vec::new()),
         }
     }
@@ -123,9 +128,13 @@ impl Keyspace {
             None => Ok(None),
             Some(v) => record::decode::<Option<Vec<u8>>>(&v)
                 .map(Some)
-                .map_err(|detail| Error::Corrupt {
-                    path: self.path.clone(),
-                    detail: format!("prune cursor: {detail}"),
+                .map_err(|detail| {
+                    record::corrupt_named(
+                        &self.path,
+                        &format!("stream {:?}", self.stream),
+                        "prune cursor",
+                        detail,
+                    )
                 }),
         }
     }

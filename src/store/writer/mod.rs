@@ -144,6 +144,8 @@ pub(crate) struct WriterParts {
     pub(crate) backend: Arc<dyn Backend>,
     /// The store directory, for errors.
     pub(crate) path: PathBuf,
+    /// The stream's name, for errors.
+    pub(crate) stream: String,
     pub(crate) state: State,
     pub(crate) status: StatusTx,
     pub(crate) stats: Arc<Counters>,
@@ -183,6 +185,7 @@ impl Writer {
         let WriterParts {
             backend,
             path,
+            stream,
             state,
             status,
             stats,
@@ -194,6 +197,7 @@ impl Writer {
             ks: Keyspace {
                 backend,
                 path,
+                stream,
                 cipher,
             },
             state,

@@ -35,7 +35,8 @@ pub(super) fn chunk(
         let (key, value) = entry?;
         scanned += 1;
         let suffix = &key[1..];
-        let head = record::decode_head(&value).map_err(|d| record::corrupt(&ks.path, &key, d))?;
+        let head = record::decode_head(&value)
+            .map_err(|d| record::corrupt(&ks.path, &ks.stream, &key, d))?;
         if !shard.contains(Some(&head.uid), Some(&keys::suffix_namespace(suffix))) {
             writes.delete(keys::tagged(SEEN, suffix));
             let old = ks.entries(suffix, &HashMap::new())?;

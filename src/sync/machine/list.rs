@@ -337,14 +337,25 @@ impl Lister<'_> {
         /// Never reserve more than this ahead of the body.
         const MAX_HINT: usize = 64 << 20;
         let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
-        let mut bytes = self.worker.page_buffer(hint + hint / 16);
+        let bound = self.cfg.get_max_page_bytes();
+        let mut bytes = self.worker.page_buffer((hint + hint / 16).min(bound));
         Box::pin(body)
+            .take(bound as u64 + 1)
             .read_to_end(&mut bytes)
             .await
             .map_err(|e| Error::Protocol {
                 context: context(),
                 detail: format!("reading the list body: {e}"),
             })?;
+        if bytes.len() > bound {
+            return Err(Error::Protocol {
+                context: context(),
+                detail: format!(
+                    "the page is larger than StreamConfig::max_page_bytes ({bound} bytes); \
+                     not read further (lower page_size, or raise max_page_bytes)"
+                ),
+            });
+        }
         Counters::add(&self.stats.list_pages, 1);
         if metadata && !self.metadata_only {
             Counters::add(&self.stats.metadata_pages, 1);
