@@ -378,8 +378,11 @@ async fn no_damaged_value_aborts_or_panics(engine: Engine) {
         .unwrap();
     let line = done[first_object];
     assert!(
-        line.contains(" error ") && line.contains("store at") && line.contains("corrupt"),
-        "a damaged object record is Error::Corrupt: {line}"
+        line.contains(" error ")
+            && line.contains("store at")
+            && line.contains("corrupt")
+            && line.contains("stream \"pods\": record"),
+        "a damaged object record is Error::Corrupt naming the stream and key: {line}"
     );
     println!(
         "damage: {engine}: {} mutations over {} kinds of records: {errors} errors, {} values, 0 aborts",

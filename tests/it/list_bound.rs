@@ -6,14 +6,14 @@
 use crate::common::{self, Engine, Ev, Fixture};
 use kube_persist::StreamConfig;
 
-/// Pages of this many Pods are ~4x the bound below; pages of [`SMALL_PAGE`] fit it.
+/// Pages of this many Pods are many times the bound below; pages of [`SMALL_PAGE`] fit it.
 const PODS: usize = 400;
-const SMALL_PAGE: u32 = 20;
+const SMALL_PAGE: u32 = 5;
 
-/// The smallest bound there is: one object of 4 KiB and 64 KiB of envelope.
+/// The smallest bound there is for objects of up to 16 KiB: one object and 64 KiB of envelope.
 fn bounded() -> StreamConfig {
     StreamConfig::default()
-        .max_object_bytes(4 << 10)
+        .max_object_bytes(16 << 10)
         .max_page_bytes(0)
         .backoff(
             std::time::Duration::from_millis(20),
@@ -27,21 +27,27 @@ fn bounded() -> StreamConfig {
 async fn a_list_page_over_the_bound_fails_the_list(engine: Engine) {
     let fx = Fixture::with_pods(PODS, 2).await;
     let db = fx.open(engine);
-    assert_eq!(bounded().get_max_page_bytes(), (4 << 10) + (64 << 10));
+    assert_eq!(bounded().get_max_page_bytes(), (16 << 10) + (64 << 10));
     let (reader, mut w) = fx.watch_pods(&db, bounded());
     // The watcher logs each failed list and retries it with backoff: wait for three.
     common::eventually("three failed lists", || reader.stats().errors >= 3).await;
     let stats = reader.stats();
-    assert_eq!(stats.list_pages, 0, "no page over the bound was read: {stats:?}");
+    assert_eq!(
+        stats.list_pages, 0,
+        "no page over the bound was read: {stats:?}"
+    );
     assert_eq!(reader.len(), 0, "nothing of the page was stored");
     let evs = w.drain_for(std::time::Duration::ZERO).await;
-    assert!(!evs.contains(&Ev::InitDone), "the list did not end: {evs:?}");
+    assert!(
+        !evs.contains(&Ev::InitDone),
+        "the list did not end: {evs:?}"
+    );
     w.stop().await;
     drop(reader);
 
     let (reader, mut w) = fx.watch_pods(&db, bounded().page_size(SMALL_PAGE));
     w.until(|e| *e == Ev::InitDone).await;
-    assert_eq!(reader.len(), PODS);
+    assert_eq!(reader.len(), PODS, "{:?}", reader.stats());
     w.stop().await;
 }
 
