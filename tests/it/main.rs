@@ -23,6 +23,7 @@ use deploy::operator;
 
 mod at_rest;
 mod budget;
+mod ci_script;
 mod controller;
 mod crash;
 mod debounce;
