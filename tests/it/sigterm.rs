@@ -271,7 +271,7 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
         assert_eq!(code, 404);
     }
     common::eventually("the operator labels a third of the pods", || {
-        h.counts().update as usize >= PODS / 3
+        h.counts().patch as usize >= PODS / 3
     })
     .await;
     if cfg!(feature = "metrics") {
