@@ -38,6 +38,7 @@ mod indexes;
 mod metrics;
 mod msrv;
 mod nonblocking;
+mod operator_encryption;
 mod pass_restarts;
 mod passes;
 mod ported_examples;

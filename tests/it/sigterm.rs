@@ -90,6 +90,11 @@ impl Operator {
         addr.unwrap()
     }
 
+    /// The lines it printed so far (`operator listening on ...`, `operator stopped: ...`).
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
     /// The probe port once `/readyz` answers 200 (the store is synced and the watch is up).
     pub(crate) async fn ready(&self) -> String {
         let addr = self.addr().await;
