@@ -3,7 +3,8 @@
 //! the kubelet does, for every ordinal) are accepted by `examples/operator.rs`'s command
 //! line, with the shard count read from the StatefulSet itself and a valid shard index; the store is a
 //! subdirectory of the `store` volume; the probes and the listen port agree; the Pod runs
-//! non-root on a read-only root with `fsGroup` its group; the RBAC binds the StatefulSet's ServiceAccount in its namespace to exactly
+//! non-root on a read-only root with `fsGroup` its group; the encryption key's Secret is
+//! required; the RBAC binds the StatefulSet's ServiceAccount in its namespace to exactly
 //! `list`, `watch`, `patch` on Pods and `get` of its own StatefulSet; the admission policy
 //! is bound, matches that ServiceAccount's Pod updates and names the operator's label; the
 //! NetworkPolicy admits only the probe/metrics port of the operator's Pods. What the API
@@ -184,13 +185,19 @@ fn manifests_fit_the_operator() {
             );
         }
         assert_eq!(pdb["metadata"]["namespace"], *ns, "{at}");
-        // The key comes from an optional Secret (the store is not encrypted without it).
+        // The key comes from a required Secret: without it the Pod does not start, rather
+        // than write its store in plaintext.
         let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
         let key = env
             .iter()
-            .find(|e| e["name"] == "KUBE_PERSIST_KEY")
+            .find(|e| e["name"] == operator::cluster::KEY_ENV)
             .unwrap_or_else(|| panic!("{at}: no KUBE_PERSIST_KEY"));
-        assert_eq!(key["valueFrom"]["secretKeyRef"]["optional"], true, "{at}");
+        let secret = &key["valueFrom"]["secretKeyRef"];
+        assert_eq!(secret["name"], "kube-persist-key", "{at}");
+        assert!(
+            secret["optional"].is_null() || secret["optional"] == false,
+            "{at}: the key's Secret is optional: a Pod without it would run unencrypted"
+        );
         // The NetworkPolicy selects these Pods and admits their one port.
         check_network_policy(at, sts, &of_kind(&docs, "NetworkPolicy"));
     }
@@ -389,5 +396,116 @@ fn the_image_ships_the_tool() {
             final_stage.lines().any(|l| l == line),
             "final stage lacks {line:?}"
         );
+    }
+}
+
+/// The `sh` blocks of a markdown page (fenced with three backticks and `sh`, indented as in
+/// a list item: each block is dedented by its first line's indentation).
+fn shell_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut lines = markdown.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "```sh" {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        let body: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
+        blocks.push(
+            body.iter()
+                .map(|l| format!("{}\n", l.get(indent..).unwrap_or(l.trim_start())))
+                .collect(),
+        );
+    }
+    blocks
+}
+
+/// Every block of docs/kubernetes.md that generates the encryption key never makes the
+/// key's Secret from an empty or short key: each is run with bash in a scratch folder, with
+/// stand-ins for `openssl` and `kubectl` first on PATH. When `openssl` fails (no output,
+/// exit 1), no `kubectl create secret` is called; when it works, one is, from a file that
+/// holds exactly the 64 hex characters `openssl` printed.
+#[test]
+fn runbooks_never_make_an_empty_key() {
+    let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/kubernetes.md");
+    let text = std::fs::read_to_string(&page).expect("docs/kubernetes.md");
+    let blocks: Vec<String> = shell_blocks(&text)
+        .into_iter()
+        .filter(|b| b.contains("openssl rand"))
+        .collect();
+    assert!(
+        blocks.len() >= 2,
+        "the key is generated at the start and when rotated: {} blocks",
+        blocks.len()
+    );
+    let key = "0123456789abcdef".repeat(4);
+    for block in &blocks {
+        for works in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let bin = tmp.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            let openssl = if works {
+                format!("#!/bin/sh\necho {key}\n")
+            } else {
+                "#!/bin/sh\necho 'openssl: cannot read random bytes' >&2\nexit 1\n".to_string()
+            };
+            // Records each call and, for the Secret's key, what it would hold.
+            let kubectl = r#"#!/bin/bash
+echo "kubectl $*" >> "$KP_CALLS"
+for a in "$@"; do
+  case "$a" in
+    --from-file=key=*) echo "key from file: [$(cat "${a#--from-file=key=}")]" >> "$KP_CALLS" ;;
+    --from-literal=key=*) echo "key from literal: [${a#--from-literal=key=}]" >> "$KP_CALLS" ;;
+  esac
+done
+"#;
+            for (name, script) in [("openssl", openssl.as_str()), ("kubectl", kubectl)] {
+                let path = bin.join(name);
+                std::fs::write(&path, script).unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let calls = tmp.path().join("calls");
+            std::fs::write(&calls, "").unwrap();
+            let work = tmp.path().join("work");
+            std::fs::create_dir(&work).unwrap();
+            let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+            let out = std::process::Command::new("bash")
+                .args(["-c", block])
+                .current_dir(&work)
+                .env("PATH", path)
+                .env("NS", "kube-persist-example")
+                .env("KP_CALLS", &calls)
+                .output()
+                .expect("bash");
+            let calls = std::fs::read_to_string(&calls).unwrap();
+            let creates = calls
+                .lines()
+                .filter(|l| l.starts_with("kubectl ") && l.contains(" create secret "))
+                .count();
+            let keys: Vec<&str> = calls
+                .lines()
+                .filter(|l| l.starts_with("key from"))
+                .collect();
+            let why = || {
+                format!(
+                    "openssl {}: the block\n{block}\ncalled\n{calls}\nstderr: {}",
+                    if works { "works" } else { "fails" },
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            };
+            if works {
+                assert_eq!(creates, 1, "{}", why());
+                assert_eq!(keys, [format!("key from file: [{key}]")], "{}", why());
+            } else {
+                assert_eq!(creates, 0, "a Secret made without a key: {}", why());
+            }
+            // The key file is not left behind.
+            assert_eq!(
+                std::fs::read_dir(&work).unwrap().count(),
+                0,
+                "files left: {}",
+                why()
+            );
+        }
     }
 }
