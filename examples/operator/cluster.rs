@@ -43,9 +43,12 @@ use tokio::sync::watch;
 
 use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
-/// The environment variable holding the store's encryption key (64 hex characters); the
-/// store is not encrypted when it is unset or empty
-/// ([`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional)).
+/// The environment variable holding the store's encryption key (64 hex characters), read
+/// by [`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional):
+/// the store is not encrypted when it is unset, and any other value that is not a key stops
+/// the operator before it opens the store. Whether the store is encrypted is in the
+/// `operator listening on` line (`encrypted=true key=<fingerprint>` or `encrypted=false`),
+/// and an unencrypted store is logged at warn.
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
 /// What the operator needs from the command line.
@@ -283,17 +286,27 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         eprintln!("shard index {index} is not below --shards {shards}");
         return ExitCode::from(2);
     }
-    // Encrypted at rest when the key is given (deploy/: from an optional Secret); unset or
-    // empty is no key, as for the `kube-persist` tool.
+    // Encrypted at rest when the key is given (deploy/: from a required Secret); unset is
+    // no key, as for the `kube-persist` tool, and said so.
     let mut config = kube_persist::DbConfig::default().durability(opts.durability);
-    match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
-        Ok(Some(key)) => config = config.encryption_key(key),
-        Ok(None) => {}
+    let encrypted = match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
+        Ok(Some(key)) => {
+            let encrypted = format!("encrypted=true key={}", key.fingerprint());
+            config = config.encryption_key(key);
+            encrypted
+        }
+        Ok(None) => {
+            tracing::warn!(
+                "{KEY_ENV} is not set: the store at {} is not encrypted",
+                opts.dir.display()
+            );
+            "encrypted=false".to_string()
+        }
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
-    }
+    };
     let db = match kube_persist::Db::open_with(&opts.dir, config) {
         Ok(db) => db,
         Err(e) => {
@@ -373,7 +386,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
     }
     tokio::spawn(on_signal(stop_tx));
     println!(
-        "operator listening on {addr} (shard {index}/{}, store {})",
+        "operator listening on {addr} (shard {index}/{}, store {}, {encrypted})",
         shards,
         opts.dir.display()
     );

@@ -9,6 +9,13 @@
 //!
 //! The port is one constructor: [`persistent_controller`] where kube-runtime's
 //! `Controller::new` was. `reconcile` and `error_policy` are plain kube-runtime code.
+//!
+//! The reconciler writes the label and nothing else: a JSON merge patch of
+//! `metadata.labels` (verb `patch`), never the whole Pod back (an `update` would let the
+//! operator's ServiceAccount rewrite any field of any Pod). The patch carries the cached
+//! `metadata.resourceVersion` as a precondition: a Pod changed since it was cached is
+//! refused with 409 Conflict, and the reconcile is retried once the store has the newer
+//! Pod. `deploy/admission-policy.yaml` holds the ServiceAccount to that one label.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, ResourceExt};
 
@@ -50,7 +57,8 @@ impl Ctx {
 /// What can go wrong in a reconcile.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
-    /// The write failed (409 Conflict when the cached Pod is older than the server's).
+    /// The label patch failed (409 Conflict when the cached Pod is older than the
+    /// server's: the patch's resourceVersion precondition).
     #[error("cannot label the pod: {0}")]
     Kube(#[from] kube::Error),
 }
@@ -70,6 +78,18 @@ pub fn is_labeled(pod: &Pod) -> bool {
     pod.labels().get(OWNER_LABEL) == Some(&wanted_owner(pod))
 }
 
+/// The JSON merge patch that sets the owner label to `owner` on a Pod cached at
+/// `resource_version`: only `metadata.labels` and the precondition, so that applying it
+/// changes nothing but that label, and only if the Pod is still at that version.
+pub fn label_patch(resource_version: Option<&str>, owner: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": { OWNER_LABEL: owner },
+        }
+    })
+}
+
 /// Labels the Pod with its owner. Idempotent: a labeled Pod is left alone.
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, OperatorError> {
     ctx.reconciles.fetch_add(1, Ordering::Relaxed);
@@ -80,18 +100,23 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, OperatorE
     ));
     let want = wanted_owner(&pod);
     if pod.labels().get(OWNER_LABEL) != Some(&want) {
-        let mut labeled = (*pod).clone();
-        labeled.labels_mut().insert(OWNER_LABEL.to_string(), want);
-        // The cached resourceVersion makes this an optimistic write: 409 if the cache is stale.
+        // A merge patch of the label alone, conditional on the cached resourceVersion:
+        // 409 Conflict if the cache is stale (error_policy retries).
+        let patch = label_patch(pod.resource_version().as_deref(), &want);
         let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
-        api.replace(&pod.name_any(), &PostParams::default(), &labeled)
-            .await?;
+        api.patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
         ctx.writes.fetch_add(1, Ordering::Relaxed);
     }
     Ok(Action::requeue(Duration::from_secs(3600)))
 }
 
-/// Retries soon: a conflict resolves once the cache has the newer Pod.
+/// Retries soon, as a kube-runtime controller's error policy does: a conflict (the patch's
+/// resourceVersion precondition) resolves once the cache has the newer Pod.
 pub fn error_policy(_pod: Arc<Pod>, _err: &OperatorError, _ctx: Arc<Ctx>) -> Action {
     Action::requeue(Duration::from_millis(500))
 }

@@ -8,8 +8,12 @@
 //! is created when it does not exist, because the server refuses a namespaced object in a
 //! missing namespace even in dry run (and a dry-run Namespace is not persisted).
 //!
-//! [`rbac_suffices`] applies the RBAC for real and runs the example operator as its
-//! ServiceAccount: the least RBAC is also enough.
+//! [`rbac_suffices`] applies the RBAC and the admission policy for real and runs the example
+//! operator as its ServiceAccount: the least RBAC is also enough, and the policy admits the
+//! operator's writes. [`policy_holds`] checks, as that ServiceAccount, that the policy of
+//! `deploy/admission-policy.yaml` admits a patch of the owner label and refuses any other
+//! change of a Pod (its image, its ownerReferences, another label) with the policy's
+//! message, and that RBAC refuses an `update`.
 
 use std::path::{Path, PathBuf};
 
@@ -164,22 +168,24 @@ async fn ensure_namespace(client: &kube::Client, ns: &str) -> Result<(), String>
     }
 }
 
-/// The RBAC of `deploy/rbac.yaml` is enough for the operator: applies `namespace.yaml` and
-/// `rbac.yaml` for real, creates two Pods in that namespace, and runs the example operator's
-/// persistent controller (`examples/operator.rs`) as the ServiceAccount (impersonated from
-/// `admin`, a configuration allowed to impersonate) until it has labeled both; the
-/// ServiceAccount's `get` of a Pod must be refused (403), a verb the operator does not use.
-/// Returns a summary line, or what failed. Leaves the namespace and the RBAC objects (a
-/// namespace never finishes terminating without a controller-manager) and deletes the Pods.
-pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-    let client = kube::Client::try_from(admin.clone()).map_err(|e| format!("client: {e}"))?;
-    let docs: Vec<_> = documents(&deploy_dir())?
+/// The documents that decide what the operator's ServiceAccount may do: `namespace.yaml`,
+/// `rbac.yaml`, and every ValidatingAdmissionPolicy and binding under `deploy/`.
+pub fn access_documents() -> Result<Vec<(String, Value)>, String> {
+    Ok(documents(&deploy_dir())?
         .into_iter()
-        .filter(|(at, _)| at.starts_with("namespace.yaml") || at.starts_with("rbac.yaml"))
-        .collect();
-    apply(client.clone(), &docs, false).await?;
+        .filter(|(at, d)| {
+            at.starts_with("namespace.yaml")
+                || at.starts_with("rbac.yaml")
+                || d["kind"] == "ValidatingAdmissionPolicy"
+                || d["kind"] == "ValidatingAdmissionPolicyBinding"
+        })
+        .collect())
+}
+
+/// The ServiceAccount of `rbac.yaml` among `docs`: its namespace and its user name
+/// (`system:serviceaccount:<namespace>:<name>`).
+fn service_account(docs: &[(String, Value)]) -> Result<(String, String), String> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
     let sa = docs
         .iter()
         .find(|(_, d)| d["kind"] == "ServiceAccount")
@@ -191,29 +197,109 @@ pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
         "system:serviceaccount:{ns}:{}",
         sa.metadata.name.unwrap_or_default()
     );
+    Ok((ns, user))
+}
+
+/// The messages of the validations of every ValidatingAdmissionPolicy among `docs`.
+fn policy_messages(docs: &[(String, Value)]) -> Vec<String> {
+    docs.iter()
+        .filter(|(_, d)| d["kind"] == "ValidatingAdmissionPolicy")
+        .flat_map(|(_, d)| {
+            d["spec"]["validations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|v| v["message"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A client of `admin`'s server that acts as `user` (impersonated: `admin` may).
+fn impersonating(admin: &kube::Config, user: &str) -> Result<kube::Client, String> {
+    let mut config = admin.clone();
+    config.auth_info.impersonate = Some(user.to_string());
+    kube::Client::try_from(config).map_err(|e| format!("client: {e}"))
+}
+
+/// A Pod of `deploy/`'s namespace (which enforces Pod Security `restricted`), owned by
+/// ReplicaSet `owner` when given.
+fn test_pod(name: &str, owner: Option<&str>) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+    let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "kube-persist-e2e"}},
+        "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "image": "example.invalid/c:1",
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}}}]}});
+    if let Some(owner) = owner {
+        pod["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "apps/v1",
+            "kind": "ReplicaSet", "name": owner, "controller": true,
+            "uid": "0b1c2d3e-0000-4000-8000-000000000001"}]);
+    }
+    serde_json::from_value(pod).map_err(|e| e.to_string())
+}
+
+/// Waits until the admission policy is in force for `as_sa` (kube-apiserver loads a new
+/// policy and binding asynchronously): a dry-run change of an annotation of Pod `name`
+/// by the ServiceAccount is refused with one of `messages`. Errs after 60 s, or at once
+/// when the server refuses it otherwise.
+async fn policy_in_force(
+    as_sa: &kube::Client,
+    ns: &str,
+    name: &str,
+    messages: &[String],
+) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods = Api::<Pod>::namespaced(as_sa.clone(), ns);
+    let dry = PatchParams::default().dry_run();
+    let probe =
+        serde_json::json!({"metadata": {"annotations": {"kube-persist.rs/e2e-probe": "1"}}});
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match pods.patch(name, &dry, &Patch::Merge(&probe)).await {
+            Err(kube::Error::Api(s)) if messages.iter().any(|m| s.message.contains(m)) => {
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("the policy's probe (a dry-run patch): {e}")),
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the admission policy is not in force after 60 s: a dry-run annotation patch of pod {ns}/{name} is still admitted"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The RBAC of `deploy/rbac.yaml` is enough for the operator: applies `namespace.yaml`,
+/// `rbac.yaml` and the admission policy for real, creates two Pods in that namespace, waits
+/// until the policy is in force, and runs the example operator's persistent controller
+/// (`examples/operator.rs`) as the ServiceAccount (impersonated from `admin`, a
+/// configuration allowed to impersonate) until it has labeled both, through the policy;
+/// the ServiceAccount's `get` of a Pod must be refused (403), a verb the operator does not
+/// use. Returns a summary line, or what failed. Leaves the namespace, the RBAC objects and
+/// the policy (a namespace never finishes terminating without a controller-manager) and
+/// deletes the Pods.
+pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    let client = kube::Client::try_from(admin.clone()).map_err(|e| format!("client: {e}"))?;
+    let docs = access_documents()?;
+    apply(client.clone(), &docs, false).await?;
+    let (ns, user) = service_account(&docs)?;
+    let messages = policy_messages(&docs);
+    if messages.is_empty() {
+        return Err("no ValidatingAdmissionPolicy (with a message) under deploy/".into());
+    }
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     for (name, owner) in [("rbac-owned", Some("web-1")), ("rbac-bare", None)] {
-        let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name},
-            // The namespace enforces Pod Security `restricted` (deploy/namespace.yaml).
-            "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
-                    "seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{"name": "c", "image": "example.invalid/c:1",
-                    "securityContext": {"allowPrivilegeEscalation": false,
-                        "capabilities": {"drop": ["ALL"]}}}]}});
-        if let Some(owner) = owner {
-            pod["metadata"]["ownerReferences"] = serde_json::json!([{"apiVersion": "apps/v1",
-                "kind": "ReplicaSet", "name": owner, "controller": true,
-                "uid": "0b1c2d3e-0000-4000-8000-000000000001"}]);
-        }
-        let pod: Pod = serde_json::from_value(pod).map_err(|e| e.to_string())?;
-        pods.create(&PostParams::default(), &pod)
+        pods.create(&PostParams::default(), &test_pod(name, owner)?)
             .await
             .map_err(|e| format!("creating pod {name}: {e}"))?;
     }
-    let mut as_sa = admin;
-    as_sa.auth_info.impersonate = Some(user.clone());
-    let as_sa = kube::Client::try_from(as_sa).map_err(|e| format!("client: {e}"))?;
+    let as_sa = impersonating(&admin, &user)?;
+    policy_in_force(&as_sa, &ns, "rbac-bare", &messages).await?;
     let get = Api::<Pod>::namespaced(as_sa.clone(), &ns)
         .get("rbac-bare")
         .await;
@@ -284,11 +370,147 @@ pub async fn rbac_suffices(admin: kube::Config) -> Result<String, String> {
     }
     match get {
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(format!(
-            "as {user}: both pods labeled with list/watch/update ({} writes); get refused (403); its StatefulSet readable, another refused",
+            "as {user}: both pods labeled with list/watch/patch through the admission policy ({} writes); get refused (403); its StatefulSet readable, another refused",
             ctx.writes.load(std::sync::atomic::Ordering::Relaxed)
         )),
         other => Err(format!(
             "as {user}, get of a pod was not refused: {other:?}"
         )),
     }
+}
+
+/// The admission policy of `deploy/` holds the operator's ServiceAccount to its label:
+/// applies `namespace.yaml`, `rbac.yaml` and the policy for real, creates a Pod owned by a
+/// ReplicaSet, waits until the policy is in force, then, as the ServiceAccount
+/// (impersonated), checks that
+/// - the operator's own label patch (`operator::label_patch`, a merge patch of the label
+///   with the resourceVersion precondition) is admitted, and sets the label;
+/// - the same patch at the old resourceVersion is refused with 409 Conflict;
+/// - a change of the container's image, of the ownerReferences and of another label are
+///   each refused (403) with the policy's message, and the Pod is left as it was;
+/// - an `update` (PUT) of the Pod is refused (403): rbac.yaml grants `patch` only;
+///
+/// and that the admin may still change the image (the policy binds that ServiceAccount
+/// alone). Returns a summary line, or what failed; deletes the Pod.
+pub async fn policy_holds(admin: kube::Config) -> Result<String, String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let client = kube::Client::try_from(admin.clone()).map_err(|e| format!("client: {e}"))?;
+    let docs = access_documents()?;
+    apply(client.clone(), &docs, false).await?;
+    let (ns, user) = service_account(&docs)?;
+    let messages = policy_messages(&docs);
+    let name = "admission-target";
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let created = pods
+        .create(&PostParams::default(), &test_pod(name, Some("web-1"))?)
+        .await
+        .map_err(|e| format!("creating pod {name}: {e}"))?;
+    let as_sa = impersonating(&admin, &user)?;
+    let outcome = policy_checks(&pods, &as_sa, &created, &user, &messages).await;
+    let _ = pods.delete(name, &Default::default()).await;
+    outcome
+}
+
+/// [`policy_holds`]'s checks on Pod `created`.
+async fn policy_checks(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    as_sa: &kube::Client,
+    created: &k8s_openapi::api::core::v1::Pod,
+    user: &str,
+    messages: &[String],
+) -> Result<String, String> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
+    let (ns, name) = (created.namespace().unwrap_or_default(), created.name_any());
+    // With no policy under deploy/ there is nothing to wait for: the checks below then
+    // find the ServiceAccount's changes admitted.
+    if !messages.is_empty() {
+        policy_in_force(as_sa, &ns, &name, messages).await?;
+    }
+    let sa_pods = Api::<Pod>::namespaced(as_sa.clone(), &ns);
+    let params = PatchParams::default();
+    // The operator's own write.
+    let owner = operator::wanted_owner(created);
+    let label = operator::label_patch(created.resource_version().as_deref(), &owner);
+    let labeled = sa_pods
+        .patch(&name, &params, &Patch::Merge(&label))
+        .await
+        .map_err(|e| format!("as {user}, the operator's label patch was refused: {e}"))?;
+    if !operator::is_labeled(&labeled) {
+        return Err(format!(
+            "as {user}, the label patch was admitted but the Pod's labels are {:?}",
+            labeled.labels()
+        ));
+    }
+    // The precondition: the same patch at the old resourceVersion is a conflict.
+    let stale = operator::label_patch(created.resource_version().as_deref(), "stale");
+    match sa_pods.patch(&name, &params, &Patch::Merge(&stale)).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        other => {
+            return Err(format!(
+                "as {user}, a label patch at a stale resourceVersion was not a 409 Conflict: {:?}",
+                other.map(|p| p.labels().clone())
+            ));
+        }
+    }
+    // Anything else is refused by the policy, with its message.
+    // The image, by a strategic merge patch (containers merge by name); the owner, by a
+    // merge patch that replaces the list.
+    let image = serde_json::json!({"spec": {"containers": [
+        {"name": "c", "image": "example.invalid/other:2"}]}});
+    let mut owners = serde_json::to_value(created.owner_references()).map_err(|e| e.to_string())?;
+    owners[0]["name"] = "another-owner".into();
+    let owner_ref = serde_json::json!({"metadata": {"ownerReferences": owners}});
+    let other_label = serde_json::json!({"metadata": {"labels": {"app": "changed"}}});
+    let refusals = [
+        ("an image change", Patch::Strategic(image.clone())),
+        ("an ownerReferences change", Patch::Merge(owner_ref)),
+        ("a change of another label", Patch::Merge(other_label)),
+    ];
+    for (what, patch) in &refusals {
+        match sa_pods.patch(&name, &params, patch).await {
+            Err(kube::Error::Api(s))
+                if s.code == 403 && messages.iter().any(|m| s.message.contains(m)) => {}
+            Err(e) => {
+                return Err(format!(
+                    "as {user}, {what} was refused, but not with the policy's message {messages:?}: {e}"
+                ));
+            }
+            Ok(p) => {
+                return Err(format!(
+                    "as {user}, {what} of pod {ns}/{name} was admitted (image {:?}, owners {:?}, labels {:?})",
+                    p.spec.as_ref().map(|s| s.containers[0].image.clone()),
+                    p.owner_references()
+                        .iter()
+                        .map(|o| o.name.clone())
+                        .collect::<Vec<_>>(),
+                    p.labels()
+                ));
+            }
+        }
+    }
+    let now = pods.get(&name).await.map_err(|e| e.to_string())?;
+    if now.spec != labeled.spec
+        || now.owner_references() != labeled.owner_references()
+        || now.labels() != labeled.labels()
+    {
+        return Err(format!("pod {ns}/{name} changed after refused patches"));
+    }
+    // RBAC: no `update`.
+    match sa_pods.replace(&name, &PostParams::default(), &now).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => {
+            return Err(format!(
+                "as {user}, an update (PUT) of a pod was not refused: {:?}",
+                other.map(|p| p.name_any())
+            ));
+        }
+    }
+    // The policy binds the ServiceAccount only: the admin's image change is admitted.
+    pods.patch(&name, &params, &Patch::Strategic(image))
+        .await
+        .map_err(|e| format!("the admin's image change was refused: {e}"))?;
+    Ok(format!(
+        "as {user}: the label patch admitted, a stale one 409; an image, an ownerReferences and another label's change refused with the policy's message (403); update refused (403); the admin's image change admitted"
+    ))
 }

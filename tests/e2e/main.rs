@@ -319,6 +319,9 @@ async fn default_server(suite: &mut Suite, a: Arc<Server>) {
         .await;
     suite.run("deploy-rbac", deploy_rbac(a.clone())).await;
     suite
+        .run("deploy-admission", deploy_admission(a.clone()))
+        .await;
+    suite
         .run("pod-security", pod_security::pod_security(a.clone()))
         .await;
     suite.run("scale-2-3-2", scale::scale(a.clone())).await;
@@ -333,17 +336,31 @@ async fn deploy_manifests(s: Arc<Server>) -> Outcome {
     Ok(())
 }
 
-/// `deploy/rbac.yaml` applied for real is enough for the example operator, and no more.
-async fn deploy_rbac(s: Arc<Server>) -> Outcome {
+/// The admin's configuration of `s` (its kubeconfig), for clients that impersonate.
+async fn admin_config(s: &Server) -> Result<kube::Config, Fail> {
     let kubeconfig = kube::config::Kubeconfig::read_from(&s.kubeconfig)
         .map_err(|e| Fail::Error(format!("reading {}: {e}", s.kubeconfig.display())))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
-        .map_err(|e| Fail::Error(format!("kubeconfig: {e}")))?;
+        .map_err(|e| Fail::Error(format!("kubeconfig: {e}")))
+}
+
+/// `deploy/rbac.yaml` applied for real is enough for the example operator, and no more.
+async fn deploy_rbac(s: Arc<Server>) -> Outcome {
+    let config = admin_config(&s).await?;
     let summary = deploy::rbac_suffices(config)
         .await
         .map_err(Fail::Diverged)?;
     println!("e2e deploy-rbac: {summary}");
+    Ok(())
+}
+
+/// `deploy/admission-policy.yaml` lets the example operator's ServiceAccount change only
+/// its label in a Pod.
+async fn deploy_admission(s: Arc<Server>) -> Outcome {
+    let config = admin_config(&s).await?;
+    let summary = deploy::policy_holds(config).await.map_err(Fail::Diverged)?;
+    println!("e2e deploy-admission: {summary}");
     Ok(())
 }
 

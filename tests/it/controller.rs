@@ -961,7 +961,7 @@ async fn operator_converges_after_sigkill_without_list() {
     // First run: cold sync (LISTs), then the operator labels pods; SIGKILL it mid-way.
     let first = Child::spawn(fx.path(), &url);
     let deadline = Instant::now() + common::WAIT;
-    while !(first.ready() && h.counts().update >= 1000) {
+    while !(first.ready() && h.counts().patch >= 1000) {
         assert!(
             Instant::now() < deadline,
             "first run made no progress: {}",
@@ -1012,15 +1012,15 @@ async fn operator_converges_after_sigkill_without_list() {
     let counts = h.counts();
     let state = second.kill();
     println!(
-        "controller e2e: restart converged in {:.2} s with {} LIST, {} WATCH, {} PUT; child [{state}]",
+        "controller e2e: restart converged in {:.2} s with {} LIST, {} WATCH, {} PATCH; child [{state}]",
         took.as_secs_f64(),
         counts.list,
         counts.watch,
-        counts.update
+        counts.patch
     );
     assert_eq!(counts.list, 0, "the restarted controller made LIST calls");
     assert!(
-        counts.update as usize >= PODS - done_before,
+        counts.patch as usize >= PODS - done_before,
         "each remaining pod written once at least"
     );
     assert_eq!(h.list(&ResourceType::pods()).len(), PODS + 1);

@@ -23,6 +23,7 @@ use deploy::operator;
 
 mod at_rest;
 mod budget;
+mod ci_script;
 mod controller;
 mod crash;
 mod damage;
@@ -39,6 +40,7 @@ mod list_bound;
 mod metrics;
 mod msrv;
 mod nonblocking;
+mod operator_encryption;
 mod pass_restarts;
 mod passes;
 mod ported_examples;

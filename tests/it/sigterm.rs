@@ -90,6 +90,11 @@ impl Operator {
         addr.unwrap()
     }
 
+    /// The lines it printed so far (`operator listening on ...`, `operator stopped: ...`).
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
     /// The probe port once `/readyz` answers 200 (the store is synced and the watch is up).
     pub(crate) async fn ready(&self) -> String {
         let addr = self.addr().await;
@@ -271,7 +276,7 @@ async fn sigterm_stops_gracefully_and_restart_lists_nothing() {
         assert_eq!(code, 404);
     }
     common::eventually("the operator labels a third of the pods", || {
-        h.counts().update as usize >= PODS / 3
+        h.counts().patch as usize >= PODS / 3
     })
     .await;
     if cfg!(feature = "metrics") {

@@ -151,7 +151,7 @@ async fn the_tool_reads_the_running_operator_which_restarts_beside_its_readers()
         pods.keys().cloned().collect(),
         "dump prints the server's Pods"
     );
-    // The operator labels Pods meanwhile (each a PUT, so a newer resourceVersion), so the
+    // The operator labels Pods meanwhile (each a label patch, so a newer resourceVersion), so the
     // store changes under verify: it must never call that a difference (exit 1). It says
     // equal or behind (0), or, if the store changed during each of its attempts, that it
     // could not verify (2).
