@@ -47,6 +47,9 @@ fn stream_config() -> StreamConfig {
     })
 }
 
+/// One raw record of a store: (keyspace, key, value).
+type Raw = (String, Vec<u8>, Vec<u8>);
+
 /// One damaged value: where, what it becomes (`None`: removed), and how it was made.
 struct Mutation {
     table: String,
@@ -159,9 +162,9 @@ fn damages(v: &[u8], rng: &mut Rng) -> Vec<(Option<Vec<u8>>, String)> {
 /// The mutations of the budget: round robin over the kinds of records (so that every kind
 /// is damaged within a small budget), each kind's damages in priority order, each applied
 /// to a record of that kind picked at random.
-fn mutations(records: &[(String, Vec<u8>, Vec<u8>)], budget: usize, seed: u64) -> Vec<Mutation> {
+fn mutations(records: &[Raw], budget: usize, seed: u64) -> Vec<Mutation> {
     let mut rng = Rng(seed);
-    let mut by_kind: BTreeMap<String, Vec<&(String, Vec<u8>, Vec<u8>)>> = BTreeMap::new();
+    let mut by_kind: BTreeMap<String, Vec<&Raw>> = BTreeMap::new();
     for r in records {
         by_kind.entry(kind(&r.0, &r.1)).or_default().push(r);
     }
