@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
 /// The environment variable holding the store's encryption key (64 hex characters); the
-/// store is not encrypted when it is unset or empty
+/// store is not encrypted when it is unset, and an empty value is an error
 /// ([`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional)).
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
@@ -283,8 +283,8 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         eprintln!("shard index {index} is not below --shards {shards}");
         return ExitCode::from(2);
     }
-    // Encrypted at rest when the key is given (deploy/: from an optional Secret); unset or
-    // empty is no key, as for the `kube-persist` tool.
+    // Encrypted at rest when the key is given (deploy/: from an optional Secret); unset is
+    // no key, set but empty an error, as for the `kube-persist` tool.
     let mut config = kube_persist::DbConfig::default().durability(opts.durability);
     match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
         Ok(Some(key)) => config = config.encryption_key(key),

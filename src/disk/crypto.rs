@@ -127,22 +127,25 @@ impl EncryptionKey {
         Self::from_hex(&text)
     }
 
-    /// Read an optional hex key from an environment variable: no key (`Ok(None)`) when the
-    /// variable is unset or empty, the key when it holds 64 hexadecimal characters, and
-    /// [`Error::Config`] naming the variable otherwise (another text, or not UTF-8).
-    /// Whitespace around the key is ignored, as [`EncryptionKey::from_hex`] does, so a
-    /// value of whitespace alone is empty.
+    /// Read an optional hex key from an environment variable: no key (`Ok(None)`) only when
+    /// the variable is unset, the key when it holds 64 hexadecimal characters (whitespace
+    /// around them is ignored, as [`EncryptionKey::from_hex`] does), and an error naming the
+    /// variable otherwise: [`Error::EmptyKeyVariable`] when it is set but empty or blank,
+    /// [`Error::Config`] for another text or a value that is not UTF-8.
+    ///
+    /// A set but empty variable is an error, not "no key": it is what a failed key
+    /// generation (`$(openssl rand -hex 32)` when openssl fails) or a Secret with an empty
+    /// value gives, and taking it as no key would write the store in clear without anyone
+    /// having asked for that. To run without encryption on purpose, leave it unset.
     ///
     /// This is what `KUBE_PERSIST_KEY` means to the `kube-persist` tool and to the example
-    /// operator: in Kubernetes the variable comes from an optional Secret
-    /// (`secretKeyRef` with `optional: true`, as in `deploy/statefulset.yaml`), which leaves
-    /// it unset when the Secret is missing, and a Secret whose value is empty gives no key
-    /// either. Without a key a new store is written unencrypted; a store written with one
-    /// is refused without it ([`Error::Encryption`]), never read or wiped.
+    /// operator. Without a key a new store is written unencrypted (a writable open logs a
+    /// warning saying so); a store written with one is refused without it
+    /// ([`Error::Encryption`]), never read or wiped.
     ///
     /// ```
     /// use kube_persist::EncryptionKey;
-    /// // Unset (or empty): no key, not an error.
+    /// // Unset: no key, not an error (set to "", it would be Error::EmptyKeyVariable).
     /// assert!(EncryptionKey::from_env_optional("KUBE_PERSIST_DOC_UNSET_KEY")?.is_none());
     /// # Ok::<(), kube_persist::Error>(())
     /// ```
@@ -161,7 +164,9 @@ impl EncryptionKey {
             Error::Config(format!("environment variable {var} is not UTF-8"))
         })?);
         if text.trim().is_empty() {
-            return Ok(None);
+            return Err(Error::EmptyKeyVariable {
+                var: var.to_string(),
+            });
         }
         Self::from_hex(&text).map(Some).map_err(|e| match e {
             Error::Config(why) => Error::Config(format!("environment variable {var}: {why}")),
@@ -288,8 +293,9 @@ mod tests {
         );
     }
 
-    /// Unset, empty and whitespace are no key; a key is a key; anything else is an error
-    /// naming the variable.
+    /// Unset is no key; a key is a key; empty or blank is [`Error::EmptyKeyVariable`] (issue
+    /// 60 item 2: it was no key, and the store was written in clear); anything else is an
+    /// error naming the variable.
     #[test]
     fn optional_env_key() {
         use std::ffi::OsString;
@@ -297,9 +303,15 @@ mod tests {
             EncryptionKey::from_optional_value("KEY_VAR", v.map(OsString::from))
                 .map(|k| k.map(|k| **k.0))
         };
-        for none in [None, Some(""), Some(" \n")] {
-            assert_eq!(key(none).unwrap(), None, "{none:?}");
+        assert_eq!(key(None).unwrap(), None, "unset");
+        for empty in ["", " \n", "\t"] {
+            match key(Some(empty)) {
+                Err(Error::EmptyKeyVariable { var }) => assert_eq!(var, "KEY_VAR"),
+                other => panic!("{empty:?}: {other:?}"),
+            }
         }
+        let err = key(Some("")).unwrap_err().to_string();
+        assert!(err.contains("KEY_VAR") && err.contains("empty"), "{err}");
         assert_eq!(key(Some(&"0a".repeat(32))).unwrap(), Some([10; 32]));
         for bad in ["0a", "no key", &"0a".repeat(33)] {
             let err = key(Some(bad)).unwrap_err();

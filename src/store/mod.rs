@@ -200,7 +200,12 @@ impl Dir {
         let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         disk::tighten(&path)?;
         let engine = storage.engine();
-        tracing::info!(path = %path.display(), %engine, "store opened");
+        let encrypted = cipher.is_some();
+        tracing::info!(path = %path.display(), %engine, encrypted, "store opened");
+        if !encrypted {
+            tracing::warn!(path = %path.display(), encrypted,
+                "store is not encrypted: objects written to it are stored in clear (DbConfig::encryption_key to encrypt)");
+        }
         let worker = DiskWorker::spawn(&path)?;
         Ok(Dir::from_parts(
             storage, engine, path, cipher, config, worker,
@@ -236,7 +241,8 @@ impl Dir {
         let cipher = cipher_of(&config)?;
         let storage = disk::open_storage(&path, &config)?;
         let engine = storage.engine();
-        tracing::debug!(path = %path.display(), %engine, "store opened read-only");
+        tracing::debug!(path = %path.display(), %engine, encrypted = cipher.is_some(),
+            "store opened read-only");
         let worker = DiskWorker::spawn(&path)?;
         Ok(Dir::from_parts(
             storage, engine, path, cipher, config, worker,
@@ -436,5 +442,102 @@ impl Dir {
     /// (`inspect.rs`).
     pub(crate) fn stored_versions(&self, stream: &str) -> Result<StoredVersions> {
         inspect::stored_versions(self, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// What a test's log events say, formatted as the `fmt` subscriber writes them.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+        type Writer = Logs;
+
+        fn make_writer(&'a self) -> Logs {
+            self.clone()
+        }
+    }
+
+    /// The log lines `f` emits on this thread.
+    fn logged(f: impl FnOnce()) -> Vec<String> {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// Issue 60 item 2: every open line says whether the store is encrypted, and a writable
+    /// open without a key warns that the store is not (read-only opens write nothing).
+    #[test]
+    fn the_open_line_says_whether_the_store_is_encrypted() {
+        let line = |lines: &[String], what: &str| {
+            lines
+                .iter()
+                .find(|l| l.contains(what))
+                .unwrap_or_else(|| panic!("no {what:?} line in {lines:#?}"))
+                .clone()
+        };
+        let not_encrypted = |lines: &[String]| {
+            lines
+                .iter()
+                .any(|l| l.contains("WARN") && l.contains("store is not encrypted"))
+        };
+        for engine in [Engine::Redb, Engine::Sled] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("plain");
+            let config = DbConfig::default().engine(engine);
+            let lines = logged(|| drop(Dir::open(&dir, config.clone()).unwrap()));
+            assert!(
+                line(&lines, "store opened").contains("encrypted=false"),
+                "{engine}: {lines:#?}"
+            );
+            assert!(not_encrypted(&lines), "{engine}: {lines:#?}");
+            // sled has no read-only mode.
+            if engine == Engine::Redb {
+                let lines = logged(|| drop(Dir::open(&dir, config.clone().read_only()).unwrap()));
+                assert!(
+                    line(&lines, "store opened read-only").contains("encrypted=false"),
+                    "{engine}: {lines:#?}"
+                );
+            }
+            #[cfg(feature = "encryption")]
+            {
+                let dir = tmp.path().join("sealed");
+                let config = config.encryption_key(EncryptionKey::from_bytes([5; 32]));
+                let lines = logged(|| drop(Dir::open(&dir, config.clone()).unwrap()));
+                assert!(
+                    line(&lines, "store opened").contains("encrypted=true"),
+                    "{engine}: {lines:#?}"
+                );
+                assert!(!not_encrypted(&lines), "{engine}: {lines:#?}");
+                if engine == Engine::Redb {
+                    let lines = logged(|| drop(Dir::open(&dir, config.read_only()).unwrap()));
+                    assert!(
+                        line(&lines, "store opened read-only").contains("encrypted=true"),
+                        "{engine}: {lines:#?}"
+                    );
+                }
+            }
+        }
     }
 }
