@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::disk::{
-    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StreamLease,
-    record,
+    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StoreKey,
+    StreamLease, keys, record,
 };
 use crate::exec::DiskWorker;
 use crate::model::{Engine, Error, Result, Shard};
@@ -73,7 +73,8 @@ struct DirInner {
     engine: Engine,
     path: PathBuf,
     config: DbConfig,
-    cipher: Option<Arc<Cipher>>,
+    /// The configured key, from which each encrypted stream's keys are derived.
+    key: Option<Arc<StoreKey>>,
     /// The keyspaces held by a writer in this process.
     leases: Arc<Leases>,
     /// Each stream's hot cache, shared by every `Reader` and writer of the stream in this
@@ -149,12 +150,12 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     }
 }
 
-/// The cipher of the configured key, if any.
-fn cipher_of(config: &DbConfig) -> Result<Option<Arc<Cipher>>> {
+/// The configured key, if any ([`Error::Config`] in a build without encryption).
+fn key_of(config: &DbConfig) -> Result<Option<Arc<StoreKey>>> {
     config
         .encryption
         .as_ref()
-        .map(|key| key.cipher().map(Arc::new))
+        .map(|key| key.store_key().map(Arc::new))
         .transpose()
 }
 
@@ -196,27 +197,25 @@ impl Dir {
         // Before the engine creates its files: a directory this process cannot make private
         // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
         disk::tighten(&path)?;
-        let cipher = cipher_of(&config)?;
+        let key = key_of(&config)?;
         let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         disk::tighten(&path)?;
         let engine = storage.engine();
-        let encrypted = cipher.is_some();
+        let encrypted = key.is_some();
         tracing::info!(path = %path.display(), %engine, encrypted, "store opened");
         if !encrypted {
             tracing::warn!(path = %path.display(), encrypted,
                 "store is not encrypted: objects written to it are stored in clear (DbConfig::encryption_key to encrypt)");
         }
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Dir::from_parts(
-            storage, engine, path, cipher, config, worker,
-        ))
+        Ok(Dir::from_parts(storage, engine, path, key, config, worker))
     }
 
     fn from_parts(
         storage: Arc<dyn Storage>,
         engine: Engine,
         path: PathBuf,
-        cipher: Option<Arc<Cipher>>,
+        key: Option<Arc<StoreKey>>,
         config: DbConfig,
         worker: DiskWorker,
     ) -> Dir {
@@ -225,7 +224,7 @@ impl Dir {
                 storage,
                 engine,
                 path,
-                cipher,
+                key,
                 config,
                 leases: Arc::default(),
                 caches: Mutex::default(),
@@ -238,15 +237,13 @@ impl Dir {
     /// permission changed, no lease ever granted (every stream and controller open is
     /// refused, so nothing writes).
     fn open_read_only(path: PathBuf, config: DbConfig) -> Result<Dir> {
-        let cipher = cipher_of(&config)?;
+        let key = key_of(&config)?;
         let storage = disk::open_storage(&path, &config)?;
         let engine = storage.engine();
-        tracing::debug!(path = %path.display(), %engine, encrypted = cipher.is_some(),
+        tracing::debug!(path = %path.display(), %engine, encrypted = key.is_some(),
             "store opened read-only");
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Dir::from_parts(
-            storage, engine, path, cipher, config, worker,
-        ))
+        Ok(Dir::from_parts(storage, engine, path, key, config, worker))
     }
 
     /// The work of [`Db::destroy`](crate::Db::destroy).
@@ -283,8 +280,27 @@ impl Dir {
         self.inner.worker.clone()
     }
 
-    pub(crate) fn cipher(&self) -> Option<Arc<Cipher>> {
-        self.inner.cipher.clone()
+    /// The cipher of stream `stream`, whose keyspace is `backend`: `None` without a key,
+    /// else its keys derived from the configured key and the stream's id
+    /// (`keys::STREAM_ID_KEY`). Call it only for a stream that is encrypted with this key (its
+    /// identity checked); one without an id is [`Error::Corrupt`].
+    pub(crate) fn stream_cipher(
+        &self,
+        backend: &dyn Backend,
+        stream: &str,
+    ) -> Result<Option<Arc<Cipher>>> {
+        let Some(key) = &self.inner.key else {
+            return Ok(None);
+        };
+        let Some(id) = self.read_meta::<Vec<u8>>(backend, stream, keys::STREAM_ID_KEY)? else {
+            return Err(record::corrupt_in(
+                &self.inner.path,
+                &format!("stream {stream:?}"),
+                keys::STREAM_ID_KEY,
+                "an encrypted stream without its id: its records cannot be opened",
+            ));
+        };
+        Ok(Some(Arc::new(key.stream_cipher(stream, &id))))
     }
 
     /// Fingerprint of the configured encryption key, if any.
