@@ -284,6 +284,8 @@ impl Dir {
     /// else its keys derived from the configured key and the stream's id
     /// (`keys::STREAM_ID_KEY`). Call it only for a stream that is encrypted with this key (its
     /// identity checked); one without an id is [`Error::Corrupt`].
+    // Without the `encryption` feature no key exists (`StoreKey` has no value).
+    #[cfg_attr(not(feature = "encryption"), allow(unreachable_code))]
     pub(crate) fn stream_cipher(
         &self,
         backend: &dyn Backend,
