@@ -331,7 +331,7 @@ fn key(file: Option<&Path>) -> Result<Option<EncryptionKey>, Failure> {
     if let Some(path) = file {
         return Ok(Some(EncryptionKey::from_file(path)?));
     }
-    // Unset or empty: no key, as in the example operator (the library's one rule, which
-    // also wipes its copy of the variable's value once parsed).
+    // Unset: no key; set but empty: an error, as in the example operator (the library's
+    // one rule, which also wipes its copy of the variable's value once parsed).
     Ok(EncryptionKey::from_env_optional("KUBE_PERSIST_KEY")?)
 }

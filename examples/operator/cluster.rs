@@ -45,10 +45,10 @@ use super::{Ctx, error_policy, persistent_controller_with, reconcile};
 
 /// The environment variable holding the store's encryption key (64 hex characters), read
 /// by [`EncryptionKey::from_env_optional`](kube_persist::EncryptionKey::from_env_optional):
-/// the store is not encrypted when it is unset, and any other value that is not a key stops
-/// the operator before it opens the store. Whether the store is encrypted is in the
-/// `operator listening on` line (`encrypted=true key=<fingerprint>` or `encrypted=false`),
-/// and an unencrypted store is logged at warn.
+/// the store is not encrypted when it is unset, and any other value that is not a key (an
+/// empty one too) stops the operator before it opens the store. Whether the store is
+/// encrypted is in the `operator listening on` line (`encrypted=true key=<fingerprint>` or
+/// `encrypted=false`), and an unencrypted store is logged at warn.
 pub const KEY_ENV: &str = "KUBE_PERSIST_KEY";
 
 /// What the operator needs from the command line.
@@ -287,7 +287,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         return ExitCode::from(2);
     }
     // Encrypted at rest when the key is given (deploy/: from a required Secret); unset is
-    // no key, as for the `kube-persist` tool, and said so.
+    // no key, and said so; set but empty an error, as for the `kube-persist` tool.
     let mut config = kube_persist::DbConfig::default().durability(opts.durability);
     let encrypted = match kube_persist::EncryptionKey::from_env_optional(KEY_ENV) {
         Ok(Some(key)) => {

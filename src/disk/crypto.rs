@@ -2,6 +2,13 @@
 //! random nonce per record. The record's key and envelope fields are authenticated data, so
 //! a record moved to another key or edited on disk fails to open.
 //!
+//! Nothing is sealed with the configured key itself: each stream's keys are derived from it
+//! ([`StoreKey::stream_cipher`], HMAC-SHA256) with the stream's name and the random id its
+//! keyspace got when it was started clean, so a record copied to another stream, to the same
+//! stream of another store sharing the key, or back into a stream after it was wiped, fails
+//! to open. The same derivation keys the index values stored in place of the values an
+//! index function returns ([`Cipher::index_token`]).
+//!
 //! The cipher is the `encryption` feature; keys (parsing, fingerprints) are always built, so
 //! that configuration code compiles either way and a build without the feature refuses a key
 //! with [`Error::Config`].
@@ -11,6 +18,8 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 #[cfg(feature = "encryption")]
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 #[cfg(feature = "encryption")]
+use hmac::{Hmac, Mac};
+#[cfg(feature = "encryption")]
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
@@ -19,6 +28,28 @@ use crate::model::{Error, Result};
 
 #[cfg(feature = "encryption")]
 const NONCE_LEN: usize = 24;
+
+/// The bytes of an index token ([`Cipher::index_token`]): 128 bits, written as 32 hex
+/// characters.
+#[cfg(feature = "encryption")]
+const TOKEN_BYTES: usize = 16;
+
+/// HMAC-SHA256 under `key` of `label` and then each of `parts`, each preceded by its length
+/// (so that no two lists of parts give the same input): the one derivation of every key and
+/// token below.
+#[cfg(feature = "encryption")]
+fn prf(key: &[u8], label: &[u8], parts: &[&[u8]]) -> Zeroizing<[u8; 32]> {
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC-SHA256 takes a key of any length");
+    mac.update(label);
+    for part in parts {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part);
+    }
+    let mut out = Zeroizing::new([0u8; 32]);
+    out.copy_from_slice(&mac.finalize().into_bytes());
+    out
+}
 
 /// A 256-bit key for encrypting stored objects. Never written to disk; the store records
 /// only a fingerprint to recognise it. Its bytes live in one heap allocation, which is
@@ -127,22 +158,25 @@ impl EncryptionKey {
         Self::from_hex(&text)
     }
 
-    /// Read an optional hex key from an environment variable: no key (`Ok(None)`) when the
-    /// variable is unset or empty, the key when it holds 64 hexadecimal characters, and
-    /// [`Error::Config`] naming the variable otherwise (another text, or not UTF-8).
-    /// Whitespace around the key is ignored, as [`EncryptionKey::from_hex`] does, so a
-    /// value of whitespace alone is empty.
+    /// Read an optional hex key from an environment variable: no key (`Ok(None)`) only when
+    /// the variable is unset, the key when it holds 64 hexadecimal characters (whitespace
+    /// around them is ignored, as [`EncryptionKey::from_hex`] does), and an error naming the
+    /// variable otherwise: [`Error::EmptyKeyVariable`] when it is set but empty or blank,
+    /// [`Error::Config`] for another text or a value that is not UTF-8.
+    ///
+    /// A set but empty variable is an error, not "no key": it is what a failed key
+    /// generation (`$(openssl rand -hex 32)` when openssl fails) or a Secret with an empty
+    /// value gives, and taking it as no key would write the store in clear without anyone
+    /// having asked for that. To run without encryption on purpose, leave it unset.
     ///
     /// This is what `KUBE_PERSIST_KEY` means to the `kube-persist` tool and to the example
-    /// operator: in Kubernetes the variable comes from an optional Secret
-    /// (`secretKeyRef` with `optional: true`, as in `deploy/statefulset.yaml`), which leaves
-    /// it unset when the Secret is missing, and a Secret whose value is empty gives no key
-    /// either. Without a key a new store is written unencrypted; a store written with one
-    /// is refused without it ([`Error::Encryption`]), never read or wiped.
+    /// operator. Without a key a new store is written unencrypted (a writable open logs a
+    /// warning saying so); a store written with one is refused without it
+    /// ([`Error::Encryption`]), never read or wiped.
     ///
     /// ```
     /// use kube_persist::EncryptionKey;
-    /// // Unset (or empty): no key, not an error.
+    /// // Unset: no key, not an error (set to "", it would be Error::EmptyKeyVariable).
     /// assert!(EncryptionKey::from_env_optional("KUBE_PERSIST_DOC_UNSET_KEY")?.is_none());
     /// # Ok::<(), kube_persist::Error>(())
     /// ```
@@ -161,7 +195,9 @@ impl EncryptionKey {
             Error::Config(format!("environment variable {var} is not UTF-8"))
         })?);
         if text.trim().is_empty() {
-            return Ok(None);
+            return Err(Error::EmptyKeyVariable {
+                var: var.to_string(),
+            });
         }
         Self::from_hex(&text).map(Some).map_err(|e| match e {
             Error::Config(why) => Error::Config(format!("environment variable {var}: {why}")),
@@ -186,12 +222,13 @@ impl EncryptionKey {
         hex::encode(&h.finalize()[..8])
     }
 
-    /// The cipher of this key; [`Error::Config`] in a build without the `encryption` feature.
-    pub(crate) fn cipher(&self) -> Result<Cipher> {
+    /// The store's key, from which each stream's keys are derived; [`Error::Config`] in a
+    /// build without the `encryption` feature.
+    pub(crate) fn store_key(&self) -> Result<StoreKey> {
         #[cfg(feature = "encryption")]
         {
-            // The cipher keeps its own copy of the key, which it zeroes on drop.
-            Ok(Cipher(XChaCha20Poly1305::new((&**self.0).into())))
+            // A copy of its own, zeroed on drop.
+            Ok(StoreKey(Zeroizing::new(**self.0)))
         }
         #[cfg(not(feature = "encryption"))]
         Err(Error::Config(
@@ -200,9 +237,52 @@ impl EncryptionKey {
     }
 }
 
-/// Seals and opens record bodies.
+/// The configured key as an open store holds it. Nothing is sealed with it directly: each
+/// stream has keys of its own, [`StoreKey::stream_cipher`].
 #[cfg(feature = "encryption")]
-pub(crate) struct Cipher(XChaCha20Poly1305);
+pub(crate) struct StoreKey(Zeroizing<[u8; 32]>);
+
+/// Without the `encryption` feature no key can be configured.
+#[cfg(not(feature = "encryption"))]
+pub(crate) enum StoreKey {}
+
+#[cfg(feature = "encryption")]
+impl StoreKey {
+    /// The cipher of one stream: its keys derived (HMAC-SHA256) from the store's key, the
+    /// stream's name and `id`, the random id its keyspace got when it was started clean
+    /// (`keys::STREAM_ID_KEY`). A record sealed for one stream does not open in another, in
+    /// the same stream of another store (whose id differs) or in the same stream after a
+    /// wipe.
+    pub(crate) fn stream_cipher(&self, stream: &str, id: &[u8]) -> Cipher {
+        let stream_key = prf(
+            &self.0[..],
+            b"kube-persist stream key v1\0",
+            &[stream.as_bytes(), id],
+        );
+        let seal = prf(&stream_key[..], b"kube-persist record seal v1\0", &[]);
+        Cipher {
+            // The AEAD keeps its own copy of the key, which it zeroes on drop.
+            aead: XChaCha20Poly1305::new((&*seal).into()),
+            index: prf(&stream_key[..], b"kube-persist index token v1\0", &[]),
+        }
+    }
+}
+
+#[cfg(not(feature = "encryption"))]
+impl StoreKey {
+    pub(crate) fn stream_cipher(&self, _: &str, _: &[u8]) -> Cipher {
+        match *self {}
+    }
+}
+
+/// One stream's keys: seals and opens its records and index entry lists, and turns index
+/// values into tokens.
+#[cfg(feature = "encryption")]
+pub(crate) struct Cipher {
+    aead: XChaCha20Poly1305,
+    /// The HMAC key of [`Cipher::index_token`].
+    index: Zeroizing<[u8; 32]>,
+}
 
 /// Without the `encryption` feature no cipher can exist (no store holds one).
 #[cfg(not(feature = "encryption"))]
@@ -217,16 +297,30 @@ impl Cipher {
     pub(crate) fn open(&self, _: &[u8], _: &[u8]) -> Option<Vec<u8>> {
         match *self {}
     }
+
+    pub(crate) fn index_token(&self, _: &str, _: &str) -> String {
+        match *self {}
+    }
 }
 
 #[cfg(feature = "encryption")]
 impl Cipher {
+    /// What an encrypted stream stores in place of `value`, a value index `index`'s
+    /// function returned: a keyed hash (HMAC-SHA256, truncated to 128 bits, in hex) under
+    /// this stream's index key. Lookups need equality only, so a lookup hashes the value it
+    /// is given the same way; the value itself is never on disk, and without the key a
+    /// guessed value cannot be checked against it.
+    pub(crate) fn index_token(&self, index: &str, value: &str) -> String {
+        let mac = prf(&self.index[..], b"", &[index.as_bytes(), value.as_bytes()]);
+        hex::encode(&mac[..TOKEN_BYTES])
+    }
+
     /// `nonce || ciphertext` of `plain`, bound to `aad`.
     pub(crate) fn seal(&self, plain: &[u8], aad: &[u8]) -> Vec<u8> {
         let mut nonce = [0u8; NONCE_LEN];
         rand::rng().fill_bytes(&mut nonce);
         let ct = self
-            .0
+            .aead
             .encrypt(XNonce::from_slice(&nonce), Payload { msg: plain, aad })
             .expect("XChaCha20-Poly1305 encryption of an in-memory buffer cannot fail");
         let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
@@ -241,7 +335,7 @@ impl Cipher {
             return None;
         }
         let (nonce, ct) = sealed.split_at(NONCE_LEN);
-        self.0
+        self.aead
             .decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
             .ok()
     }
@@ -251,18 +345,82 @@ impl Cipher {
 mod tests {
     use super::*;
 
+    /// The cipher of stream `stream` with id `id` in a store of key `[b; 32]`.
+    fn cipher(b: u8, stream: &str, id: &[u8]) -> Cipher {
+        EncryptionKey::from_bytes([b; 32])
+            .store_key()
+            .unwrap()
+            .stream_cipher(stream, id)
+    }
+
     #[test]
     fn round_trip_and_tamper_detection() {
-        let c = EncryptionKey::from_bytes([7; 32]).cipher().unwrap();
+        let c = cipher(7, "pods", &[1; 16]);
         let sealed = c.seal(b"secret", b"key1");
         assert_eq!(c.open(&sealed, b"key1").as_deref(), Some(&b"secret"[..]));
         assert!(c.open(&sealed, b"key2").is_none(), "bound to its key");
         let mut flipped = sealed.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(c.open(&flipped, b"key1").is_none(), "tampering detected");
-        let other = EncryptionKey::from_bytes([8; 32]).cipher().unwrap();
+        let other = cipher(8, "pods", &[1; 16]);
         assert!(other.open(&sealed, b"key1").is_none(), "wrong key detected");
         assert_ne!(c.seal(b"secret", b"key1"), sealed, "fresh nonce per record");
+    }
+
+    /// Issue 60 item 4: each stream's keys are its own. A record sealed for one stream does
+    /// not open in another stream, in the same stream of another store (another id), or
+    /// under the configured key itself; index tokens are the same for the same stream,
+    /// index and value only, and carry nothing of the value.
+    #[test]
+    fn each_stream_has_keys_of_its_own() {
+        let c = cipher(7, "pods", &[1; 16]);
+        let sealed = c.seal(b"secret", b"key1");
+        assert_eq!(
+            cipher(7, "pods", &[1; 16])
+                .open(&sealed, b"key1")
+                .as_deref(),
+            Some(&b"secret"[..]),
+            "derived again, the same keys"
+        );
+        for (what, other) in [
+            ("another stream", cipher(7, "nodes", &[1; 16])),
+            ("another store's stream", cipher(7, "pods", &[2; 16])),
+            ("a name shifted into the id", cipher(7, "pod", b"s\x01")),
+        ] {
+            assert!(other.open(&sealed, b"key1").is_none(), "{what}");
+        }
+        let direct = XChaCha20Poly1305::new((&[7u8; 32]).into());
+        let (nonce, ct) = sealed.split_at(NONCE_LEN);
+        assert!(
+            direct
+                .decrypt(
+                    XNonce::from_slice(nonce),
+                    Payload {
+                        msg: ct,
+                        aad: b"key1"
+                    }
+                )
+                .is_err(),
+            "not sealed with the configured key itself"
+        );
+
+        let token = c.index_token("node", "node-1");
+        assert_eq!(
+            token,
+            cipher(7, "pods", &[1; 16]).index_token("node", "node-1")
+        );
+        assert_eq!(token.len(), 2 * TOKEN_BYTES);
+        assert!(!token.contains("node"));
+        for other in [
+            c.index_token("node", "node-2"),
+            c.index_token("zone", "node-1"),
+            c.index_token("nod", "enode-1"),
+            cipher(7, "nodes", &[1; 16]).index_token("node", "node-1"),
+            cipher(7, "pods", &[2; 16]).index_token("node", "node-1"),
+            cipher(8, "pods", &[1; 16]).index_token("node", "node-1"),
+        ] {
+            assert_ne!(token, other);
+        }
     }
 
     #[test]
@@ -288,8 +446,9 @@ mod tests {
         );
     }
 
-    /// Unset, empty and whitespace are no key; a key is a key; anything else is an error
-    /// naming the variable.
+    /// Unset is no key; a key is a key; empty or blank is [`Error::EmptyKeyVariable`] (issue
+    /// 60 item 2: it was no key, and the store was written in clear); anything else is an
+    /// error naming the variable.
     #[test]
     fn optional_env_key() {
         use std::ffi::OsString;
@@ -297,9 +456,15 @@ mod tests {
             EncryptionKey::from_optional_value("KEY_VAR", v.map(OsString::from))
                 .map(|k| k.map(|k| **k.0))
         };
-        for none in [None, Some(""), Some(" \n")] {
-            assert_eq!(key(none).unwrap(), None, "{none:?}");
+        assert_eq!(key(None).unwrap(), None, "unset");
+        for empty in ["", " \n", "\t"] {
+            match key(Some(empty)) {
+                Err(Error::EmptyKeyVariable { var }) => assert_eq!(var, "KEY_VAR"),
+                other => panic!("{empty:?}: {other:?}"),
+            }
         }
+        let err = key(Some("")).unwrap_err().to_string();
+        assert!(err.contains("KEY_VAR") && err.contains("empty"), "{err}");
         assert_eq!(key(Some(&"0a".repeat(32))).unwrap(), Some([10; 32]));
         for bad in ["0a", "no key", &"0a".repeat(33)] {
             let err = key(Some(bad)).unwrap_err();

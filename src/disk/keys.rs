@@ -5,8 +5,11 @@
 //! s<namespace>\0<name>   "seen unchanged" mark, only while a relist is in progress
 //! i<index>\0<value>\0<namespace>\0<name>   secondary index entry (empty value)
 //! x<namespace>\0<name>   the object's index entries, to remove them on update/delete
-//! m<name>                store metadata (state, identity, built indexes)
+//! m<name>                store metadata (state, identity, built indexes, the stream's id)
 //! ```
+//! In an encrypted stream an index entry's `<value>` is a keyed hash of the value
+//! (`Cipher::index_token`, 32 hex characters), never the value, and the `x` entry lists
+//! (which hold those hashes) are sealed.
 //! Keys order by namespace, then name, so one namespace is one prefix scan.
 //!
 //! A durable controller's reconcile state has a keyspace of its own (`controller/<name>`),
@@ -25,6 +28,11 @@ pub(crate) const ENTRIES: u8 = b'x';
 pub(crate) const STATE_KEY: &[u8] = b"mstate";
 pub(crate) const INDEXES_KEY: &[u8] = b"mindexes";
 pub(crate) const IDENTITY_KEY: &[u8] = b"midentity";
+/// A random id (16 bytes, `record::encode`d) given to the keyspace whenever it is started
+/// clean (a new stream, or one wiped for another identity). An encrypted stream's keys are
+/// derived from it (`StoreKey::stream_cipher`), so that its records open in this keyspace
+/// only.
+pub(crate) const STREAM_ID_KEY: &[u8] = b"mstreamid";
 /// The shard a sharded stream keeps (absent: the whole collection).
 pub(crate) const SHARD_KEY: &[u8] = b"mshard";
 /// Present while objects outside a narrowed shard are being pruned: the last key pruned.

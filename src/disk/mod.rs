@@ -14,8 +14,8 @@ mod perms;
 pub(crate) mod record;
 
 pub use config::{Compression, DbConfig, Durability};
-pub(crate) use crypto::Cipher;
 pub use crypto::EncryptionKey;
+pub(crate) use crypto::{Cipher, StoreKey};
 pub(crate) use engine::{
     Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
     open as open_storage, refuse_foreign, wait_released,

@@ -15,13 +15,20 @@ use crate::model::Error;
 /// Version of the on-disk format. Part of the store identity: a store written with a
 /// format version this one cannot read is not resumed but rebuilt.
 ///
+/// 4: an encrypted stream seals with keys of its own, derived from the store's key, its
+/// name and the random id its keyspace got when it was started clean
+/// (`keys::STREAM_ID_KEY`); its index keys hold keyed hashes of the values, not the values,
+/// and its index entry lists are sealed. An unencrypted stream is laid out as in format 3.
 /// 3: bodies are compressed with LZ4 (codec byte 2). 2: with zstd; its records are the
-/// same layout (codec byte 1 was its `compressed: true`), so format 2 stores are read and
-/// resumed, and written in format 3 from then on.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+/// same layout (codec byte 1 was its `compressed: true`).
+pub(crate) const FORMAT_VERSION: u32 = 4;
 
-/// Older format versions whose stores this version reads and resumes without a relist.
-pub(crate) const READABLE_FORMATS: &[u32] = &[2];
+/// Older format versions whose unencrypted streams this version reads and resumes without a
+/// relist (they are written in [`FORMAT_VERSION`] from then on). An encrypted stream of an
+/// older format is never read: its records were sealed with the store's key itself and its
+/// index values are in clear, so opening it for writing rebuilds it (a relist under the new
+/// keys) and reading it without a writer is [`Error::Encryption`].
+pub(crate) const READABLE_FORMATS: &[u32] = &[2, 3];
 
 /// The largest body a record may claim to decompress to (guards against corrupt sizes):
 /// far above any object the API server stores (etcd's limit is 1.5 MiB by default).
@@ -218,6 +225,48 @@ fn aad(key: &[u8], resource_version: &str, uid: &str, epoch: u64, codec: u8) -> 
     aad.extend_from_slice(&epoch.to_be_bytes());
     aad.push(codec);
     aad
+}
+
+/// Authenticated data of a sealed value ([`encode_sealed`]): its key, under a label no
+/// object record's authenticated data starts with.
+fn value_aad(key: &[u8]) -> Vec<u8> {
+    let mut aad = b"kube-persist sealed value v1\0".to_vec();
+    aad.extend_from_slice(key);
+    aad
+}
+
+/// A stored value other than an object record (an object's index entry list) as it is
+/// written: [`encode`]d, then, when the stream is encrypted, sealed with its cipher and
+/// bound to `key`, so that it neither shows its contents nor opens under another key.
+pub(crate) fn encode_sealed<T: Serialize>(
+    value: &T,
+    key: &[u8],
+    cipher: Option<&Cipher>,
+) -> Vec<u8> {
+    let plain = encode(value);
+    match cipher {
+        Some(c) => c.seal(&plain, &value_aad(key)),
+        None => plain,
+    }
+}
+
+/// The value [`encode_sealed`] wrote at `key`, or why it cannot be read (it does not
+/// decode, or, sealed, fails authentication: another key, another stream, or modified).
+pub(crate) fn decode_sealed<T: DeserializeOwned>(
+    bytes: &[u8],
+    key: &[u8],
+    cipher: Option<&Cipher>,
+) -> Result<T, String> {
+    match cipher {
+        Some(c) => {
+            let plain = c.open(bytes, &value_aad(key)).ok_or_else(|| {
+                "sealed value fails authentication (wrong key, another stream's, or modified on disk)"
+                    .to_string()
+            })?;
+            decode(&plain)
+        }
+        None => decode(bytes),
+    }
 }
 
 /// Decode the head of an encoded [`Record`], ignoring the body that follows. Bounded like
@@ -457,8 +506,10 @@ pub(crate) fn fuzz_decode(bytes: &[u8]) {
     if let Ok(view) = decode_ref(bytes) {
         let _ = view.open(b"o\0k", None);
         #[cfg(feature = "encryption")]
-        if let Ok(c) = crate::disk::EncryptionKey::from_bytes([7; 32]).cipher() {
+        if let Ok(k) = crate::disk::EncryptionKey::from_bytes([7; 32]).store_key() {
+            let c = k.stream_cipher("pods", &[1; 16]);
             let _ = view.open(b"o\0k", Some(&c));
+            let _ = decode_sealed::<Vec<(String, String)>>(bytes, b"x\0k", Some(&c));
         }
     }
     for codec in [Codec::Plain, Codec::Zstd, Codec::Lz4] {
@@ -541,8 +592,9 @@ mod tests {
         let json = br#"{"metadata":{"name":"a"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;
         let key = b"o\0a";
         let cipher = crate::disk::EncryptionKey::from_bytes([3; 32])
-            .cipher()
-            .unwrap();
+            .store_key()
+            .unwrap()
+            .stream_cipher("pods", &[1; 16]);
         for (compress, c) in [
             (Compression::Off, None),
             (Compression::Lz4, None),

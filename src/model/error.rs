@@ -134,6 +134,18 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// An environment variable meant to hold an encryption key is set, but empty or blank
+    /// ([`EncryptionKey::from_env_optional`](crate::EncryptionKey::from_env_optional)). Most
+    /// often the command meant to generate the key failed (`$(openssl rand -hex 32)` is
+    /// empty then), and taking it as no key would write the store in clear. To run without
+    /// encryption on purpose, leave the variable unset.
+    #[error(
+        "environment variable {var} is set but empty: it must hold an encryption key (64 hexadecimal characters), or be unset to run without encryption"
+    )]
+    EmptyKeyVariable {
+        /// The variable's name.
+        var: String,
+    },
     /// The store directory was written by another storage engine than the one explicitly
     /// requested with [`DbConfig::engine`](crate::DbConfig::engine). (Without that choice a
     /// store is opened with the engine recorded in it.) Nothing in the store is touched.

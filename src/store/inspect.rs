@@ -9,7 +9,7 @@ use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
 use crate::disk::keys::{self, FETCHED_KEY, IDENTITY_KEY, OBJECT, PRUNE_KEY, SHARD_KEY, STATE_KEY};
-use crate::disk::record::{self, Record};
+use crate::disk::record::{self, FORMAT_VERSION, Record};
 use crate::model::Shard;
 use crate::model::{Error, Result};
 
@@ -209,6 +209,7 @@ pub(super) fn stored_versions(dir: &Dir, stream: &str) -> Result<StoredVersions>
 fn readable(dir: &Dir, stream: &str) -> Result<Readable> {
     let backend = stream_keyspace(dir, stream)?;
     let identity = dir.read_meta::<Identity>(&*backend, stream, IDENTITY_KEY)?;
+    let identity_format = identity.as_ref().map(|i| i.format_version);
     let stored = identity.and_then(|i| i.encryption);
     if stored.is_some() && stored != dir.key_fingerprint() {
         return Err(Error::Encryption {
@@ -219,7 +220,20 @@ fn readable(dir: &Dir, stream: &str) -> Result<Readable> {
             ),
         });
     }
-    let cipher = if stored.is_some() { dir.cipher() } else { None };
+    let cipher = match identity_format {
+        _ if stored.is_none() => None,
+        Some(format) if format != FORMAT_VERSION => {
+            return Err(Error::Encryption {
+                path: dir.inner.path.clone(),
+                detail: format!(
+                    "stream {stream:?} is encrypted in format {format}, which this version does \
+                     not read (its records are not bound to their stream): open it as a \
+                     stream to rebuild it, or drop it"
+                ),
+            });
+        }
+        _ => dir.stream_cipher(&*backend, stream)?,
+    };
     Ok((backend, cipher))
 }
 

@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::disk::{
-    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StreamLease,
-    record,
+    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StoreKey,
+    StreamLease, keys, record,
 };
 use crate::exec::DiskWorker;
 use crate::model::{Engine, Error, Result, Shard};
@@ -75,7 +75,8 @@ struct DirInner {
     engine: Engine,
     path: PathBuf,
     config: DbConfig,
-    cipher: Option<Arc<Cipher>>,
+    /// The configured key, from which each encrypted stream's keys are derived.
+    key: Option<Arc<StoreKey>>,
     /// The keyspaces held by a writer in this process.
     leases: Arc<Leases>,
     /// Each stream's hot cache, shared by every `Reader` and writer of the stream in this
@@ -151,12 +152,12 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     }
 }
 
-/// The cipher of the configured key, if any.
-fn cipher_of(config: &DbConfig) -> Result<Option<Arc<Cipher>>> {
+/// The configured key, if any ([`Error::Config`] in a build without encryption).
+fn key_of(config: &DbConfig) -> Result<Option<Arc<StoreKey>>> {
     config
         .encryption
         .as_ref()
-        .map(|key| key.cipher().map(Arc::new))
+        .map(|key| key.store_key().map(Arc::new))
         .transpose()
 }
 
@@ -198,22 +199,25 @@ impl Dir {
         // Before the engine creates its files: a directory this process cannot make private
         // (not its owner, as a volume root seen through fsGroup) fails here, leaving nothing.
         disk::tighten(&path)?;
-        let cipher = cipher_of(&config)?;
+        let key = key_of(&config)?;
         let storage = open_after_close(&path, || crate::disk::open_storage(&path, &config))?;
         disk::tighten(&path)?;
         let engine = storage.engine();
-        tracing::info!(path = %path.display(), %engine, "store opened");
+        let encrypted = key.is_some();
+        tracing::info!(path = %path.display(), %engine, encrypted, "store opened");
+        if !encrypted {
+            tracing::warn!(path = %path.display(), encrypted,
+                "store is not encrypted: objects written to it are stored in clear (DbConfig::encryption_key to encrypt)");
+        }
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Dir::from_parts(
-            storage, engine, path, cipher, config, worker,
-        ))
+        Ok(Dir::from_parts(storage, engine, path, key, config, worker))
     }
 
     fn from_parts(
         storage: Arc<dyn Storage>,
         engine: Engine,
         path: PathBuf,
-        cipher: Option<Arc<Cipher>>,
+        key: Option<Arc<StoreKey>>,
         config: DbConfig,
         worker: DiskWorker,
     ) -> Dir {
@@ -222,7 +226,7 @@ impl Dir {
                 storage,
                 engine,
                 path,
-                cipher,
+                key,
                 config,
                 leases: Arc::default(),
                 caches: Mutex::default(),
@@ -235,14 +239,13 @@ impl Dir {
     /// permission changed, no lease ever granted (every stream and controller open is
     /// refused, so nothing writes).
     fn open_read_only(path: PathBuf, config: DbConfig) -> Result<Dir> {
-        let cipher = cipher_of(&config)?;
+        let key = key_of(&config)?;
         let storage = disk::open_storage(&path, &config)?;
         let engine = storage.engine();
-        tracing::debug!(path = %path.display(), %engine, "store opened read-only");
+        tracing::debug!(path = %path.display(), %engine, encrypted = key.is_some(),
+            "store opened read-only");
         let worker = DiskWorker::spawn(&path)?;
-        Ok(Dir::from_parts(
-            storage, engine, path, cipher, config, worker,
-        ))
+        Ok(Dir::from_parts(storage, engine, path, key, config, worker))
     }
 
     /// The work of [`Db::destroy`](crate::Db::destroy).
@@ -279,8 +282,29 @@ impl Dir {
         self.inner.worker.clone()
     }
 
-    pub(crate) fn cipher(&self) -> Option<Arc<Cipher>> {
-        self.inner.cipher.clone()
+    /// The cipher of stream `stream`, whose keyspace is `backend`: `None` without a key,
+    /// else its keys derived from the configured key and the stream's id
+    /// (`keys::STREAM_ID_KEY`). Call it only for a stream that is encrypted with this key (its
+    /// identity checked); one without an id is [`Error::Corrupt`].
+    // Without the `encryption` feature no key exists (`StoreKey` has no value).
+    #[cfg_attr(not(feature = "encryption"), allow(unreachable_code))]
+    pub(crate) fn stream_cipher(
+        &self,
+        backend: &dyn Backend,
+        stream: &str,
+    ) -> Result<Option<Arc<Cipher>>> {
+        let Some(key) = &self.inner.key else {
+            return Ok(None);
+        };
+        let Some(id) = self.read_meta::<Vec<u8>>(backend, stream, keys::STREAM_ID_KEY)? else {
+            return Err(record::corrupt_in(
+                &self.inner.path,
+                &format!("stream {stream:?}"),
+                keys::STREAM_ID_KEY,
+                "an encrypted stream without its id: its records cannot be opened",
+            ));
+        };
+        Ok(Some(Arc::new(key.stream_cipher(stream, &id))))
     }
 
     /// Fingerprint of the configured encryption key, if any.
@@ -438,5 +462,102 @@ impl Dir {
     /// (`inspect.rs`).
     pub(crate) fn stored_versions(&self, stream: &str) -> Result<StoredVersions> {
         inspect::stored_versions(self, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// What a test's log events say, formatted as the `fmt` subscriber writes them.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+        type Writer = Logs;
+
+        fn make_writer(&'a self) -> Logs {
+            self.clone()
+        }
+    }
+
+    /// The log lines `f` emits on this thread.
+    fn logged(f: impl FnOnce()) -> Vec<String> {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// Issue 60 item 2: every open line says whether the store is encrypted, and a writable
+    /// open without a key warns that the store is not (read-only opens write nothing).
+    #[test]
+    fn the_open_line_says_whether_the_store_is_encrypted() {
+        let line = |lines: &[String], what: &str| {
+            lines
+                .iter()
+                .find(|l| l.contains(what))
+                .unwrap_or_else(|| panic!("no {what:?} line in {lines:#?}"))
+                .clone()
+        };
+        let not_encrypted = |lines: &[String]| {
+            lines
+                .iter()
+                .any(|l| l.contains("WARN") && l.contains("store is not encrypted"))
+        };
+        for engine in [Engine::Redb, Engine::Sled] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("plain");
+            let config = DbConfig::default().engine(engine);
+            let lines = logged(|| drop(Dir::open(&dir, config.clone()).unwrap()));
+            assert!(
+                line(&lines, "store opened").contains("encrypted=false"),
+                "{engine}: {lines:#?}"
+            );
+            assert!(not_encrypted(&lines), "{engine}: {lines:#?}");
+            // sled has no read-only mode.
+            if engine == Engine::Redb {
+                let lines = logged(|| drop(Dir::open(&dir, config.clone().read_only()).unwrap()));
+                assert!(
+                    line(&lines, "store opened read-only").contains("encrypted=false"),
+                    "{engine}: {lines:#?}"
+                );
+            }
+            #[cfg(feature = "encryption")]
+            {
+                let dir = tmp.path().join("sealed");
+                let config = config.encryption_key(EncryptionKey::from_bytes([5; 32]));
+                let lines = logged(|| drop(Dir::open(&dir, config.clone()).unwrap()));
+                assert!(
+                    line(&lines, "store opened").contains("encrypted=true"),
+                    "{engine}: {lines:#?}"
+                );
+                assert!(!not_encrypted(&lines), "{engine}: {lines:#?}");
+                if engine == Engine::Redb {
+                    let lines = logged(|| drop(Dir::open(&dir, config.read_only()).unwrap()));
+                    assert!(
+                        line(&lines, "store opened read-only").contains("encrypted=true"),
+                        "{engine}: {lines:#?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -54,7 +54,8 @@ where
     let (tx, rx) = StatusTx::channel();
     let path = dir.path().to_path_buf();
     let cache = dir.hot_cache(name, hot_cache_bytes);
-    let cipher = dir.cipher();
+    // The stream's identity is checked: with a key, it is encrypted with this one.
+    let cipher = dir.stream_cipher(&*opened.backend, name)?;
     let closer = opened.lease.closer();
     let mut writer = Writer::new(WriterParts {
         backend: opened.backend.clone(),
@@ -156,6 +157,9 @@ pub(super) fn stream(
             let state = State::default();
             let mut b = WriteBatch::default();
             b.put(keys::IDENTITY_KEY.to_vec(), record::encode(identity));
+            // A new id for each clean start: what was sealed before it does not open.
+            let id = rand::random::<[u8; 16]>().to_vec();
+            b.put(keys::STREAM_ID_KEY.to_vec(), record::encode(&id));
             b.put(keys::STATE_KEY.to_vec(), record::encode(&state));
             if let Some(shard) = shard {
                 b.put(keys::SHARD_KEY.to_vec(), record::encode(shard));
@@ -211,9 +215,15 @@ pub(crate) fn plan(stored: &Stored<'_>, identity: &Identity, shard: Option<&Shar
         };
     }
     if !old.resumes_as(identity) {
-        return OpenPlan::Wipe {
-            why: old.difference(identity),
-        };
+        let mut why = old.difference(identity);
+        if old.encryption.is_some() && old.format_version != identity.format_version {
+            why.push_str(&format!(
+                " (an encrypted stream of format {} is rebuilt: its records were not bound to \
+                 their stream and its index values were stored in clear)",
+                old.format_version
+            ));
+        }
+        return OpenPlan::Wipe { why };
     }
     // A shard inside the stored one keeps the checkpoint.
     let narrow = match (stored.shard, shard) {
@@ -363,6 +373,29 @@ mod tests {
             plan(&stored(Some(&sealed), None, None), &other_key, None),
             OpenPlan::WrongKey { has_key: true }
         );
+        // Issue 60 item 4: an encrypted stream of an older format (records sealed with the
+        // store's key itself, index values in clear) is rebuilt, saying why, never resumed;
+        // an unencrypted one of the same format resumes (above).
+        let old_sealed: Vec<Identity> = [2, 3]
+            .into_iter()
+            .map(|format| Identity {
+                encryption: Some("k1".into()),
+                ..identity(format)
+            })
+            .collect();
+        for old_sealed in &old_sealed {
+            let format = old_sealed.format_version;
+            let why = wipe(plan(
+                &stored(Some(old_sealed), None, Some(&synced)),
+                &sealed,
+                None,
+            ));
+            assert!(
+                why.contains(&format!("format_version: {format} -> {FORMAT_VERSION}"))
+                    && why.contains("rebuilt"),
+                "{why}"
+            );
+        }
     }
 
     /// A format 2 store (zstd bodies) is resumed, not relisted, and its records still read;

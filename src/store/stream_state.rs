@@ -115,10 +115,12 @@ pub(crate) struct Identity {
 
 impl Identity {
     /// Whether a stream stored with this identity resumes as `current`: the same, or the
-    /// same but written by an older format this version reads ([`READABLE_FORMATS`]).
+    /// same but unencrypted and written by an older format this version reads
+    /// ([`READABLE_FORMATS`]; an encrypted stream of an older format is rebuilt).
     pub(crate) fn resumes_as(&self, current: &Identity) -> bool {
         self == current
             || (READABLE_FORMATS.contains(&self.format_version)
+                && self.encryption.is_none()
                 && Identity {
                     format_version: current.format_version,
                     ..self.clone()

@@ -1,14 +1,16 @@
 //! Data at rest: directory and file permissions (and the refusal of a directory that is not
 //! a store's), the Secret opt-in, and encryption of stored objects (round trip, missing
-//! key, wrong key, a modified record on disk).
+//! key, wrong key, a modified record on disk, a record copied from another stream or store,
+//! index values kept off disk).
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::common::*;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
-use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};
+use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, Reader, StreamConfig};
 use kube_persist_testkit::ResourceType;
 
 fn assert_private(dir: &Path) {
@@ -237,6 +239,195 @@ async fn modified_encrypted_record_is_a_corruption_error(engine: Engine) {
     );
 }
 
+/// The number in a fixture pod's name (`pod-17`: 17).
+fn pod_number(p: &Pod) -> usize {
+    let name = p.metadata.name.as_deref().unwrap_or_default();
+    name.trim_start_matches("pod-")
+        .parse()
+        .unwrap_or(usize::MAX)
+}
+
+/// An index value that appears nowhere in the objects, so that finding it on disk can only
+/// mean the index stored it.
+fn marker(p: &Pod) -> Vec<String> {
+    vec![format!("idx-marker-{}", pod_number(p) % 4)]
+}
+
+/// A second such index, built from disk when it is added to a stored stream.
+fn second(p: &Pod) -> Vec<String> {
+    vec![format!("idx-second-{}", pod_number(p) % 3)]
+}
+
+/// The names of the pods `reader` finds under `value` of `index` (once the index is usable).
+async fn looked_up(reader: &Reader<Pod>, index: &str, value: &str) -> BTreeSet<String> {
+    eventually(&format!("index {index} usable"), || {
+        reader.by_index(index, value).is_ok()
+    })
+    .await;
+    reader
+        .by_index(index, value)
+        .unwrap()
+        .map(|p| p.unwrap().metadata.name.clone().unwrap())
+        .collect()
+}
+
+/// Issue 60 item 4: with a key, index keys carry keyed hashes of the values an index
+/// function returns, never the values (nor do the sealed entry lists), whether the entries
+/// are written with their objects or built from disk for an index added later; lookups by
+/// value still find exactly the objects, across a restart too. Without a key, the same
+/// check does see the values (so it can see them).
+///
+/// Seen failing without the fix: index keys held `idx-marker-N` in clear, and the check
+/// found it in the engine's file of the encrypted store.
+async fn encrypted_index_values_are_not_on_disk_and_lookups_work(engine: Engine) {
+    let fx = Fixture::with_pods(60, 2).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let want = |of: fn(&Pod) -> Vec<String>, value: &str| -> BTreeSet<String> {
+        (0..60)
+            .filter(|&i| {
+                let mut p = Pod::default();
+                p.metadata.name = Some(format!("pod-{i}"));
+                of(&p) == [value.to_string()]
+            })
+            .map(|i| format!("pod-{i}"))
+            .collect()
+    };
+    for encrypted in [true, false] {
+        let dir = tmp.path().join(format!("encrypted-{encrypted}"));
+        let open = || {
+            // Uncompressed, so that only encryption can hide what is stored.
+            let mut cfg = DbConfig::default().engine(engine).compression(false);
+            if encrypted {
+                cfg = cfg.encryption_key(key(1));
+            }
+            Db::open_with(&dir, cfg).unwrap()
+        };
+        {
+            // Entries written with their objects.
+            let db = open();
+            let (reader, w) = fx
+                .synced_pods(&db, StreamConfig::default().index("marker", marker))
+                .await;
+            for m in 0..4 {
+                let value = format!("idx-marker-{m}");
+                assert_eq!(
+                    looked_up(&reader, "marker", &value).await,
+                    want(marker, &value)
+                );
+            }
+            assert!(
+                looked_up(&reader, "marker", "idx-marker-9")
+                    .await
+                    .is_empty()
+            );
+            w.stop().await;
+            db.flush().unwrap();
+        }
+        {
+            // Resumed, with an index added: built from disk.
+            let db = open();
+            let config = StreamConfig::default()
+                .index("marker", marker)
+                .index("second", second);
+            let (reader, mut w) = fx.watch_pods(&db, config);
+            assert!(matches!(w.until(|_| true).await[0], Ev::Resumed(_)));
+            for m in 0..3 {
+                let value = format!("idx-second-{m}");
+                assert_eq!(
+                    looked_up(&reader, "second", &value).await,
+                    want(second, &value)
+                );
+            }
+            let value = "idx-marker-2";
+            assert_eq!(
+                looked_up(&reader, "marker", value).await,
+                want(marker, value)
+            );
+            w.stop().await;
+            db.flush().unwrap();
+        }
+        for needle in [&b"idx-marker-"[..], b"idx-second-"] {
+            assert_eq!(
+                on_disk(&dir, needle),
+                !encrypted,
+                "{}: index values on disk, encrypted: {encrypted}",
+                String::from_utf8_lossy(needle)
+            );
+        }
+    }
+}
+
+/// Open stream `name` of `db` with the fixture's pods and wait for its first list.
+async fn synced_stream(fx: &Fixture, db: &Db, name: &str) {
+    let (_reader, watcher) = db.store(name, fx.pods(), StreamConfig::default()).unwrap();
+    let mut w = drive(watcher);
+    w.until(|e| *e == Ev::InitDone).await;
+    w.stop().await;
+}
+
+/// Issue 60 item 4: a sealed record is bound to its stream and store. The same object's
+/// record, valid where it was written, copied over its record in another stream of the same
+/// store, or in the same stream of another store with the same key, fails authentication
+/// there (`Error::Corrupt`); the other records still read.
+///
+/// Seen failing without the fix: every stream was sealed with the store's key itself, and
+/// the copies opened (`Ok(Some(pod))`) in both places.
+async fn a_record_copied_to_another_stream_or_store_fails_authentication(engine: Engine) {
+    let fx = Fixture::with_pods(20, 1).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let config = || DbConfig::default().engine(engine).encryption_key(key(1));
+    for (dir, streams) in [(&a, &["pods", "pods-2"][..]), (&b, &["pods"])] {
+        let db = Db::open_with(dir, config()).unwrap();
+        for stream in streams {
+            synced_stream(&fx, &db, stream).await;
+        }
+        db.flush().unwrap();
+    }
+    let key3 = b"ons-0\0pod-3";
+    let mut copied = None;
+    raw_edit(engine, &a, "stream/pods", key3, |v| {
+        copied = v.clone();
+        v
+    });
+    let copied = copied.expect("record present");
+    for (dir, table) in [(&a, "stream/pods-2"), (&b, "stream/pods")] {
+        raw_edit(engine, dir, table, key3, |v| {
+            assert!(v.is_some(), "{table}: its own pod-3");
+            Some(copied.clone())
+        });
+    }
+    for (dir, stream, what) in [
+        (&a, "pods", "where it was written"),
+        (&a, "pods-2", "another stream of the store"),
+        (&b, "pods", "the same stream of another store"),
+    ] {
+        let db = Db::open_with(dir, config()).unwrap();
+        let (reader, _w) = db
+            .store(stream, fx.pods(), StreamConfig::default())
+            .unwrap();
+        let got = reader.get_named(Some("ns-0"), "pod-3");
+        if stream == "pods" && dir == &a {
+            assert!(got.unwrap().is_some(), "{what}: the record reads");
+        } else {
+            match got {
+                Err(Error::Corrupt { detail, .. }) => {
+                    assert!(detail.contains("authentication"), "{what}: {detail}")
+                }
+                // Not the whole object: only whether it read.
+                other => panic!(
+                    "{what}: expected a corruption error, got {:?}",
+                    other.map(|pod| pod.is_some())
+                ),
+            }
+        }
+        assert!(
+            reader.get_named(Some("ns-0"), "pod-4").unwrap().is_some(),
+            "{what}: other records still read"
+        );
+    }
+}
+
 /// Every codec round-trips, with and without encryption, and the codec can change between
 /// runs of one store: records written with each stay readable next to the others, and the
 /// watch resumes without a LIST.
@@ -361,6 +552,8 @@ engine_tests! {
         world_readable_store_is_tightened_or_refused,
         secrets_need_an_explicit_opt_in,
         encrypted_store_round_trip_and_wrong_or_missing_key,
-        modified_encrypted_record_is_a_corruption_error;
+        modified_encrypted_record_is_a_corruption_error,
+        encrypted_index_values_are_not_on_disk_and_lookups_work,
+        a_record_copied_to_another_stream_or_store_fails_authentication;
     sync: a_directory_holding_other_files_is_refused_and_left_alone,
 }

@@ -423,11 +423,12 @@ async fn livez_asks_for_a_restart_once_space_is_back() {
 }
 
 /// `KUBE_PERSIST_KEY` as the operator reads it, by the library's one rule
-/// (`EncryptionKey::from_env_optional`, which the `kube-persist` tool follows too): empty is
+/// (`EncryptionKey::from_env_optional`, which the `kube-persist` tool follows too): unset is
 /// no key (the store is written unencrypted), 64 hex characters encrypt the store, and any
-/// other value stops the operator before it opens the store.
+/// other value, empty or blank included (issue 60 item 2: empty was no key), stops the
+/// operator before it opens the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_env_empty_is_no_key() {
+async fn key_env_empty_is_refused() {
     common::init_tracing();
     let server = common::pod_server(20).await;
     let url = server.url();
@@ -436,9 +437,15 @@ async fn key_env_empty_is_no_key() {
     let fingerprint = kube_persist::EncryptionKey::from_hex(&hex)
         .unwrap()
         .fingerprint();
-    for (value, want) in [("", None), (hex.as_str(), Some(fingerprint))] {
-        let dir = tmp.path().join(format!("store-{}", value.len()));
-        let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", value.as_ref())]);
+    for (value, want) in [(None, None), (Some(hex.as_str()), Some(fingerprint))] {
+        let dir = tmp
+            .path()
+            .join(format!("store-{}", value.map_or(0, str::len)));
+        let env: Vec<(&str, &std::ffi::OsStr)> = value
+            .map(|v| ("KUBE_PERSIST_KEY", v.as_ref()))
+            .into_iter()
+            .collect();
+        let op = Operator::spawn_with(&dir, &url, &env);
         op.ready().await;
         let (ok, _, stopped) = op.terminate();
         assert!(
@@ -453,16 +460,21 @@ async fn key_env_empty_is_no_key() {
             "KUBE_PERSIST_KEY={value:?}: the store's key"
         );
     }
-    let dir = tmp.path().join("store-bad");
-    let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", "not-a-key".as_ref())]);
-    let (ok, lines) = op.wait();
-    assert!(
-        !ok,
-        "the operator ran with KUBE_PERSIST_KEY=not-a-key: {lines:?}"
-    );
-    assert!(
-        !lines.iter().any(|l| l.contains("operator listening on ")),
-        "{lines:?}"
-    );
-    assert!(!dir.exists(), "a store was created with a bad key");
+    for bad in ["not-a-key", "", " \n"] {
+        let dir = tmp.path().join("store-bad");
+        let op = Operator::spawn_with(&dir, &url, &[("KUBE_PERSIST_KEY", bad.as_ref())]);
+        let (ok, lines) = op.wait();
+        assert!(
+            !ok,
+            "the operator ran with KUBE_PERSIST_KEY={bad:?}: {lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("operator listening on ")),
+            "{lines:?}"
+        );
+        assert!(
+            !dir.exists(),
+            "a store was created with KUBE_PERSIST_KEY={bad:?}"
+        );
+    }
 }

@@ -54,7 +54,11 @@ where
                 "index {index:?} is not configured on this stream, or is still being built"
             )));
         }
-        let prefix = keys::index_prefix(index, value);
+        // An encrypted stream stores a keyed hash of each value: look that up.
+        let prefix = match &reader.cipher {
+            Some(c) => keys::index_prefix(index, &c.index_token(index, value)),
+            None => keys::index_prefix(index, value),
+        };
         let end = keys::prefix_end(&prefix);
         let (reader2, prefix_len) = (reader.clone(), prefix.len());
         let get: MapFn<Result<Option<Arc<K>>>> = Arc::new(move |(key, _)| {

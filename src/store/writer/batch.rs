@@ -180,8 +180,10 @@ impl<'w> Batch<'w> {
         );
         if self.w.indexed {
             let old = self.w.ks.entries(&o.suffix, &self.pending_entries)?;
-            reindex(&mut self.writes, &o.suffix, &old, &o.index);
-            self.pending_entries.insert(o.suffix.clone(), o.index);
+            let new = self.w.ks.stored_entries(o.index);
+            let cipher = self.w.ks.cipher.as_deref();
+            reindex(&mut self.writes, &o.suffix, &old, &new, cipher);
+            self.pending_entries.insert(o.suffix.clone(), new);
         }
         let rec = Record::sealed(record::Sealing {
             key: &key,
@@ -221,7 +223,13 @@ impl<'w> Batch<'w> {
         self.fresh.remove(&key);
         self.writes.delete(key);
         let old = self.w.ks.entries(&suffix, &self.pending_entries)?;
-        reindex(&mut self.writes, &suffix, &old, &[]);
+        reindex(
+            &mut self.writes,
+            &suffix,
+            &old,
+            &[],
+            self.w.ks.cipher.as_deref(),
+        );
         self.pending_entries.insert(suffix.clone(), Vec::new());
         self.pending.insert(suffix, None);
         if let (true, Some(body)) = (self.emit, body) {

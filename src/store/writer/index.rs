@@ -1,22 +1,26 @@
 //! Secondary index upkeep: each object's entries are replaced in the same batch as the
 //! object ([`reindex`]); indexes are built from disk in chunks ([`chunk`]) and dropped when
-//! no longer configured ([`plan`], [`drop`]).
+//! no longer configured ([`plan`], [`drop`]). In an encrypted stream the entries hold keyed
+//! hashes of the values (`Keyspace::stored_entries`), and the entry lists are sealed.
 
 use super::keyspace::Keyspace;
-use crate::disk::WriteBatch;
 use crate::disk::keys::{self, ENTRIES, INDEXES_KEY, OBJECT};
 use crate::disk::record;
+use crate::disk::{Cipher, WriteBatch};
 use crate::model::Result;
 
-/// Index entries of one object: (index name, value).
+/// Index entries of one object: (index name, value). As stored, and as `reindex` takes
+/// them, the values of an encrypted stream are their tokens (`Keyspace::stored_entries`).
 pub(crate) type IndexEntries = Vec<(String, String)>;
 
-/// Replace an object's index entries `old` by `new` in `batch`.
+/// Replace an object's index entries `old` by `new` (both as stored) in `batch`; its entry
+/// list is sealed with `cipher` in an encrypted stream.
 pub(super) fn reindex(
     batch: &mut WriteBatch,
     suffix: &[u8],
     old: &[(String, String)],
     new: &[(String, String)],
+    cipher: Option<&Cipher>,
 ) {
     if old == new {
         return;
@@ -35,7 +39,8 @@ pub(super) fn reindex(
     if new.is_empty() {
         batch.delete(key);
     } else {
-        batch.put(key, record::encode(&new.to_vec()));
+        let list = record::encode_sealed(&new.to_vec(), &key, cipher);
+        batch.put(key, list);
     }
 }
 
@@ -115,7 +120,8 @@ pub(super) fn chunk(
         match inspect(&body) {
             Ok(new) => {
                 let old = ks.entries(&suffix, &none)?;
-                reindex(&mut batch, &suffix, &old, &new);
+                let new = ks.stored_entries(new);
+                reindex(&mut batch, &suffix, &old, &new, ks.cipher.as_deref());
             }
             Err(e) => {
                 tracing::warn!(object = %keys::display(&suffix), error = %e, "not indexed: does not decode")

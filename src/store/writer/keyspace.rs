@@ -95,7 +95,24 @@ impl Keyspace {
         Ok(heads)
     }
 
-    /// The index entries stored for an object (or written earlier in this batch: `pending`).
+    /// The entries an object's index function returned, as they are stored: in an encrypted
+    /// stream, each value replaced by its token (`Cipher::index_token`), which is what a
+    /// lookup of that value looks for; else as they are.
+    pub(super) fn stored_entries(&self, entries: IndexEntries) -> IndexEntries {
+        match &self.cipher {
+            None => entries,
+            Some(c) => entries
+                .into_iter()
+                .map(|(index, value)| {
+                    let token = c.index_token(&index, &value);
+                    (index, token)
+                })
+                .collect(),
+        }
+    }
+
+    /// The index entries stored for an object, as stored (or written earlier in this batch:
+    /// `pending`).
     pub(super) fn entries(
         &self,
         suffix: &[u8],
@@ -106,9 +123,8 @@ impl Keyspace {
         }
         let key = keys::tagged(ENTRIES, suffix);
         match self.backend.get(&key)? {
-            Some(v) => {
-                record::decode(&v).map_err(|d| record::corrupt(&self.path, &self.stream, &key, d))
-            }
+            Some(v) => record::decode_sealed(&v, &key, self.cipher.as_deref())
+                .map_err(|d| record::corrupt(&self.path, &self.stream, &key, d)),
             None => Ok(Vec::new()),
         }
     }

@@ -40,7 +40,7 @@ pub(super) fn chunk(
         if !shard.contains(Some(&head.uid), Some(&keys::suffix_namespace(suffix))) {
             writes.delete(keys::tagged(SEEN, suffix));
             let old = ks.entries(suffix, &HashMap::new())?;
-            reindex(&mut writes, suffix, &old, &[]);
+            reindex(&mut writes, suffix, &old, &[], ks.cipher.as_deref());
             writes.delete(key.clone());
             pruned += 1;
         }

@@ -56,7 +56,7 @@ pub(super) fn chunk(
             tracing::debug!(object = %keys::display(suffix), "swept: absent from the new list");
             swept.writes.delete(key.clone());
             let old = ks.entries(suffix, &HashMap::new())?;
-            reindex(&mut swept.writes, suffix, &old, &[]);
+            reindex(&mut swept.writes, suffix, &old, &[], ks.cipher.as_deref());
             swept.deleted += 1;
             if emit && w.keys_only.is_some() {
                 swept.changes.push(Change::Deleted(describe(
