@@ -203,7 +203,7 @@ pub(crate) fn incoming(
     // Validating decodes the object into the stream's type anyway: that one decode also
     // gives the metadata, when the body is stored as received (no transform).
     let decoded = match inspect {
-        Some(f) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+        Some(f) if !cfg.transforms() && json.len() <= cfg.max_object_bytes => {
             check(f, json.as_bytes()).ok()
         }
         _ => None,
@@ -314,15 +314,13 @@ impl Named {
 
 /// The body as stored: the JSON received, or the stream's transform's output.
 fn transformed(json: &str, cfg: &StreamConfig) -> Result<Vec<u8>, String> {
-    match &cfg.transform {
-        Some((_, f)) => {
-            let mut v: serde_json::Value =
-                serde_json::from_str(json).map_err(|e| format!("invalid JSON: {e}"))?;
-            f(&mut v);
-            serde_json::to_vec(&v).map_err(|e| format!("transform output: {e}"))
-        }
-        None => Ok(json.as_bytes().to_vec()),
+    if !cfg.transforms() {
+        return Ok(json.as_bytes().to_vec());
     }
+    let mut v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("invalid JSON: {e}"))?;
+    cfg.apply_transforms(&mut v);
+    serde_json::to_vec(&v).map_err(|e| format!("transform output: {e}"))
 }
 
 /// An object of a metadata-only LIST page: what a delta relist compares with the store.
