@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, StreamConfig};
+use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, Removed, StreamConfig};
 use kube_persist_testkit::ResourceType;
 
 fn assert_private(dir: &Path) {
@@ -154,7 +154,11 @@ fn base64(bytes: &[u8]) -> String {
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -180,11 +184,18 @@ async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
     fx.h.register(&ResourceType::new("", "v1", "secrets", "Secret", true));
     let client = fx.server.client();
     let api = Api::<Secret>::namespaced(client.clone(), "default");
-    let values = ["hunter2-in-clear", "s3cret-too-long-to-miss", "rotated-value-9"];
+    let values = [
+        "hunter2-in-clear",
+        "s3cret-too-long-to-miss",
+        "rotated-value-9",
+    ];
     for (i, value) in values[..2].iter().enumerate() {
-        api.create(&PostParams::default(), &applied_secret(&format!("db-{i}"), value))
-            .await
-            .unwrap();
+        api.create(
+            &PostParams::default(),
+            &applied_secret(&format!("db-{i}"), value),
+        )
+        .await
+        .unwrap();
     }
     let dynamic = |kind: &str| {
         let ar = ApiResource {
@@ -207,13 +218,21 @@ async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
         other => panic!("{what}: expected Error::Config, got {other:?}"),
     };
     refused(
-        db.store("secrets", Api::<Secret>::all(client.clone()), StreamConfig::default())
-            .map(drop),
+        db.store(
+            "secrets",
+            Api::<Secret>::all(client.clone()),
+            StreamConfig::default(),
+        )
+        .map(drop),
         "full store",
     );
     refused(
-        db.metadata_store("meta", Api::<Secret>::all(client.clone()), StreamConfig::default())
-            .map(drop),
+        db.metadata_store(
+            "meta",
+            Api::<Secret>::all(client.clone()),
+            StreamConfig::default(),
+        )
+        .map(drop),
         "metadata store",
     );
     let (dyn_api, ar) = dynamic("Credentials");
@@ -255,7 +274,11 @@ async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
     assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     assert_eq!((full.len(), meta.len(), dyn_reader.len()), (2, 2, 2));
     let m = meta.get_named(Some("default"), "db-0").unwrap().unwrap();
-    assert_eq!(m.metadata.annotations.as_ref().unwrap().len(), 1, "only `team` is left");
+    assert_eq!(
+        m.metadata.annotations.as_ref().unwrap().len(),
+        1,
+        "only `team` is left"
+    );
     for w in watchers {
         w.stop().await;
     }
@@ -288,8 +311,87 @@ async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
     // db-1 holds its new value now.
     for v in [values[0], values[2]] {
         assert!(found.contains(&v.to_string()), "{v} in clear: {found:?}");
-        assert!(found.contains(&base64(v.as_bytes())), "{v} encoded: {found:?}");
+        assert!(
+            found.contains(&base64(v.as_bytes())),
+            "{v} encoded: {found:?}"
+        );
     }
+}
+
+/// Issue 60 item 5: a store opened through a symbolic link is its target: the real
+/// folder's entries are checked and tightened (they kept umask modes before: the checks
+/// skipped a link), `strict_permissions` refuses the link, `Db::path` is the target; a
+/// folder owned by another user is refused in strict mode and only warned about
+/// otherwise (as root: the test chowns it); `Db::destroy` through the link removes the
+/// store's files in the target and says so, keeping the link and the directory, and the
+/// next open through the link lists from scratch.
+async fn a_symlinked_store_path_is_its_target(engine: Engine) {
+    let fx = Fixture::with_pods(20, 1).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (real, link) = (tmp.path().join("real"), tmp.path().join("link"));
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let real = real.canonicalize().unwrap();
+    {
+        let db = try_open_db(engine, &link).unwrap();
+        assert_eq!(db.path(), real);
+        sync_pods(&fx.server, &db).await;
+        db.flush().unwrap();
+    }
+    assert_private(&real);
+    // Made world-readable, then opened through the link: tightened.
+    for p in modes_below(&real).into_keys() {
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let strict = DbConfig::default().engine(engine).strict_permissions(true);
+    match Db::open_with(&link, strict.clone()) {
+        Err(Error::SymlinkedStore { path, target }) => {
+            assert_eq!((path, target), (link.clone(), real.clone()))
+        }
+        other => panic!("expected SymlinkedStore, got {other:?}"),
+    }
+    drop(try_open_db(engine, &link).unwrap());
+    assert_private(&real);
+    // Its real path opens in strict mode.
+    drop(Db::open_with(&real, strict.clone()).unwrap());
+
+    if is_root() {
+        // Another user's folder: refused in strict mode, a warning otherwise.
+        let chown = |uid: u32| std::os::unix::fs::chown(&real, Some(uid), None).unwrap();
+        chown(65534);
+        match Db::open_with(&real, strict.clone()) {
+            Err(Error::NotOwner { path, owner, user }) => {
+                assert_eq!((path, owner, user), (real.clone(), 65534, 0))
+            }
+            other => panic!("expected NotOwner, got {other:?}"),
+        }
+        drop(try_open_db(engine, &real).unwrap());
+        chown(0);
+    } else {
+        println!("not root: the owner check is not tested");
+    }
+
+    match Db::destroy(&link).unwrap() {
+        Removed::Target { target } => assert_eq!(target, real),
+        other => panic!("expected the target's files removed, got {other:?}"),
+    }
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "link kept"
+    );
+    assert_eq!(
+        std::fs::read_dir(&real).unwrap().count(),
+        0,
+        "the target is empty"
+    );
+    fx.h.reset_counts();
+    let db = try_open_db(engine, &link).unwrap();
+    sync_pods(&fx.server, &db).await;
+    assert_eq!(fx.h.counts().list, 1, "listed from scratch");
 }
 
 fn key(b: u8) -> EncryptionKey {
@@ -530,6 +632,7 @@ engine_tests! {
         world_readable_store_is_tightened_or_refused,
         secrets_need_an_explicit_opt_in,
         secret_values_never_reach_disk_with_drop_secret_data,
+        a_symlinked_store_path_is_its_target,
         encrypted_store_round_trip_and_wrong_or_missing_key,
         modified_encrypted_record_is_a_corruption_error;
     sync: a_directory_holding_other_files_is_refused_and_left_alone,
