@@ -60,7 +60,9 @@ pub enum Error {
         detail: String,
     },
     /// A stored object's JSON body no longer decodes into the requested type.
-    #[error("stored object {key} in {} does not decode: {source}", path.display())]
+    /// The message names the error and its position, not the object's content (see
+    /// `describe`); `source`, the JSON error itself, may quote it.
+    #[error("stored object {key} in {} does not decode: {}", path.display(), super::json::describe(source))]
     Decode {
         /// The store directory.
         path: PathBuf,

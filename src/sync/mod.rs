@@ -56,13 +56,7 @@ where
 {
     config.check()?;
     let url = api.resource_url().to_string();
-    gate_sensitive(
-        dir,
-        name,
-        &config,
-        &Kind::of::<K>(dyntype, &url),
-        false,
-    )?;
+    gate_sensitive(dir, name, &config, &Kind::of::<K>(dyntype, &url), false)?;
     let identity = identity::<K>(&url, &config, dyntype, false, dir.key_fingerprint());
     let keys_only = config
         .keys_only
@@ -104,13 +98,7 @@ where
     let url = api.resource_url().to_string();
     let dyntype = K::DynamicType::default();
     gate_sensitive(dir, name, &config, &Kind::of::<K>(&dyntype, &url), true)?;
-    let identity = identity::<K>(
-        &url,
-        &config,
-        &dyntype,
-        true,
-        dir.key_fingerprint(),
-    );
+    let identity = identity::<K>(&url, &config, &dyntype, true, dir.key_fingerprint());
     let validate = indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
     open_pair(
         dir,
@@ -188,7 +176,11 @@ fn gate_sensitive(
          StreamConfig::drop_secret_data() (drops data, stringData and that annotation), \
          keys_only(), or opt in with allow_sensitive_data()",
         kind.kind,
-        if kind.group.is_empty() { "core" } else { &kind.group },
+        if kind.group.is_empty() {
+            "core"
+        } else {
+            &kind.group
+        },
         format_args!("/{}", kind.resources[0]),
         dir.path().display()
     )))

@@ -394,6 +394,40 @@ async fn a_symlinked_store_path_is_its_target(engine: Engine) {
     assert_eq!(fx.h.counts().list, 1, "listed from scratch");
 }
 
+/// Issue 60 item 7: an object a tenant makes invalid for the store's type (here a Pod
+/// whose `spec.containers` holds a token as a string) is input anyone who can write such
+/// an object can send. It is refused: the stream yields `Error::ObjectRejected` naming
+/// its key and resourceVersion, `Stats::bad_objects` counts it, and its previous version
+/// is removed (documented on `Watcher::stream` as such input). The error names what is
+/// wrong and where, never the object's content: serde_json's own message quotes the value.
+async fn a_rejected_object_is_named_without_its_content(engine: Engine) {
+    let fx = Fixture::with_pods(2, 1).await;
+    let db = fx.open(engine);
+    let (reader, mut w) = fx.synced_pods(&db, StreamConfig::default()).await;
+    let token = "s3cret-token-in-a-wrong-field";
+    fx.h.apply(
+        &ResourceType::pods(),
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-0", "namespace": "ns-0"},
+            "spec": {"containers": token},
+        }),
+    );
+    let events = w.until(|e| matches!(e, Ev::Error(_))).await;
+    let Some(Ev::Error(msg)) = events.last() else {
+        unreachable!()
+    };
+    assert!(msg.contains("ns-0/pod-0"), "{msg}");
+    assert!(msg.contains("invalid type, expected a sequence"), "{msg}");
+    assert!(
+        !msg.contains(token),
+        "the object's content in an error: {msg}"
+    );
+    assert_eq!(reader.stats().bad_objects, 1);
+    assert!(reader.get_named(Some("ns-0"), "pod-0").unwrap().is_none());
+    assert!(reader.get_named(Some("ns-0"), "pod-1").unwrap().is_some());
+}
+
 fn key(b: u8) -> EncryptionKey {
     EncryptionKey::from_bytes([b; 32])
 }
@@ -633,6 +667,7 @@ engine_tests! {
         secrets_need_an_explicit_opt_in,
         secret_values_never_reach_disk_with_drop_secret_data,
         a_symlinked_store_path_is_its_target,
+        a_rejected_object_is_named_without_its_content,
         encrypted_store_round_trip_and_wrong_or_missing_key,
         modified_encrypted_record_is_a_corruption_error;
     sync: a_directory_holding_other_files_is_refused_and_left_alone,
