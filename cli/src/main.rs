@@ -32,6 +32,7 @@
 
 mod admin;
 mod read;
+mod term;
 mod verify;
 
 use std::path::{Path, PathBuf};
