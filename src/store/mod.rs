@@ -53,6 +53,7 @@ use cache::HotCache;
 /// // Through a link: the store's files in its target; the link and the directory stay.
 /// assert!(matches!(Db::destroy(&link)?, Removed::Target { .. }));
 /// assert!(link.exists() && std::fs::read_dir(&real).unwrap().next().is_none());
+/// drop(Db::open(&link)?); // a new store, in the same place
 /// assert_eq!(Db::destroy(&real)?, Removed::Directory);
 /// assert_eq!(Db::destroy(&real)?, Removed::Nothing);
 /// # Ok(()) }

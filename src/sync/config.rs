@@ -682,7 +682,7 @@ impl StreamConfig {
     /// reader.wait_until_ready().await?;
     /// let secret = reader.get_named(Some("default"), "db")?.unwrap();
     /// assert!(secret.data.is_none());
-    /// let annotations = secret.metadata.annotations.unwrap();
+    /// let annotations = secret.metadata.annotations.clone().unwrap();
     /// assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
     /// assert_eq!(annotations["team"], "storage");
     /// assert_eq!(secret.type_.as_deref(), Some("Opaque"));
