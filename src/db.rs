@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use crate::controller::keyspace::{self, ControllerStateInfo, ReconcileStates};
 use crate::disk::{self, DbConfig};
 use crate::model::{Engine, Result};
-use crate::store::{Db, Dir, RawObjects, Reader, StreamInfo};
+use crate::store::{Db, Dir, RawObjects, Reader, Removed, StreamInfo};
 use crate::sync::StreamConfig;
 use crate::sync::{self, Pair, Verification, Watcher};
 
@@ -62,6 +62,25 @@ impl Db {
     /// }
     /// ```
     ///
+    /// A `path` that is a symbolic link is the directory it points to: it is resolved (with
+    /// a warning), and that real folder is checked, made private and opened ([`Db::path`]
+    /// is then the target); with [`DbConfig::strict_permissions`] a link is refused
+    /// ([`Error::SymlinkedStore`](crate::Error::SymlinkedStore)). A directory owned by
+    /// another user than the process's is logged at warn, and refused with strict
+    /// permissions ([`Error::NotOwner`](crate::Error::NotOwner)):
+    ///
+    /// ```
+    /// use kube_persist::{Db, DbConfig, Error};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let (real, link) = (dir.path().join("real"), dir.path().join("link"));
+    /// std::fs::create_dir(&real).unwrap();
+    /// std::os::unix::fs::symlink(&real, &link).unwrap();
+    /// let strict = DbConfig::default().strict_permissions(true);
+    /// assert!(matches!(Db::open_with(&link, strict), Err(Error::SymlinkedStore { .. })));
+    /// let db = Db::open(&link).unwrap();
+    /// assert_eq!(db.path(), real.canonicalize().unwrap());
+    /// ```
+    ///
     /// An existing
     /// store is opened with the engine recorded in it unless `config` chose another one
     /// ([`Error::EngineMismatch`](crate::Error::EngineMismatch)); see [`DbConfig::engine`].
@@ -107,23 +126,31 @@ impl Db {
     /// checking that lock opens the store, which costs a recovery scan for a healthy sled
     /// store.
     ///
+    /// A `path` that is a symbolic link is followed, and the answer says so: the store is
+    /// its target (as for [`Db::open_with`]), which is checked the same way; the files the
+    /// store made there are removed, and the link and the target directory, now empty, are
+    /// kept, so that the next open through the link starts from scratch in the same place
+    /// ([`Removed::Target`](crate::Removed::Target), logged at warn with both paths). A
+    /// plain directory is removed whole ([`Removed::Directory`](crate::Removed::Directory)).
+    ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
     /// let dir = tempfile::tempdir().unwrap();
     /// let path = dir.path().join("cache");
     /// drop(kube_persist::Db::open(&path)?);
-    /// kube_persist::Db::destroy(&path)?;
+    /// assert_eq!(kube_persist::Db::destroy(&path)?, kube_persist::Removed::Directory);
     /// assert!(!path.exists());
     /// // Not a store directory: refused.
     /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
     /// assert!(kube_persist::Db::destroy(dir.path()).is_err());
     /// # Ok(()) }
     /// ```
-    pub fn destroy(path: impl AsRef<Path>) -> Result<()> {
+    pub fn destroy(path: impl AsRef<Path>) -> Result<Removed> {
         Dir::destroy(path)
     }
 
-    /// The store directory.
+    /// The store directory: the path given to [`Db::open_with`], or the directory it
+    /// points to when it is a symbolic link.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {

@@ -72,6 +72,9 @@
 //! binary that uses it picks both, as the README's
 //! [*Installation*](https://github.com/kube-persist/kube-persist#installation) shows.
 #![deny(missing_docs)]
+// Safe Rust only; the one exception, the effective uid of the owner check
+// (`disk/perms.rs`), and a unit test of key zeroization are allowed where they are.
+#![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc = include_str!("../ARCHITECTURE.md")]
@@ -96,7 +99,7 @@ pub use disk::{Compression, DbConfig, Durability, EncryptionKey};
 pub use model::resource_version;
 pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};
 pub use store::{
-    ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, StreamInfo, SyncPhase,
+    ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, Removed, StreamInfo, SyncPhase,
 };
 pub use sync::{
     DeletedKey, Event, Pair, RelistMode, SharedEvent, SharedWatcher, StreamConfig, Subscriber,

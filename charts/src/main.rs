@@ -11,6 +11,8 @@
 //! its bottom, the sections its values come from with the date and commit of their `Run: `
 //! lines. Unreadable lines are reported on stderr and skipped.
 
+#![deny(unsafe_code)]
+
 mod parse;
 mod plot;
 

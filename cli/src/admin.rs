@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use kube_persist::{Db, Engine};
+use kube_persist::{Db, Engine, Removed};
 use serde_json::json;
 
 use crate::{Failure, Outcome, Output};
@@ -75,7 +75,15 @@ pub(crate) fn destroy(dir: &Path, yes: bool, output: Output) -> Outcome {
     if !yes && !confirmed(&question)? {
         return Err(Failure::No);
     }
-    Db::destroy(dir)?;
     let path = dir.display().to_string();
-    removed(output, "store", &path, format!("destroyed {path}"))
+    let text = match Db::destroy(dir)? {
+        // A link: the store is its target, whose files went; the link and directory stay.
+        Removed::Target { target } => format!(
+            "destroyed the store in {}, which {path} links to (kept the link and the empty \
+             directory)",
+            target.display()
+        ),
+        _ => format!("destroyed {path}"),
+    };
+    removed(output, "store", &path, text)
 }

@@ -28,8 +28,11 @@
 //! to 30 s, `DbConfig::wait_for_readers`). A controller that opens the store meanwhile
 //! makes the command's next read fail (exit status 2, "locked").
 
+#![deny(unsafe_code)]
+
 mod admin;
 mod read;
+mod term;
 mod verify;
 
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kube_persist::{ControllerStateInfo, Db, StreamInfo};
 use serde_json::{Value, json};
 
+use crate::term::{self, Text};
 use crate::{Failure, Outcome, Output};
 
 /// A stream's identity and state as JSON (`inspect` and `stats`).
@@ -43,7 +44,12 @@ fn controller_json(c: &ControllerStateInfo) -> Value {
 }
 
 fn print_json(doc: &Value) -> Outcome {
-    writeln!(std::io::stdout().lock(), "{doc:#}")?;
+    // serde_json escapes C0 controls in strings, not DEL and C1: escaped the same way.
+    writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        term::escape(&format!("{doc:#}"))
+    )?;
     Ok(())
 }
 
@@ -77,7 +83,7 @@ pub(crate) fn inspect(db: &Db, output: Output) -> Outcome {
             "streams": streams.iter().map(stream_json).collect::<Vec<_>>(),
         }));
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = Text::default();
     writeln!(
         out,
         "store {} ({:.1} MiB on disk, {} streams)",
@@ -109,6 +115,7 @@ pub(crate) fn inspect(db: &Db, output: Output) -> Outcome {
         writeln!(out, "  checkpoint: {cp}")?;
         writeln!(out, "  objects:    {}", s.objects)?;
     }
+    out.print()?;
     Ok(())
 }
 
@@ -139,7 +146,7 @@ pub(crate) fn stats(db: &Db, output: Output) -> Outcome {
             "controllers": controllers.iter().map(controller_json).collect::<Vec<_>>(),
         }));
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = Text::default();
     writeln!(
         out,
         "store {} (engine {engine}, {:.1} MiB on disk, {} streams)",
@@ -170,7 +177,9 @@ pub(crate) fn stats(db: &Db, output: Output) -> Outcome {
         writeln!(out, "  transform:   {transform}")?;
         writeln!(out, "  encrypted:   {}", encryption(s))?;
     }
-    controllers_text(&mut out, &controllers)
+    controllers_text(&mut out, &controllers)?;
+    out.print()?;
+    Ok(())
 }
 
 fn controllers_text(out: &mut impl Write, controllers: &[ControllerStateInfo]) -> Outcome {
@@ -195,14 +204,17 @@ pub(crate) fn controller_states(db: &Db, output: Output) -> Outcome {
             controllers.iter().map(controller_json).collect::<Vec<_>>()
         )),
         Output::Text if controllers.is_empty() => {
-            writeln!(
-                std::io::stdout().lock(),
-                "no controller states in {}",
-                db.path().display()
-            )?;
+            let mut out = Text::default();
+            writeln!(out, "no controller states in {}", db.path().display())?;
+            out.print()?;
             Ok(())
         }
-        Output::Text => controllers_text(&mut std::io::stdout().lock(), &controllers),
+        Output::Text => {
+            let mut out = Text::default();
+            controllers_text(&mut out, &controllers)?;
+            out.print()?;
+            Ok(())
+        }
     }
 }
 
@@ -222,23 +234,37 @@ fn describe_due(t: SystemTime) -> String {
 
 /// Not found is the answer "no" (exit status 1), with a line on stderr.
 pub(crate) fn get(db: &Db, stream: &str, object: &str, output: Output) -> Outcome {
-    let mut out = std::io::stdout().lock();
     let (ns, name) = match object.split_once('/') {
         Some((ns, name)) => (Some(ns), name),
         None => (None, object),
     };
     match db.raw_get(stream, ns, name)? {
         Some(json) => {
-            let v: serde_json::Value = serde_json::from_slice(&json)
-                .map_err(|e| format!("stored JSON of {object}: {e}"))?;
-            match output {
-                Output::Text => writeln!(out, "{v:#}")?,
-                Output::Json => writeln!(out, "{v}")?,
-            }
+            // The stored JSON's error, by position: serde_json quotes what it refused.
+            let v: serde_json::Value = serde_json::from_slice(&json).map_err(|e| {
+                format!(
+                    "stored JSON of {} does not parse (line {}, column {})",
+                    term::escape(object),
+                    e.line(),
+                    e.column()
+                )
+            })?;
+            let info = db.streams()?.into_iter().find(|s| s.name == stream);
+            term::warn_if_sensitive(info.as_ref());
+            let text = match output {
+                Output::Text => format!("{v:#}\n"),
+                Output::Json => format!("{v}\n"),
+            };
+            let mut out = std::io::stdout().lock();
+            out.write_all(term::escape(&text).as_bytes())?;
             Ok(())
         }
         None => {
-            eprintln!("{object} is not in stream {stream:?}");
+            eprintln!(
+                "{} is not in stream {:?}",
+                term::escape(object),
+                term::escape(stream)
+            );
             Err(Failure::No)
         }
     }
@@ -261,6 +287,10 @@ pub(crate) fn dump(open: impl Fn() -> Result<Db, Failure>, stream: &str) -> Outc
         let mut bytes = 0;
         {
             let db = open()?;
+            if after.is_none() {
+                let info = db.streams()?.into_iter().find(|s| s.name == stream);
+                term::warn_if_sensitive(info.as_ref());
+            }
             let objects = match &after {
                 None => db.raw_objects(stream)?,
                 Some(key) => db.raw_objects_after(stream, key)?,
@@ -276,7 +306,7 @@ pub(crate) fn dump(open: impl Fn() -> Result<Db, Failure>, stream: &str) -> Outc
         }
         let last = piece.len() < DUMP_PIECE && bytes < DUMP_PIECE_BYTES;
         for (_, json) in &piece {
-            out.write_all(json)?;
+            out.write_all(term::escape_bytes(json).as_bytes())?;
             out.write_all(b"\n")?;
         }
         out.flush()?;

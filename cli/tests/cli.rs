@@ -881,6 +881,83 @@ fn empty_key_env_is_an_error() {
     }
 }
 
+/// Issue 60 item 7: `get` and `dump` of a stream that keeps Secret values say so on
+/// stderr before printing them (not a stream written with `drop_secret_data`), and no
+/// control character of the store reaches the terminal: an annotation holding an OSC
+/// (window title), a CSI (clear screen, as the C1 byte U+009B) and DEL is printed with
+/// `\uXXXX` escapes, by `get` (text and JSON), `dump` and `inspect`'s JSON.
+async fn secrets_are_announced_and_control_characters_escaped(engine: Engine) {
+    use k8s_openapi::api::core::v1::Secret;
+    let server = TestServer::start().await;
+    let secrets = ResourceType::new("", "v1", "secrets", "Secret", true);
+    server.handle().register(&secrets);
+    let hostile = "\u{1b}]0;pwned\u{7}\u{9b}2J\u{7f}";
+    server.handle().apply(
+        &secrets,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "evil", "namespace": "default", "annotations": {"note": hostile}},
+            "data": {"password": "aHVudGVyMg=="},
+        }),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    {
+        let db = Db::open_with(&dir, DbConfig::default().engine(engine)).unwrap();
+        for (name, cfg) in [
+            (
+                "secrets",
+                kube_persist::StreamConfig::default().allow_sensitive_data(),
+            ),
+            (
+                "dropped",
+                kube_persist::StreamConfig::default().drop_secret_data(),
+            ),
+        ] {
+            let (_r, w) = db
+                .store(name, kube::Api::<Secret>::all(server.client()), cfg)
+                .unwrap();
+            let mut w = drive(w);
+            w.until(|e| *e == Ev::InitDone).await;
+            w.stop().await;
+        }
+        db.flush().unwrap();
+    }
+    wait_unlocked(&dir);
+    let d = dir.to_str().unwrap();
+    let clean = |run: &Run, what: &str| {
+        for c in ['\u{1b}', '\u{7}', '\u{9b}', '\u{7f}'] {
+            assert!(!run.out.contains(c), "{what}: {c:?} printed: {:?}", run.out);
+        }
+    };
+    let warning = "warning: stream \"secrets\" holds Secret objects";
+    for args in [
+        &["get", d, "secrets", "default/evil"][..],
+        &["get", d, "secrets", "default/evil", "-o", "json"],
+        &["dump", d, "secrets"],
+    ] {
+        let run = tool(args, &[], None);
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.err);
+        assert!(run.err.contains(warning), "{args:?}: {}", run.err);
+        clean(&run, &format!("{args:?}"));
+        assert!(run.out.contains("\\u009b2J"), "{args:?}: {}", run.out);
+        if args[0] == "dump" || args.len() > 4 {
+            let line = run.out.lines().next().unwrap();
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(
+                v["metadata"]["annotations"]["note"], hostile,
+                "the same JSON"
+            );
+        }
+    }
+    let run = tool(&["get", d, "dropped", "default/evil"], &[], None);
+    assert_eq!(run.code, Some(0), "{}", run.err);
+    assert!(!run.err.contains("warning"), "{}", run.err);
+    clean(&run, "get of the dropped stream");
+    let run = tool(&["inspect", d, "-o", "json"], &[], None);
+    clean(&run, "inspect");
+}
+
 engine_tests! {
     async: verify_equal_stale_compacted_and_damaged_stores,
         commands_refuse_a_store_beside_other_files_and_change_nothing,
@@ -890,4 +967,5 @@ engine_tests! {
         cli_inspect_get_dump_with_and_without_key,
         json_output_exit_codes_and_drop_stream,
         reading_commands_on_a_live_store,
+        secrets_are_announced_and_control_characters_escaped,
 }

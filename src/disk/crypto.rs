@@ -482,6 +482,9 @@ mod tests {
         }
     }
 
+    // The crate denies unsafe code; this test reads a dropped key's bytes, which only
+    // raw pointers can (see the SAFETY comment below).
+    #[allow(unsafe_code)]
     #[test]
     fn key_bytes_are_zeroed_on_drop() {
         let key = EncryptionKey::from_hex(&"ab".repeat(32)).unwrap();

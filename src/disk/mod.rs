@@ -18,7 +18,7 @@ pub use crypto::EncryptionKey;
 pub(crate) use crypto::{Cipher, StoreKey};
 pub(crate) use engine::{
     Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
-    open as open_storage, refuse_foreign, wait_released,
+    open as open_storage, refuse_foreign, remove_own_files, wait_released,
 };
 pub(crate) use lease::{LeaseCloser, Leases, StreamLease};
-pub(crate) use perms::{create_private_dir, tighten, too_open};
+pub(crate) use perms::{check_owner, create_private_dir, resolve_root, tighten, too_open};

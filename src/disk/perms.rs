@@ -3,11 +3,74 @@
 //! entries the store made in it ([`Contents`]) are ever read or changed here: a directory
 //! that holds anything else is refused ([`Error::NotAStore`]), never tightened.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::engine::Contents;
 use crate::model::{Error, Result};
+
+/// The directory a store at `path` really is. A symbolic link is refused with
+/// `strict` ([`Error::SymlinkedStore`]); otherwise it is resolved (with a warning), so that
+/// the permission checks, the tightening and the engine all work on its target, the real
+/// folder. `path` itself when it is no link, or does not exist yet.
+pub(crate) fn resolve_root(path: &Path, strict: bool) -> Result<PathBuf> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {}
+        Ok(_) => return Ok(path.to_path_buf()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(path.to_path_buf()),
+        Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
+    }
+    let target = std::fs::canonicalize(path);
+    if strict {
+        let target = match target {
+            Ok(t) => t,
+            Err(_) => {
+                std::fs::read_link(path).map_err(|e| Error::from_io(path.to_path_buf(), e))?
+            }
+        };
+        return Err(Error::SymlinkedStore {
+            path: path.to_path_buf(),
+            target,
+        });
+    }
+    let target = target.map_err(|e| Error::from_io(path.to_path_buf(), e))?;
+    tracing::warn!(path = %path.display(), target = %target.display(),
+        "the store path is a symbolic link; the store is its target (checked, tightened and opened there)");
+    Ok(target)
+}
+
+/// Check that the directory at `path`, if it exists, belongs to the process's effective
+/// user: [`Error::NotOwner`] with `strict`, a warning otherwise (its owner can read the
+/// store whatever the modes, and only the owner can tighten them).
+pub(crate) fn check_owner(path: &Path, strict: bool) -> Result<()> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::from_io(path.to_path_buf(), e)),
+    };
+    let (owner, user) = (meta.uid(), effective_uid());
+    if owner == user {
+        return Ok(());
+    }
+    if strict {
+        return Err(Error::NotOwner {
+            path: path.to_path_buf(),
+            owner,
+            user,
+        });
+    }
+    tracing::warn!(path = %path.display(), owner, user,
+        "the store directory belongs to another user, who can read the store whatever its modes");
+    Ok(())
+}
+
+/// The process's effective uid.
+#[allow(unsafe_code)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid(2) takes no argument, touches no memory of the caller, cannot fail
+    // and is async-signal-safe; it only reads the calling process's credentials.
+    unsafe { libc::geteuid() }
+}
 
 /// Create `path` (mode 0700) if missing.
 pub(crate) fn create_private_dir(path: &Path) -> Result<()> {

@@ -60,7 +60,9 @@ pub enum Error {
         detail: String,
     },
     /// A stored object's JSON body no longer decodes into the requested type.
-    #[error("stored object {key} in {} does not decode: {source}", path.display())]
+    /// The message names the error and its position, not the object's content (see
+    /// `describe`); `source`, the JSON error itself, may quote it.
+    #[error("stored object {key} in {} does not decode: {}", path.display(), super::json::describe(source))]
     Decode {
         /// The store directory.
         path: PathBuf,
@@ -111,6 +113,28 @@ pub enum Error {
         path: PathBuf,
         /// The entries that are too open.
         open: Vec<PathBuf>,
+    },
+    /// The store path is a symbolic link and `DbConfig::strict_permissions` is set. Without
+    /// it the link is resolved, with a warning, and the store is its target: the
+    /// permissions are checked and tightened there.
+    #[error("store path {} is a symbolic link to {}; with strict_permissions a store is opened by its real path: give {1} instead", path.display(), target.display())]
+    SymlinkedStore {
+        /// The path given.
+        path: PathBuf,
+        /// Where the link leads (resolved), as far as it could be read.
+        target: PathBuf,
+    },
+    /// The store directory belongs to another user than the process's (effective) one, and
+    /// `DbConfig::strict_permissions` is set; without it this is a warning. Another user
+    /// who owns the directory can read the store, whatever its modes.
+    #[error("store directory {} belongs to uid {owner}, not to this process's uid {user}; give the store a directory of its own (chown it, or a subdirectory this user creates)", path.display())]
+    NotOwner {
+        /// The store directory.
+        path: PathBuf,
+        /// Its owner's uid.
+        owner: u32,
+        /// The process's effective uid.
+        user: u32,
     },
     /// The directory given to `Db::open` (in any form: `open_with`, read-only, the
     /// `kube-persist` tool) or to `Db::destroy` holds entries the store did not make: it is

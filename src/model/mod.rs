@@ -16,7 +16,7 @@ mod stats;
 
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub(crate) use json::{decode_copy, decode_in_place};
+pub(crate) use json::{decode_copy, decode_in_place, describe, unnamed};
 pub use shard::{Shard, ShardKey, fnv1a64};
 pub(crate) use stats::Counters;
 pub use stats::Stats;

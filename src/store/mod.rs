@@ -43,6 +43,38 @@ use crate::exec::DiskWorker;
 use crate::model::{Engine, Error, Result, Shard};
 use cache::HotCache;
 
+/// What [`Db::destroy`](crate::Db::destroy) removed.
+///
+/// ```
+/// # fn main() -> Result<(), kube_persist::Error> {
+/// use kube_persist::{Db, Removed};
+/// let dir = tempfile::tempdir().unwrap();
+/// let (real, link) = (dir.path().join("real"), dir.path().join("link"));
+/// drop(Db::open(&real)?);
+/// std::os::unix::fs::symlink(&real, &link).unwrap();
+/// // Through a link: the store's files in its target; the link and the directory stay.
+/// assert!(matches!(Db::destroy(&link)?, Removed::Target { .. }));
+/// assert!(link.exists() && std::fs::read_dir(&real).unwrap().next().is_none());
+/// drop(Db::open(&link)?); // a new store, in the same place
+/// assert_eq!(Db::destroy(&real)?, Removed::Directory);
+/// assert_eq!(Db::destroy(&real)?, Removed::Nothing);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Removed {
+    /// Nothing was there to remove.
+    Nothing,
+    /// The store directory and everything in it.
+    Directory,
+    /// The path was a symbolic link: the store's files in the directory it points to were
+    /// removed; the link and that directory, now empty, were kept.
+    Target {
+        /// The directory the link points to (resolved).
+        target: PathBuf,
+    },
+}
+
 /// A store directory: one database (see [`Engine`]) holding any number of named streams.
 ///
 /// Only one process may open a directory at a time; a second gets [`Error::Locked`].
@@ -180,13 +212,16 @@ impl std::fmt::Debug for Dir {
 impl Dir {
     /// The work of [`Db::open_with`](crate::Db::open_with). Blocking.
     pub(crate) fn open(path: impl AsRef<Path>, config: DbConfig) -> Result<Dir> {
-        let path = path.as_ref().to_path_buf();
+        // A symbolic link is its target (refused with strict permissions): everything
+        // below, the permission checks and the tightening included, is of the real folder.
+        let path = disk::resolve_root(path.as_ref(), config.strict_permissions)?;
         // Before anything is created, changed or opened: a directory holding what the store
         // did not make (the user's files, a volume's `lost+found`) is not a store's.
         disk::refuse_foreign(&path)?;
         if config.read_only {
             return Dir::open_read_only(path, config);
         }
+        disk::check_owner(&path, config.strict_permissions)?;
         let open = disk::too_open(&path)?;
         if !open.is_empty() {
             if config.strict_permissions {
@@ -249,19 +284,33 @@ impl Dir {
     }
 
     /// The work of [`Db::destroy`](crate::Db::destroy).
-    pub(crate) fn destroy(path: impl AsRef<Path>) -> Result<()> {
+    pub(crate) fn destroy(path: impl AsRef<Path>) -> Result<Removed> {
         let path = path.as_ref();
         let io = |e| Error::from_io(path.to_path_buf(), e);
         let entries = match std::fs::read_dir(path) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removed::Nothing),
             Err(e) => return Err(io(e)),
         };
         drop(entries);
-        open_after_close(path, || crate::disk::check_removable(path))?;
-        std::fs::remove_dir_all(path).map_err(io)?;
-        tracing::warn!(path = %path.display(), "store removed; the next start lists from scratch");
-        Ok(())
+        let linked = std::fs::symlink_metadata(path)
+            .map_err(io)?
+            .file_type()
+            .is_symlink();
+        if !linked {
+            open_after_close(path, || crate::disk::check_removable(path))?;
+            std::fs::remove_dir_all(path).map_err(io)?;
+            tracing::warn!(path = %path.display(), "store removed; the next start lists from scratch");
+            return Ok(Removed::Directory);
+        }
+        // A link: the store is its target. Its files go, the link and the directory stay
+        // (the next open through the link starts from scratch there).
+        let target = std::fs::canonicalize(path).map_err(io)?;
+        open_after_close(&target, || crate::disk::check_removable(&target))?;
+        crate::disk::remove_own_files(&target)?;
+        tracing::warn!(path = %path.display(), target = %target.display(),
+            "the store path is a symbolic link: removed the store's files in its target, kept the link and the (empty) directory; the next start lists from scratch");
+        Ok(Removed::Target { target })
     }
 
     /// The work of [`Db::path`](crate::Db::path).

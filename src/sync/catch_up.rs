@@ -332,7 +332,7 @@ async fn server_version(
         })?;
     let head: ListHead = serde_json::from_str(&text).map_err(|e| Error::Protocol {
         context: context(),
-        detail: format!("the list does not decode: {e}"),
+        detail: format!("the list does not decode: {}", crate::model::describe(&e)),
     })?;
     head.metadata
         .resource_version

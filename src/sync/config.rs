@@ -26,6 +26,30 @@ use crate::model::{Shard, ShardKey};
 /// ```
 pub type Transform = Arc<dyn Fn(&mut serde_json::Value) + Send + Sync>;
 
+/// The name [`StreamConfig::drop_secret_data`] has in the store identity.
+const DROP_SECRET_DATA: &str = "drop-secret-data";
+
+/// The annotation `kubectl apply` (client-side) sets to the whole object as applied.
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Remove what holds a Secret's (or ConfigMap's) values: `data`, `stringData`,
+/// `binaryData` and the last-applied annotation.
+fn drop_secret_values(v: &mut serde_json::Value) {
+    let Some(obj) = v.as_object_mut() else {
+        return;
+    };
+    for field in ["data", "stringData", "binaryData"] {
+        obj.remove(field);
+    }
+    if let Some(annotations) = obj
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+        .and_then(|a| a.as_object_mut())
+    {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// An index function as [`StreamConfig::index`] keeps it (type-erased in the config by the
 /// object type `K`, recovered by `indexers::inspector`).
 pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
@@ -65,6 +89,8 @@ pub struct StreamConfig {
     pub(crate) too_large_retries: u32,
     pub(crate) sensitive: Option<bool>,
     pub(crate) allow_sensitive_data: bool,
+    /// [`StreamConfig::drop_secret_data`]: run last, after every transform.
+    pub(crate) drop_secret_data: bool,
     pub(crate) keys_only: bool,
     pub(crate) transform: Option<(String, Transform)>,
     pub(crate) indexes: Vec<(String, Arc<dyn Any + Send + Sync>)>,
@@ -93,6 +119,7 @@ impl Default for StreamConfig {
             hot_cache_bytes: 8 << 20,
             sensitive: None,
             allow_sensitive_data: false,
+            drop_secret_data: false,
             keys_only: false,
             transform: None,
             indexes: Vec::new(),
@@ -111,7 +138,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("streaming_lists", &self.streaming_lists)
             .field("timeout", &self.timeout)
             .field("validate", &self.validate)
-            .field("transform", &self.transform.as_ref().map(|t| &t.0))
+            .field("transform", &self.transform_name())
             .field("shard", &self.shard)
             .field("relist_mode", &self.relist_mode)
             .finish_non_exhaustive()
@@ -596,8 +623,14 @@ impl StreamConfig {
         self
     }
 
-    /// Mark this stream's kind as sensitive (or not), overriding the default (only `Secret`
-    /// is). Sensitive streams need [`StreamConfig::allow_sensitive_data`].
+    /// Mark this stream's kind as sensitive (or not), overriding the default: core/v1
+    /// `secrets` is, whether the stream names it by its type (`Api<Secret>`, a kind
+    /// `Secret`) or by its group and resource (a `DynamicObject` stream of an
+    /// `ApiResource`, whatever kind it gives). A sensitive stream, full or metadata-only
+    /// ([`Db::metadata_store`](crate::Db::metadata_store): its annotations can hold the
+    /// whole object), is refused unless it drops the data
+    /// ([`StreamConfig::drop_secret_data`]), stores keys only
+    /// ([`StreamConfig::keys_only`]) or opts in ([`StreamConfig::allow_sensitive_data`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -620,10 +653,10 @@ impl StreamConfig {
 
     /// Accept writing sensitive objects (e.g. Secrets, ServiceAccount tokens) to disk.
     ///
-    /// An in-memory cache dies with its process; this one leaves the data on disk. Prefer a
-    /// metadata-only store, or a transform that drops `data`/`stringData`, when the
-    /// controller does not need the values; otherwise encrypt the store
-    /// (`DbConfig::encryption_key`) and keep its directory private.
+    /// An in-memory cache dies with its process; this one leaves the data on disk. Prefer
+    /// [`StreamConfig::drop_secret_data`] when the controller does not need the values;
+    /// otherwise encrypt the store (`DbConfig::encryption_key`) and keep its directory
+    /// private.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -642,6 +675,93 @@ impl StreamConfig {
     pub fn allow_sensitive_data(mut self) -> Self {
         self.allow_sensitive_data = true;
         self
+    }
+
+    /// Drop what holds a Secret's values from every object before it is written: `data`,
+    /// `stringData` (and `binaryData`, a ConfigMap's) and the
+    /// `kubectl.kubernetes.io/last-applied-configuration` annotation, which `kubectl apply`
+    /// sets to the whole object as applied, values included. The names, labels, other
+    /// annotations, type and owner references stay. This is the built-in configuration a
+    /// sensitive stream (see [`StreamConfig::sensitive`]) is accepted with, full or
+    /// metadata-only, without [`StreamConfig::allow_sensitive_data`].
+    ///
+    /// It runs after every [`StreamConfig::transform`], whatever the order they are
+    /// given in, so no transform can put the values back; the store identity names it
+    /// (`drop-secret-data`), so a store written without it is wiped and listed again.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::start().await;
+    /// # let secrets = kube_persist_testkit::ResourceType::new("", "v1", "secrets", "Secret", true);
+    /// # server.handle().register(&secrets);
+    /// # server.handle().apply(&secrets, serde_json::json!({
+    /// #     "apiVersion": "v1", "kind": "Secret",
+    /// #     "metadata": {"name": "db", "namespace": "default", "annotations": {
+    /// #         "kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"password\":\"aHVudGVyMg==\"}}",
+    /// #         "team": "storage"}},
+    /// #     "type": "Opaque",
+    /// #     "data": {"password": "aHVudGVyMg=="}
+    /// # }));
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use k8s_openapi::api::core::v1::Secret;
+    /// use kube_persist::StreamConfig;
+    /// let api = kube::Api::<Secret>::all(client);
+    /// let (reader, watcher) = db.store("secrets", api, StreamConfig::default().drop_secret_data())?;
+    /// tokio::spawn(watcher.run());
+    /// reader.wait_until_ready().await?;
+    /// let secret = reader.get_named(Some("default"), "db")?.unwrap();
+    /// assert!(secret.data.is_none());
+    /// let annotations = secret.metadata.annotations.clone().unwrap();
+    /// assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    /// assert_eq!(annotations["team"], "storage");
+    /// assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+    /// # Ok(()) }
+    /// ```
+    pub fn drop_secret_data(mut self) -> Self {
+        self.drop_secret_data = true;
+        self
+    }
+
+    /// Whether [`StreamConfig::drop_secret_data`] is set.
+    ///
+    /// ```
+    /// use kube_persist::StreamConfig;
+    /// assert!(!StreamConfig::default().get_drop_secret_data());
+    /// assert!(StreamConfig::default().drop_secret_data().get_drop_secret_data());
+    /// ```
+    pub fn get_drop_secret_data(&self) -> bool {
+        self.drop_secret_data
+    }
+
+    /// Whether object bodies are rewritten before they are stored (a transform, or
+    /// [`StreamConfig::drop_secret_data`]).
+    pub(crate) fn transforms(&self) -> bool {
+        self.transform.is_some() || self.drop_secret_data
+    }
+
+    /// The name of what rewrites the bodies, as the store identity records it: the
+    /// transforms in order, then `drop-secret-data`.
+    pub(crate) fn transform_name(&self) -> Option<String> {
+        let drop = self.drop_secret_data.then_some(DROP_SECRET_DATA);
+        match (self.transform.as_ref().map(|t| t.0.as_str()), drop) {
+            (Some(t), Some(d)) => Some(format!("{t}+{d}")),
+            (Some(t), None) => Some(t.to_string()),
+            (None, d) => d.map(str::to_string),
+        }
+    }
+
+    /// Rewrite `v` as the stream stores it: the transforms in order, then the drop of
+    /// [`StreamConfig::drop_secret_data`].
+    pub(crate) fn apply_transforms(&self, v: &mut serde_json::Value) {
+        if let Some((_, f)) = &self.transform {
+            f(v);
+        }
+        if self.drop_secret_data {
+            drop_secret_values(v);
+        }
     }
 
     /// Maintain a secondary index `name` on disk: `f` maps an object to the values it is

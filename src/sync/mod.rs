@@ -56,17 +56,7 @@ where
 {
     config.check()?;
     let url = api.resource_url().to_string();
-    let kind = K::kind(dyntype);
-    if config.sensitive.unwrap_or(kind == "Secret")
-        && !config.allow_sensitive_data
-        && !config.keys_only
-    {
-        return Err(crate::model::Error::Config(format!(
-            "stream {name:?} would write {kind} objects (sensitive data) to {}; opt in with \
-                 StreamConfig::allow_sensitive_data(), or use Db::metadata_store or a transform that drops the data",
-            dir.path().display()
-        )));
-    }
+    gate_sensitive(dir, name, &config, &Kind::of::<K>(dyntype, &url), false)?;
     let identity = identity::<K>(&url, &config, dyntype, false, dir.key_fingerprint());
     let keys_only = config
         .keys_only
@@ -106,13 +96,9 @@ where
 {
     config.check()?;
     let url = api.resource_url().to_string();
-    let identity = identity::<K>(
-        &url,
-        &config,
-        &K::DynamicType::default(),
-        true,
-        dir.key_fingerprint(),
-    );
+    let dyntype = K::DynamicType::default();
+    gate_sensitive(dir, name, &config, &Kind::of::<K>(&dyntype, &url), true)?;
+    let identity = identity::<K>(&url, &config, &dyntype, true, dir.key_fingerprint());
     let validate = indexers::inspector::<PartialObjectMeta<K>>(config.validate, &config.indexes)?;
     open_pair(
         dir,
@@ -126,6 +112,78 @@ where
             metadata_only: true,
         },
     )
+}
+
+/// What a stream watches, as the sensitive-kind gate reads it.
+struct Kind {
+    kind: String,
+    group: String,
+    /// The resource (plural), from the type and from the URL the requests go to.
+    resources: [String; 2],
+    /// Whether the URL is of the core group (`/api/...`).
+    core_url: bool,
+}
+
+impl Kind {
+    fn of<K: Resource>(dt: &K::DynamicType, url: &str) -> Kind {
+        let path = url.split(['?', '#']).next().unwrap_or_default();
+        let mut segments = path.trim_matches('/').split('/');
+        let core_url = segments.next() == Some("api");
+        Kind {
+            kind: K::kind(dt).into_owned(),
+            group: K::group(dt).into_owned(),
+            resources: [
+                K::plural(dt).into_owned(),
+                path.rsplit('/').next().unwrap_or_default().to_string(),
+            ],
+            core_url,
+        }
+    }
+
+    /// Whether this is a sensitive kind by default: core/v1 `secrets`, named by its kind
+    /// (`Secret`), by its group and resource, or by the URL the requests go to.
+    fn sensitive(&self) -> bool {
+        self.kind == "Secret"
+            || (self.group.is_empty() && self.resources[0] == "secrets")
+            || (self.core_url && self.resources[1] == "secrets")
+    }
+}
+
+/// Refuse a stream that would write a sensitive kind's values to disk (see
+/// [`StreamConfig::sensitive`]): not keys-only, not dropping the data
+/// ([`StreamConfig::drop_secret_data`]) and not opted in
+/// ([`StreamConfig::allow_sensitive_data`]). A metadata-only stream too: it keeps
+/// annotations, and `kubectl apply`'s last-applied annotation holds the whole object.
+fn gate_sensitive(
+    dir: &Dir,
+    name: &str,
+    config: &StreamConfig,
+    kind: &Kind,
+    metadata_only: bool,
+) -> Result<()> {
+    let sensitive = config.sensitive.unwrap_or_else(|| kind.sensitive());
+    if !sensitive || config.allow_sensitive_data || config.drop_secret_data || config.keys_only {
+        return Ok(());
+    }
+    let what = if metadata_only {
+        "the metadata of"
+    } else {
+        "whole"
+    };
+    Err(crate::model::Error::Config(format!(
+        "stream {name:?} would write {what} {} objects (sensitive: {}{}) to {}, where \
+         kubectl's last-applied-configuration annotation can hold their data; use \
+         StreamConfig::drop_secret_data() (drops data, stringData and that annotation), \
+         keys_only(), or opt in with allow_sensitive_data()",
+        kind.kind,
+        if kind.group.is_empty() {
+            "core"
+        } else {
+            &kind.group
+        },
+        format_args!("/{}", kind.resources[0]),
+        dir.path().display()
+    )))
 }
 
 /// What pairs a store with its watcher, besides the directory.
@@ -195,7 +253,7 @@ fn identity<K: Resource>(
         field_selector: cfg.field_selector.clone(),
         metadata_only,
         keys_only: cfg.keys_only,
-        transform: cfg.transform.as_ref().map(|t| t.0.clone()),
+        transform: cfg.transform_name(),
         encryption,
     }
 }

@@ -16,6 +16,7 @@ use crate::disk::Compression;
 use crate::disk::record::Packed;
 use crate::model::Counters;
 use crate::model::{Error, Result};
+use crate::model::{describe, unnamed};
 use crate::store::{DECODED_PER_JSON_BYTE, Incoming, Op};
 
 /// The largest burst of watch lines whose objects are cached write-through.
@@ -227,7 +228,7 @@ impl Ingest {
         };
         let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
             context: context.to_string(),
-            detail: format!("list body does not decode: {e}"),
+            detail: format!("list body does not decode: {}", describe(&e)),
         })?;
         if let Some(shard) = self.cfg.get_shard() {
             let echoed = page
@@ -250,7 +251,7 @@ impl Ingest {
         for raw in items {
             if lossy && raw.get().contains('\u{FFFD}') {
                 self.bad(&BadObject::anonymous(
-                    raw::snippet(raw.get()),
+                    unnamed(raw.get()),
                     "object contains invalid UTF-8".into(),
                 ));
                 continue;
@@ -334,8 +335,8 @@ impl Ingest {
         let ev: WatchLine<'_> = match serde_json::from_str(&text) {
             Ok(ev) => ev,
             Err(e) => {
-                let why = format!("watch event does not decode: {e}");
-                self.bad(&BadObject::anonymous(raw::snippet(&text), why.clone()));
+                let why = format!("watch event does not decode: {}", describe(&e));
+                self.bad(&BadObject::anonymous(unnamed(&text), why.clone()));
                 return b.lose(why);
             }
         };
@@ -346,7 +347,7 @@ impl Ingest {
                 Some((rv, end)) => b.bookmark(rv, end, rest),
                 None => {
                     self.bad(&BadObject::anonymous(
-                        raw::snippet(&text),
+                        unnamed(&text),
                         "bookmark without resourceVersion".into(),
                     ));
                     Flow::Go
@@ -358,7 +359,7 @@ impl Ingest {
             }
             other => {
                 self.bad(&BadObject::anonymous(
-                    raw::snippet(&text),
+                    unnamed(&text),
                     format!("unknown watch event type {other:?}"),
                 ));
                 Flow::Go
@@ -414,7 +415,7 @@ impl Ingest {
     fn lossy(&self, object: &RawValue) -> Option<(Vec<u8>, Rejected)> {
         let decodes = &self.stats.decodes;
         let o = raw::incoming(object, &self.cfg, None, false, decodes).ok()?;
-        let what = raw::snippet(object.get());
+        let what = unnamed(object.get());
         let bad = BadObject {
             what: what.clone(),
             why: "object contains invalid UTF-8".into(),
@@ -468,7 +469,7 @@ impl Ingest {
         let text = String::from_utf8_lossy(bytes);
         let page: ListPage<'_> = serde_json::from_str(&text).map_err(|e| Error::Protocol {
             context: context.to_string(),
-            detail: format!("metadata list body does not decode: {e}"),
+            detail: format!("metadata list body does not decode: {}", describe(&e)),
         })?;
         let items = page.items.unwrap_or_default();
         let mut out = MetaPage {
@@ -497,8 +498,8 @@ impl Ingest {
                 Ok(r) => r,
                 Err(e) => {
                     let bad = BadObject::anonymous(
-                        raw::snippet(&String::from_utf8_lossy(&body)),
-                        format!("fetched object does not decode: {e}"),
+                        unnamed(&String::from_utf8_lossy(&body)),
+                        format!("fetched object does not decode: {}", describe(&e)),
                     );
                     rejected.extend(self.refused(bad));
                     continue;

@@ -12,6 +12,7 @@ use serde_json::value::RawValue;
 use super::config::StreamConfig;
 use super::indexers::Inspector;
 use crate::disk::keys::object_suffix;
+use crate::model::{describe, unnamed};
 use crate::store::Incoming;
 
 #[derive(Deserialize)]
@@ -163,7 +164,7 @@ pub(crate) fn bookmark(object: &RawValue) -> Option<(String, bool)> {
 /// Why an object from the server was not stored.
 #[derive(Debug)]
 pub(crate) struct BadObject {
-    /// Best-effort `namespace/name` or a prefix of the JSON.
+    /// Its `namespace/name`, or its length when it has none: never its content.
     pub(crate) what: String,
     pub(crate) why: String,
     /// The object's key suffix, when its name (and namespace) could be read: the stored
@@ -203,7 +204,7 @@ pub(crate) fn incoming(
     // Validating decodes the object into the stream's type anyway: that one decode also
     // gives the metadata, when the body is stored as received (no transform).
     let decoded = match inspect {
-        Some(f) if cfg.transform.is_none() && json.len() <= cfg.max_object_bytes => {
+        Some(f) if !cfg.transforms() && json.len() <= cfg.max_object_bytes => {
             check(f, json.as_bytes()).ok()
         }
         _ => None,
@@ -222,7 +223,10 @@ pub(crate) fn incoming(
         ),
         None => {
             let head: Head = serde_json::from_str(json).map_err(|e| {
-                BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+                BadObject::anonymous(
+                    unnamed(json),
+                    format!("metadata does not decode: {}", describe(&e)),
+                )
             })?;
             (head.metadata, None, None)
         }
@@ -242,8 +246,12 @@ pub(crate) fn incoming(
     let index = match (entries, inspect) {
         (Some(entries), _) => entries,
         (None, Some(f)) => {
-            let d = check(f, &body)
-                .map_err(|e| named.bad(format!("does not decode into the store's type: {e}")))?;
+            let d = check(f, &body).map_err(|e| {
+                named.bad(format!(
+                    "does not decode into the store's type: {}",
+                    describe(&e)
+                ))
+            })?;
             object = d.object;
             d.entries
         }
@@ -279,7 +287,7 @@ impl Named {
             Some(n) if !n.is_empty() && !n.contains('\0') => n,
             _ => {
                 return Err(BadObject::anonymous(
-                    snippet(json),
+                    unnamed(json),
                     "missing or invalid metadata.name".into(),
                 ));
             }
@@ -314,15 +322,13 @@ impl Named {
 
 /// The body as stored: the JSON received, or the stream's transform's output.
 fn transformed(json: &str, cfg: &StreamConfig) -> Result<Vec<u8>, String> {
-    match &cfg.transform {
-        Some((_, f)) => {
-            let mut v: serde_json::Value =
-                serde_json::from_str(json).map_err(|e| format!("invalid JSON: {e}"))?;
-            f(&mut v);
-            serde_json::to_vec(&v).map_err(|e| format!("transform output: {e}"))
-        }
-        None => Ok(json.as_bytes().to_vec()),
+    if !cfg.transforms() {
+        return Ok(json.as_bytes().to_vec());
     }
+    let mut v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("invalid JSON: {}", describe(&e)))?;
+    cfg.apply_transforms(&mut v);
+    serde_json::to_vec(&v).map_err(|e| format!("transform output: {}", describe(&e)))
 }
 
 /// An object of a metadata-only LIST page: what a delta relist compares with the store.
@@ -339,14 +345,17 @@ pub(crate) struct Listed {
 pub(crate) fn listed(raw: &RawValue) -> Result<Listed, BadObject> {
     let json = raw.get();
     let head: Head = serde_json::from_str(json).map_err(|e| {
-        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+        BadObject::anonymous(
+            unnamed(json),
+            format!("metadata does not decode: {}", describe(&e)),
+        )
     })?;
     let m = head.metadata;
     let name = match m.name {
         Some(n) if !n.is_empty() && !n.contains('\0') && !n.contains('/') => n,
         _ => {
             return Err(BadObject::anonymous(
-                snippet(json),
+                unnamed(json),
                 "missing or invalid metadata.name".into(),
             ));
         }
@@ -357,14 +366,14 @@ pub(crate) fn listed(raw: &RawValue) -> Result<Listed, BadObject> {
         .is_some_and(|ns| ns.contains('\0') || ns.contains('/'))
     {
         return Err(BadObject::anonymous(
-            snippet(json),
+            unnamed(json),
             "invalid metadata.namespace".into(),
         ));
     }
     let suffix = object_suffix(namespace.as_deref(), &name);
     let Some(resource_version) = m.resource_version.filter(|rv| !rv.is_empty()) else {
         return Err(BadObject {
-            what: snippet(json),
+            what: unnamed(json),
             why: "missing metadata.resourceVersion".into(),
             key: Some(suffix),
             resource_version: None,
@@ -384,7 +393,10 @@ pub(crate) fn listed(raw: &RawValue) -> Result<Listed, BadObject> {
 pub(crate) fn deleted(raw: &RawValue) -> Result<Deleted, BadObject> {
     let json = raw.get();
     let head: Head = serde_json::from_str(json).map_err(|e| {
-        BadObject::anonymous(snippet(json), format!("metadata does not decode: {e}"))
+        BadObject::anonymous(
+            unnamed(json),
+            format!("metadata does not decode: {}", describe(&e)),
+        )
     })?;
     let m = head.metadata;
     match m.name {
@@ -394,7 +406,7 @@ pub(crate) fn deleted(raw: &RawValue) -> Result<Deleted, BadObject> {
             resource_version: m.resource_version.filter(|rv| !rv.is_empty()),
         }),
         _ => Err(BadObject::anonymous(
-            snippet(json),
+            unnamed(json),
             "missing metadata.name".into(),
         )),
     }
@@ -406,15 +418,6 @@ pub(crate) struct Deleted {
     pub(crate) uid: Option<String>,
     /// The deletion's resourceVersion, when the server gave one.
     pub(crate) resource_version: Option<String>,
-}
-
-/// The first bytes of a JSON text, for log lines about objects without a usable name.
-pub(crate) fn snippet(json: &str) -> String {
-    let mut end = json.len().min(120);
-    while !json.is_char_boundary(end) {
-        end -= 1;
-    }
-    json[..end].to_string()
 }
 
 #[cfg(test)]

@@ -218,7 +218,11 @@ where
     /// resourceVersion, and counted in [`crate::Stats::bad_objects`]. Its previous version is
     /// removed from the store in the same batch (a store never serves, as current, a
     /// version older than its checkpoint), without a `Delete` event: the object still
-    /// exists on the server. The stream goes on.
+    /// exists on the server. The stream goes on. This is input a tenant can trigger (any
+    /// user who can write an object the API server accepts and `K` does not decode): do not
+    /// take an object's absence from the store for its deletion; the warn log line names
+    /// it and what is wrong (a field's type, a position), never its content
+    /// (docs/configuration.md, `validate`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -70,6 +70,7 @@
 //! [`client_for_opts`] with `retry = false` to observe those statuses directly.
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod admin;
 mod faults;

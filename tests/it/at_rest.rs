@@ -10,7 +10,9 @@ use std::path::Path;
 use crate::common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
-use kube_persist::{Compression, Db, DbConfig, EncryptionKey, Error, Reader, StreamConfig};
+use kube_persist::{
+    Compression, Db, DbConfig, EncryptionKey, Error, Reader, Removed, StreamConfig,
+};
 use kube_persist_testkit::ResourceType;
 
 fn assert_private(dir: &Path) {
@@ -96,12 +98,12 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         )
         .unwrap_err();
     assert!(err.to_string().contains("allow_sensitive_data"), "{err}");
-    // Metadata-only needs no opt-in: no data is stored.
+    // Metadata-only needs the data dropped too (annotations can hold it); keys-only not.
     let (meta, watcher) = db
         .metadata_store(
             "secret-meta",
             Api::<Secret>::all(fx.server.client()),
-            StreamConfig::default(),
+            StreamConfig::default().drop_secret_data(),
         )
         .unwrap();
     let mut w = drive(watcher);
@@ -123,6 +125,312 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
         .store("pods", fx.pods(), StreamConfig::default().sensitive(true))
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
+/// A Secret as `kubectl apply -f` creates it: the manifest's values in `data` (a
+/// `stringData` manifest's, encoded, as kube-apiserver stores them), and the manifest
+/// itself, values in clear, in the last-applied annotation.
+fn applied_secret(name: &str, value: &str) -> Secret {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "default"},
+        "type": "Opaque",
+        "stringData": {"password": value},
+    });
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {
+            "name": name, "namespace": "default",
+            "labels": {"app": "db"},
+            "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": manifest.to_string(),
+                "team": "storage",
+            },
+        },
+        "type": "Opaque",
+        "data": {"password": base64(value.as_bytes())},
+    }))
+    .unwrap()
+}
+
+/// Standard base64 with padding (what a Secret's `data` holds).
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Issue 60 item 3: a Secret created by a `kubectl apply`-like client holds its values in
+/// `data` and in the last-applied annotation. Without the built-in configuration every
+/// sensitive stream is refused, the error naming it: full, metadata-only, and a dynamic
+/// stream of core/v1 `secrets` whatever kind its `ApiResource` gives. With
+/// `drop_secret_data()` all three sync (the listed Secrets and a changed one, watched),
+/// and no value, in clear or encoded, is in any file of the store; with
+/// `allow_sensitive_data()` the same search finds them (the check can see them).
+async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
+    use kube::api::{ApiResource, DynamicObject, PostParams};
+    let fx = Fixture::new().await;
+    fx.h.register(&ResourceType::new("", "v1", "secrets", "Secret", true));
+    let client = fx.server.client();
+    let api = Api::<Secret>::namespaced(client.clone(), "default");
+    let values = [
+        "hunter2-in-clear",
+        "s3cret-too-long-to-miss",
+        "rotated-value-9",
+    ];
+    for (i, value) in values[..2].iter().enumerate() {
+        api.create(
+            &PostParams::default(),
+            &applied_secret(&format!("db-{i}"), value),
+        )
+        .await
+        .unwrap();
+    }
+    let dynamic = |kind: &str| {
+        let ar = ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: kind.into(),
+            plural: "secrets".into(),
+        };
+        (Api::<DynamicObject>::all_with(client.clone(), &ar), ar)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let open = |dir: &Path| {
+        Db::open_with(dir, DbConfig::default().engine(engine).compression(false)).unwrap()
+    };
+    let db = open(&dir);
+    let refused = |res: kube_persist::Result<()>, what: &str| match res {
+        Err(Error::Config(msg)) => assert!(msg.contains("drop_secret_data()"), "{what}: {msg}"),
+        other => panic!("{what}: expected Error::Config, got {other:?}"),
+    };
+    refused(
+        db.store(
+            "secrets",
+            Api::<Secret>::all(client.clone()),
+            StreamConfig::default(),
+        )
+        .map(drop),
+        "full store",
+    );
+    refused(
+        db.metadata_store(
+            "meta",
+            Api::<Secret>::all(client.clone()),
+            StreamConfig::default(),
+        )
+        .map(drop),
+        "metadata store",
+    );
+    let (dyn_api, ar) = dynamic("Credentials");
+    refused(
+        db.store_with("dynamic", dyn_api, StreamConfig::default(), &ar)
+            .map(drop),
+        "dynamic store of core/v1 secrets",
+    );
+
+    let cfg = || StreamConfig::default().drop_secret_data();
+    let (full, w_full) = db
+        .store("secrets", Api::<Secret>::all(client.clone()), cfg())
+        .unwrap();
+    let (meta, w_meta) = db
+        .metadata_store("meta", Api::<Secret>::all(client.clone()), cfg())
+        .unwrap();
+    let (dyn_api, ar) = dynamic("Credentials");
+    let (dyn_reader, w_dyn) = db.store_with("dynamic", dyn_api, cfg(), &ar).unwrap();
+    let mut watchers = [drive(w_full), drive(w_meta), drive(w_dyn)];
+    for w in &mut watchers {
+        w.until(|e| *e == Ev::InitDone).await;
+    }
+    // A change, as `kubectl apply` of a new value makes it.
+    let mut changed = api.get("db-1").await.unwrap();
+    let new = applied_secret("db-1", values[2]);
+    changed.data = new.data;
+    changed.metadata.annotations = new.metadata.annotations;
+    api.replace("db-1", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    for w in &mut watchers {
+        w.until(|e| *e == Ev::Apply("default/db-1".into())).await;
+    }
+    let secret = full.get_named(Some("default"), "db-1").unwrap().unwrap();
+    assert!(secret.data.is_none() && secret.string_data.is_none());
+    let annotations = secret.metadata.annotations.clone().unwrap();
+    assert!(!annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert_eq!(annotations["team"], "storage");
+    assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+    assert_eq!((full.len(), meta.len(), dyn_reader.len()), (2, 2, 2));
+    let m = meta.get_named(Some("default"), "db-0").unwrap().unwrap();
+    assert_eq!(
+        m.metadata.annotations.as_ref().unwrap().len(),
+        1,
+        "only `team` is left"
+    );
+    for w in watchers {
+        w.stop().await;
+    }
+    db.flush().unwrap();
+    drop((full, meta, dyn_reader, db));
+    let leaked = |dir: &Path| {
+        values
+            .iter()
+            .flat_map(|v| [v.to_string(), base64(v.as_bytes())])
+            .filter(|needle| on_disk(dir, needle.as_bytes()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(leaked(&dir), Vec::<String>::new(), "secret values on disk");
+
+    // The check can see them: opted in, they are on disk (in `data` and the annotation).
+    let plain = tmp.path().join("plain");
+    let db = open(&plain);
+    let (_r, w) = db
+        .store(
+            "secrets",
+            Api::<Secret>::all(client.clone()),
+            StreamConfig::default().allow_sensitive_data(),
+        )
+        .unwrap();
+    let mut w = drive(w);
+    w.until(|e| *e == Ev::InitDone).await;
+    w.stop().await;
+    db.flush().unwrap();
+    let found = leaked(&plain);
+    // db-1 holds its new value now.
+    for v in [values[0], values[2]] {
+        assert!(found.contains(&v.to_string()), "{v} in clear: {found:?}");
+        assert!(
+            found.contains(&base64(v.as_bytes())),
+            "{v} encoded: {found:?}"
+        );
+    }
+}
+
+/// Issue 60 item 5: a store opened through a symbolic link is its target: the real
+/// folder's entries are checked and tightened (they kept umask modes before: the checks
+/// skipped a link), `strict_permissions` refuses the link, `Db::path` is the target; a
+/// folder owned by another user is refused in strict mode and only warned about
+/// otherwise (as root: the test chowns it); `Db::destroy` through the link removes the
+/// store's files in the target and says so, keeping the link and the directory, and the
+/// next open through the link lists from scratch.
+async fn a_symlinked_store_path_is_its_target(engine: Engine) {
+    let fx = Fixture::with_pods(20, 1).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (real, link) = (tmp.path().join("real"), tmp.path().join("link"));
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let real = real.canonicalize().unwrap();
+    {
+        let db = try_open_db(engine, &link).unwrap();
+        sync_pods(&fx.server, &db).await;
+        db.flush().unwrap();
+    }
+    assert_private(&real);
+    // Made world-readable, then opened through the link: tightened.
+    for p in modes_below(&real).into_keys() {
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let strict = DbConfig::default().engine(engine).strict_permissions(true);
+    match Db::open_with(&link, strict.clone()) {
+        Err(Error::SymlinkedStore { path, target }) => {
+            assert_eq!((path, target), (link.clone(), real.clone()))
+        }
+        other => panic!("expected SymlinkedStore, got {other:?}"),
+    }
+    let db = try_open_db(engine, &link).unwrap();
+    assert_private(&real);
+    assert_eq!(db.path(), real);
+    drop(db);
+    // Its real path opens in strict mode.
+    drop(Db::open_with(&real, strict.clone()).unwrap());
+
+    if is_root() {
+        // Another user's folder: refused in strict mode, a warning otherwise.
+        let chown = |uid: u32| std::os::unix::fs::chown(&real, Some(uid), None).unwrap();
+        chown(65534);
+        match Db::open_with(&real, strict.clone()) {
+            Err(Error::NotOwner { path, owner, user }) => {
+                assert_eq!((path, owner, user), (real.clone(), 65534, 0))
+            }
+            other => panic!("expected NotOwner, got {other:?}"),
+        }
+        drop(try_open_db(engine, &real).unwrap());
+        chown(0);
+    } else {
+        println!("not root: the owner check is not tested");
+    }
+
+    match Db::destroy(&link).unwrap() {
+        Removed::Target { target } => assert_eq!(target, real),
+        other => panic!("expected the target's files removed, got {other:?}"),
+    }
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "link kept"
+    );
+    assert_eq!(
+        std::fs::read_dir(&real).unwrap().count(),
+        0,
+        "the target is empty"
+    );
+    fx.h.reset_counts();
+    let db = try_open_db(engine, &link).unwrap();
+    sync_pods(&fx.server, &db).await;
+    assert_eq!(fx.h.counts().list, 1, "listed from scratch");
+}
+
+/// Issue 60 item 7: an object a tenant makes invalid for the store's type (here a Pod
+/// whose `spec.containers` holds a token as a string) is input anyone who can write such
+/// an object can send. It is refused: the stream yields `Error::ObjectRejected` naming
+/// its key and resourceVersion, `Stats::bad_objects` counts it, and its previous version
+/// is removed (documented on `Watcher::stream` as such input). The error names what is
+/// wrong and where, never the object's content: serde_json's own message quotes the value.
+async fn a_rejected_object_is_named_without_its_content(engine: Engine) {
+    let fx = Fixture::with_pods(2, 1).await;
+    let db = fx.open(engine);
+    let (reader, mut w) = fx.synced_pods(&db, StreamConfig::default()).await;
+    let token = "s3cret-token-in-a-wrong-field";
+    fx.h.apply(
+        &ResourceType::pods(),
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-0", "namespace": "ns-0"},
+            "spec": {"containers": token},
+        }),
+    );
+    let events = w.until(|e| matches!(e, Ev::Error(_))).await;
+    let Some(Ev::Error(msg)) = events.last() else {
+        unreachable!()
+    };
+    assert!(msg.contains("ns-0/pod-0"), "{msg}");
+    assert!(msg.contains("invalid type, expected a sequence"), "{msg}");
+    assert!(
+        !msg.contains(token),
+        "the object's content in an error: {msg}"
+    );
+    assert_eq!(reader.stats().bad_objects, 1);
+    assert!(reader.get_named(Some("ns-0"), "pod-0").unwrap().is_none());
+    assert!(reader.get_named(Some("ns-0"), "pod-1").unwrap().is_some());
 }
 
 fn key(b: u8) -> EncryptionKey {
@@ -551,6 +859,9 @@ engine_tests! {
         every_codec_reads_back_and_codecs_mix_in_one_store,
         world_readable_store_is_tightened_or_refused,
         secrets_need_an_explicit_opt_in,
+        secret_values_never_reach_disk_with_drop_secret_data,
+        a_symlinked_store_path_is_its_target,
+        a_rejected_object_is_named_without_its_content,
         encrypted_store_round_trip_and_wrong_or_missing_key,
         modified_encrypted_record_is_a_corruption_error,
         encrypted_index_values_are_not_on_disk_and_lookups_work,

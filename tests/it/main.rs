@@ -55,4 +55,5 @@ mod sigterm;
 mod store;
 mod tool_live;
 mod triggers;
+mod unsafe_code;
 mod verify;

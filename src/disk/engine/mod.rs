@@ -246,7 +246,14 @@ fn record_engine(path: &Path, engine: Engine) -> Result<Engine> {
         if std::fs::read(&file).is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
             std::fs::remove_file(&file)?;
         }
-        let mut f = std::fs::File::create(&tmp)?;
+        // Never through a link (one planted there would have its target truncated), never
+        // over an existing file: a leftover of an earlier process with this pid, or a link,
+        // is removed first (itself, not what it points to), then the file is created anew.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = new_private_file(&tmp)?;
         f.write_all(format!("{engine}\n").as_bytes())?;
         f.sync_all()?;
         match std::fs::hard_link(&tmp, path.join(ENGINE_FILE)) {
@@ -258,6 +265,19 @@ fn record_engine(path: &Path, engine: Engine) -> Result<Engine> {
     let _ = std::fs::remove_file(&tmp);
     written.map_err(io)?;
     Ok(Engine::of_store(path)?.unwrap_or(engine))
+}
+
+/// Create the file at `path` for writing, mode 0600: a new file, never an existing one
+/// (`O_EXCL`) and never through a symbolic link (`O_NOFOLLOW`; `O_EXCL` refuses a link
+/// already, even a dangling one), so that nothing outside the store is ever written.
+fn new_private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Check that `path` looks like a store directory that is not open anywhere, before
@@ -299,6 +319,31 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Remove the entries the store made in the directory at `path` (after
+/// [`check_removable`]), leaving the directory itself, empty: `Db::destroy` through a
+/// symbolic link. [`Error::NotAStore`], removing nothing, if it holds anything else.
+pub(crate) fn remove_own_files(path: &Path) -> Result<()> {
+    let io = |p: &Path, e| Error::from_io(p.to_path_buf(), e);
+    let contents =
+        Contents::read(path)?.ok_or_else(|| io(path, std::io::ErrorKind::NotFound.into()))?;
+    contents.only_own(path)?;
+    for p in contents.own.iter().filter(|p| p.as_path() != path) {
+        let removed = match std::fs::symlink_metadata(p) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(p),
+            Ok(_) => std::fs::remove_file(p),
+            Err(e) => Err(e),
+        };
+        match removed {
+            // Below a directory removed before it (sled's `blobs/`).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other.map_err(|e| io(p, e))?,
+        }
+    }
+    std::fs::File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(path, e))
 }
 
 /// Run `op` (an engine call on the store at `path`), turning a panic inside the engine
@@ -355,5 +400,49 @@ impl<I: Iterator<Item = Result<Entry>>> Iterator for Guarded<I> {
                 Some(Err(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 60 item 5: a link planted where the `engine` file's temporary goes
+    /// (`engine.new.<pid>`) is removed, never written through: its target keeps its
+    /// bytes, and the `engine` file is written whole.
+    #[test]
+    fn a_planted_link_at_the_temporary_path_does_not_truncate_its_target() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (store, victim) = (tmp.path().join("store"), tmp.path().join("victim"));
+        std::fs::create_dir(&store).unwrap();
+        std::fs::write(&victim, "keep me\n").unwrap();
+        let planted = store.join(format!("{ENGINE_FILE_NEW}{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert_eq!(record_engine(&store, Engine::Redb).unwrap(), Engine::Redb);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+        assert!(
+            std::fs::symlink_metadata(&planted).is_err(),
+            "the link is gone"
+        );
+        let engine = std::fs::symlink_metadata(store.join(ENGINE_FILE)).unwrap();
+        assert!(engine.is_file(), "the engine file is a file, not a link");
+        assert_eq!(
+            std::fs::read_to_string(store.join(ENGINE_FILE)).unwrap(),
+            "redb\n"
+        );
+        // A file created anew is the store's own: mode 0600 whatever the umask.
+        use std::os::unix::fs::PermissionsExt;
+        let tmp_file = store.join("t");
+        drop(new_private_file(&tmp_file).unwrap());
+        assert_eq!(
+            std::fs::metadata(&tmp_file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Never over an existing file, nor through a dangling link.
+        assert!(new_private_file(&tmp_file).is_err());
+        let dangling = store.join("dangling");
+        std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+        assert!(new_private_file(&dangling).is_err());
+        assert!(!tmp.path().join("nowhere").exists());
     }
 }

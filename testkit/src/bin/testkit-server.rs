@@ -11,6 +11,8 @@
 //! Seeds N pods, prints exactly one line `listening on http://HOST:PORT` to stdout, logs to
 //! stderr (`RUST_LOG`), and serves until killed.
 
+#![deny(unsafe_code)]
+
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
