@@ -32,6 +32,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube_persist::StreamConfig;
 use kube_persist::controller::{Config, Controller};
 use kube_persist_testkit::ResourceType;
+use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// Mutations per engine in the test command (the CI budget).
 const BUDGET: usize = 240;
@@ -90,26 +91,9 @@ fn kind(table: &str, key: &[u8]) -> String {
     }
 }
 
-/// A small deterministic generator (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// Every way one value `v` is damaged, in order of priority: a huge length claim at each
 /// of the first positions first, then the rest.
-fn damages(v: &[u8], rng: &mut Rng) -> Vec<(Option<Vec<u8>>, String)> {
+fn damages(v: &[u8], rng: &mut StdRng) -> Vec<(Option<Vec<u8>>, String)> {
     let huge = [0xFD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x3F];
     let mut out = Vec::new();
     for at in 0..v.len().min(12) {
@@ -143,8 +127,8 @@ fn damages(v: &[u8], rng: &mut Rng) -> Vec<(Option<Vec<u8>>, String)> {
     }
     out.push((None, "removed".into()));
     for _ in 0..6 {
-        let len = rng.below(64);
-        let d: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let len = rng.random_range(0..64);
+        let d: Vec<u8> = (0..len).map(|_| rng.random::<u8>()).collect();
         out.push((Some(d), format!("rewritten with {len} random bytes")));
     }
     for _ in 0..6 {
@@ -152,8 +136,8 @@ fn damages(v: &[u8], rng: &mut Rng) -> Vec<(Option<Vec<u8>>, String)> {
             break;
         }
         let mut d = v.to_vec();
-        let at = rng.below(d.len());
-        d[at] = rng.next() as u8;
+        let at = rng.random_range(0..d.len());
+        d[at] = rng.random::<u8>();
         out.push((Some(d), format!("byte {at} set at random")));
     }
     out
@@ -163,7 +147,7 @@ fn damages(v: &[u8], rng: &mut Rng) -> Vec<(Option<Vec<u8>>, String)> {
 /// is damaged within a small budget), each kind's damages in priority order, each applied
 /// to a record of that kind picked at random.
 fn mutations(records: &[Raw], budget: usize, seed: u64) -> Vec<Mutation> {
-    let mut rng = Rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut by_kind: BTreeMap<String, Vec<&Raw>> = BTreeMap::new();
     for r in records {
         by_kind.entry(kind(&r.0, &r.1)).or_default().push(r);
@@ -174,7 +158,7 @@ fn mutations(records: &[Raw], budget: usize, seed: u64) -> Vec<Mutation> {
             // Two records of the kind, picked at random, damaged in every way.
             let mut q = std::collections::VecDeque::new();
             for _ in 0..2 {
-                let (table, key, value) = recs[rng.below(recs.len())];
+                let (table, key, value) = recs[rng.random_range(0..recs.len())];
                 for (value, what) in damages(value, &mut rng) {
                     q.push_back(Mutation {
                         table: table.clone(),
