@@ -23,7 +23,14 @@ mod tests {
     /// each seed at every byte: every decoder returns.
     #[test]
     fn the_decoders_return_on_damaged_seeds() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode_all");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = root.join("fuzz/corpus/decode_all");
+        if !root.join("fuzz").exists() {
+            // The published package has no fuzz/ folder (a package of its own): the
+            // repository's test command always has it.
+            println!("no fuzz/ folder beside the crate (a packaged crate): nothing to replay");
+            return;
+        }
         let mut seeds = 0;
         for e in std::fs::read_dir(&dir).expect("the fuzz corpus") {
             let seed = std::fs::read(e.unwrap().path()).unwrap();
