@@ -433,10 +433,12 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// Bounded: bincode allocates the length a string or byte buffer claims before it reads
 /// it, so one damaged length prefix (`0xFD` and eight bytes claim ~4e18 bytes) would abort
 /// the process on the failed allocation, which no unwinding catches. Every decode runs with
-/// a limit on the bytes its strings and buffers may claim in total, the smallest
-/// [`LIMITS`] step at or above the input's length: a valid encoding never claims more than
-/// it holds, so a damaged one fails with "limit exceeded" instead of allocating (at most 4x
-/// the input). Sequences are preallocated by serde's cautious size hint (at most 1 MiB each).
+/// bincode's limit on what a value may claim: the bytes of its strings and buffers, and the
+/// in-memory size of each integer (8 bytes for a `u64`, even when its varint is one byte).
+/// A valid encoding of `n` bytes so claims at most `16 n` (a `u128` in one byte), and the
+/// limit is the smallest [`LIMITS`] step at or above `16 n + 64`: a damaged claim fails with
+/// "limit exceeded" instead of allocating more than 64 times the value's size. Sequences
+/// are preallocated by serde's cautious size hint (at most 1 MiB each).
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bounded_decode(bytes) {
         Ok((v, used)) if used == bytes.len() => Ok(v),
@@ -446,13 +448,24 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 }
 
 /// The largest value [`decode`] reads: far above any record this crate writes (an object
-/// body is at most etcd's request limit, 1.5 MiB by default, an index's entry list a few
-/// bytes per object).
-const MAX_RECORD_BYTES: usize = 1 << 30;
+/// body is at most `StreamConfig::max_object_bytes`, 16 MiB by default, and a body never
+/// decompresses past [`MAX_BODY_BYTES`]).
+const MAX_RECORD_BYTES: usize = MAX_BODY_BYTES;
 
-/// The limits [`decode`] picks from (powers of four from 256 bytes to [`MAX_RECORD_BYTES`]):
-/// bincode takes its limit as a constant.
-const LIMITS: [usize; 12] = [
+/// The most a valid encoding may claim per byte of it ([`decode`]).
+const CLAIM_PER_BYTE: usize = 16;
+
+/// The last [`LIMITS`] step: what a [`MAX_RECORD_BYTES`] value may claim (4 GiB; no limit
+/// where `usize` cannot hold it).
+const TOP_LIMIT: usize = if usize::BITS > 32 {
+    (1u64 << 32) as usize
+} else {
+    usize::MAX
+};
+
+/// The limits [`decode`] picks from (powers of four from 256 bytes to 1 GiB, then
+/// [`TOP_LIMIT`]): bincode takes its limit as a constant.
+const LIMITS: [usize; 13] = [
     1 << 8,
     1 << 10,
     1 << 12,
@@ -464,18 +477,25 @@ const LIMITS: [usize; 12] = [
     1 << 24,
     1 << 26,
     1 << 28,
-    MAX_RECORD_BYTES,
+    1 << 30,
+    TOP_LIMIT,
 ];
 
 /// Decode `T` from the front of `bytes` with bincode's limit at the [`LIMITS`] step that
-/// holds `bytes`: the value and the bytes it used.
+/// holds what `bytes` may claim: the value and the bytes it used.
 fn bounded_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), String> {
     fn with<T: DeserializeOwned, const N: usize>(bytes: &[u8]) -> Result<(T, usize), String> {
         bincode::serde::decode_from_slice(bytes, bincode::config::standard().with_limit::<N>())
             .map_err(|e| e.to_string())
     }
-    const _: () = assert!(LIMITS[11] == MAX_RECORD_BYTES);
-    match LIMITS.iter().position(|&l| bytes.len() <= l) {
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(format!(
+            "record is {} bytes, above the {MAX_RECORD_BYTES} any record may be",
+            bytes.len()
+        ));
+    }
+    let claims = bytes.len() * CLAIM_PER_BYTE + 64;
+    match LIMITS.iter().position(|&l| claims <= l) {
         Some(0) => with::<T, { LIMITS[0] }>(bytes),
         Some(1) => with::<T, { LIMITS[1] }>(bytes),
         Some(2) => with::<T, { LIMITS[2] }>(bytes),
@@ -487,11 +507,8 @@ fn bounded_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), Strin
         Some(8) => with::<T, { LIMITS[8] }>(bytes),
         Some(9) => with::<T, { LIMITS[9] }>(bytes),
         Some(10) => with::<T, { LIMITS[10] }>(bytes),
-        Some(_) => with::<T, { LIMITS[11] }>(bytes),
-        None => Err(format!(
-            "record is {} bytes, above the {MAX_RECORD_BYTES} any record may be",
-            bytes.len()
-        )),
+        Some(11) => with::<T, { LIMITS[11] }>(bytes),
+        _ => with::<T, { LIMITS[12] }>(bytes),
     }
 }
 
@@ -546,6 +563,33 @@ mod tests {
             ("42", "u", 3)
         );
         assert_eq!(view.body, r.body.as_slice());
+    }
+
+    /// Valid records of every size around the limit steps decode: bincode counts each
+    /// integer at its in-memory size (a one-byte varint claims 8 for a `u64`), so a limit
+    /// at the value's own length refused valid records just below a step (seen against
+    /// kube-apiserver: "LimitExceeded" for 10 KB Pods).
+    #[test]
+    fn valid_records_of_every_size_decode() {
+        for len in (0..300)
+            .chain(900..1100)
+            .chain(16_300..16_400)
+            .chain(65_400..65_600)
+        {
+            let r = Record {
+                resource_version: "123456".into(),
+                uid: "0f6a4c4e-8d8c-4c1e-9a51-1a2b3c4d5e6f".into(),
+                epoch: 7,
+                codec: Codec::Lz4 as u8,
+                body: vec![b'x'; len],
+            };
+            let bytes = encode(&r);
+            let back: Record = decode(&bytes).unwrap_or_else(|e| panic!("body of {len}: {e}"));
+            assert_eq!(back.body.len(), len);
+            decode_head(&bytes).unwrap_or_else(|e| panic!("head, body of {len}: {e}"));
+            let small: Vec<u64> = (0..len as u64 % 200).collect();
+            assert_eq!(decode::<Vec<u64>>(&encode(&small)).unwrap(), small);
+        }
     }
 
     /// A length prefix claiming ~4e18 bytes (varint tag 0xFD, then a u64) in front of any
