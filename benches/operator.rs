@@ -118,7 +118,7 @@ async fn child(role: &str, args: &Args) {
             let dir = args.dir.as_ref().expect("--dir");
             let db = kube_persist::Db::open(dir).expect("open");
             let controller = persistent_controller(&db, client).expect("open the pods stream");
-            let reader = controller.reader();
+            let reader = controller.store();
             let run = controller.run(reconcile, error_policy, ctx.clone());
             let task = tokio::spawn(run.for_each(|_| async {}));
             until_converged(&ctx, || {

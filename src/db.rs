@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
+use futures::Stream;
 use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::watcher as kube_watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
@@ -355,13 +357,19 @@ impl Db {
         &self,
         name: &str,
         api: Api<K>,
-        config: StreamConfig,
+        config: impl Into<StreamConfig>,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        sync::open_store(&self.dir, name, api, config, &K::DynamicType::default())
+        sync::open_store(
+            &self.dir,
+            name,
+            api,
+            config.into(),
+            &K::DynamicType::default(),
+        )
     }
 
     /// Like [`Db::store`], for kinds with a runtime type (e.g. `DynamicObject` with its `ApiResource`).
@@ -388,13 +396,13 @@ impl Db {
         &self,
         name: &str,
         api: Api<K>,
-        config: StreamConfig,
+        config: impl Into<StreamConfig>,
         dyntype: &K::DynamicType,
     ) -> Result<(Reader<K>, Watcher<K>)>
     where
         K: Resource + DeserializeOwned + Send + Sync + 'static,
     {
-        sync::open_store(&self.dir, name, api, config, dyntype)
+        sync::open_store(&self.dir, name, api, config.into(), dyntype)
     }
 
     /// Open a metadata-only stream: stores `PartialObjectMeta<K>` (names, labels,
@@ -421,13 +429,13 @@ impl Db {
         &self,
         name: &str,
         api: Api<K>,
-        config: StreamConfig,
+        config: impl Into<StreamConfig>,
     ) -> Result<Pair<PartialObjectMeta<K>>>
     where
         K: Resource + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        sync::open_metadata_store(&self.dir, name, api, config)
+        sync::open_metadata_store(&self.dir, name, api, config.into())
     }
 
     /// Compare stream `stream` with the collection it caches on the server `client` talks
@@ -560,4 +568,56 @@ impl Db {
         self.dir
             .drop_keyspace(disk::CONTROLLERS, name, "controller state")
     }
+}
+
+/// The persistent counterpart of kube-runtime's `watcher(api, wc)`, with one more argument,
+/// the store directory: opens (or resumes) in `db` the stream of `api` with `config` (a `watcher::Config` as it is, or a
+/// [`StreamConfig`]) and returns its events as kube-runtime's `watcher::Event`s
+/// ([`Watcher::kube_events`]), for kube-runtime's `WatchStreamExt` helpers as they are.
+/// The stream is named after what it watches (its resource and group, the namespace of
+/// a namespaced `Api`, a hash of its selectors and shard: `pods@default`), so that two
+/// collections never share a name; [`Db::store`] names it explicitly and returns its
+/// [`Reader`] too. A restart resumes the watch from the checkpoint on disk and replays
+/// the stored objects as `Init`/`InitApply`/`InitDone`, as a relist would.
+///
+/// Blocking like [`Db::store`] (it opens the stream's keyspace: milliseconds).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+/// # let dir = tempfile::tempdir()?;
+/// # let client = server.client();
+/// use futures::TryStreamExt;
+/// use k8s_openapi::api::core::v1::Pod;
+/// use kube::runtime::{WatchStreamExt, predicates, watcher};
+/// use kube::{Api, ResourceExt};
+///
+/// let db = kube_persist::Db::open(dir.path())?;
+/// let api: Api<Pod> = Api::default_namespaced(client);
+/// // Was: watcher(api, watcher::Config::default())
+/// let stream = kube_persist::watcher(&db, api, watcher::Config::default())?
+///     .default_backoff()
+///     .applied_objects()
+///     .predicate_filter(predicates::resource_version, Default::default());
+/// let mut stream = std::pin::pin!(stream);
+/// let pod = stream.try_next().await?.unwrap();
+/// assert!(pod.name_any().starts_with("web-"));
+/// assert_eq!(db.streams()?[0].name, "pods@default");
+/// # Ok(()) }
+/// ```
+pub fn watcher<K>(
+    db: &Db,
+    api: Api<K>,
+    config: impl Into<StreamConfig>,
+) -> Result<
+    impl Stream<Item = std::result::Result<kube_watcher::Event<K>, kube_watcher::Error>> + Send,
+>
+where
+    K: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Send + Sync,
+{
+    let dyntype = K::DynamicType::default();
+    let (_, watcher) = sync::open_derived(&db.dir, api, config.into(), &dyntype)?;
+    Ok(watcher.kube_events())
 }

@@ -95,6 +95,7 @@ mod sync;
 
 pub use controller::Controller;
 pub use controller::keyspace::{ControllerStateInfo, ReconcileStateInfo, ReconcileStates};
+pub use db::watcher;
 pub use disk::{Compression, DbConfig, Durability, EncryptionKey};
 pub use model::resource_version;
 pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};

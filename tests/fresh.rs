@@ -483,9 +483,15 @@ async fn run_controller(
     let h = server.handle();
     let seen = Arc::new(Seen::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = Controller::for_store(db, "pods", pods_api(server), Default::default(), cfg)
+    let run = db
+        .store(
+            "pods",
+            pods_api(server),
+            kube_persist::StreamConfig::default(),
+        )
+        .map(|pair| Controller::for_store(pair).with_config(cfg))
         .unwrap()
-        .durable_state(db, "fresh")
+        .durable_state("fresh")
         .unwrap()
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;

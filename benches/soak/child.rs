@@ -169,15 +169,12 @@ async fn child(p: Params, url: String, dir: PathBuf, log: Log) -> i32 {
             Some(((), ()))
         }
     });
-    let controller = Controller::for_shared(
-        reader,
-        for_controller,
-        Config::default().concurrency(p.concurrency),
-    )
-    .durable_state(&db, "soak")
-    .expect("durable state")
-    .reconcile_all_on(ticks)
-    .shutdown_on_signal();
+    let controller = Controller::for_shared(reader, for_controller)
+        .with_config(Config::default().concurrency(p.concurrency))
+        .durable_state("soak")
+        .expect("durable state")
+        .reconcile_all_on(ticks)
+        .shutdown_on_signal();
 
     let (seed, rlog) = (p.seed, log.clone());
     let mut results = std::pin::pin!(controller.run(

@@ -410,19 +410,19 @@ async fn stats_shows_controller_state(engine: Engine) {
         let done = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let tx = std::sync::Mutex::new(Some(tx));
-        let controller = Controller::for_store(
-            &db,
-            "pods",
-            kube::Api::<Pod>::all(server.client()),
-            kube_persist::StreamConfig::default(),
-            controller::Config::default(),
-        )
-        .unwrap()
-        .durable_state(&db, "labeler")
-        .unwrap()
-        .graceful_shutdown_on(async move {
-            let _ = rx.await;
-        });
+        let controller = db
+            .store(
+                "pods",
+                kube::Api::<Pod>::all(server.client()),
+                kube_persist::StreamConfig::default(),
+            )
+            .map(|pair| Controller::for_store(pair).with_config(controller::Config::default()))
+            .unwrap()
+            .durable_state("labeler")
+            .unwrap()
+            .graceful_shutdown_on(async move {
+                let _ = rx.await;
+            });
         let count = done.clone();
         controller
             .run(

@@ -328,7 +328,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let reader = controller.reader();
+    let reader = controller.store();
     let (stop_tx, stopping) = watch::channel(false);
     let mut stop_wait = stopping.clone();
     let controller = controller.graceful_shutdown_on(async move {

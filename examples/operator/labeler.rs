@@ -141,12 +141,7 @@ pub fn persistent_controller_with(
     store: kube_persist::StreamConfig,
 ) -> kube_persist::Result<kube_persist::Controller<Pod>> {
     use kube_persist::controller::{Config, Controller};
-    Controller::for_store(
-        db,
-        "pods",
-        Api::<Pod>::all(client),
-        store,
-        Config::default().concurrency(16),
-    )?
-    .durable_state(db, CONTROLLER_NAME)
+    db.store("pods", Api::<Pod>::all(client), store)
+        .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(16)))?
+        .durable_state(CONTROLLER_NAME)
 }

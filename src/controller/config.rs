@@ -60,7 +60,6 @@ pub struct Config {
     pub(crate) startup: StartupMode,
     pub(crate) pass_chunk: usize,
     pub(crate) requeue_window: Duration,
-    pub(crate) skip_unchanged_generation: bool,
     pub(crate) startup_catch_up: Option<Duration>,
 }
 
@@ -72,7 +71,6 @@ impl Default for Config {
             startup: StartupMode::Changed,
             pass_chunk: 500,
             requeue_window: Duration::from_secs(300),
-            skip_unchanged_generation: false,
             startup_catch_up: Some(Duration::from_secs(60)),
         }
     }
@@ -188,31 +186,6 @@ impl Config {
         self
     }
 
-    /// With durable state: skip reconciles of changes that leave `metadata.generation` as it
-    /// was at the last successful reconcile, i.e. changes of status or metadata only (like
-    /// controller-runtime's `GenerationChangedPredicate`). Default off.
-    ///
-    /// Caveats:
-    /// - Only kinds with a `generation` are filtered (most with a `spec`: Deployments, CRDs
-    ///   with the status subresource, ...); objects without one (ConfigMaps, Secrets) are
-    ///   always reconciled. The API server does not bump it for label, annotation, finalizer
-    ///   or status changes, so a reconciler that reads those misses their changes; setting
-    ///   `deletionTimestamp` does bump it.
-    /// - It applies to changes of the object itself (watch events and the startup pass), not
-    ///   to requeues, error retries or triggers from related objects.
-    /// - Without [`Controller::durable_state`](super::Controller::durable_state) it does
-    ///   nothing: the last reconciled generation is kept in that state.
-    ///
-    /// ```
-    /// let cfg = kube_persist::controller::Config::default().skip_unchanged_generation(true);
-    /// assert!(cfg.get_skip_unchanged_generation());
-    /// ```
-    #[must_use]
-    pub fn skip_unchanged_generation(mut self, on: bool) -> Self {
-        self.skip_unchanged_generation = on;
-        self
-    }
-
     /// How many object references a pass over the store (cold start, warm restart,
     /// [`Controller::reconcile_all_on`](super::Controller::reconcile_all_on)) hands to the
     /// scheduler at a time (default 500, at least 1). The next chunk is read from disk once
@@ -291,15 +264,6 @@ impl Config {
     /// ```
     pub fn get_requeue_window(&self) -> Duration {
         self.requeue_window
-    }
-
-    /// Whether changes that leave the generation unchanged are skipped.
-    ///
-    /// ```
-    /// assert!(!kube_persist::controller::Config::default().get_skip_unchanged_generation());
-    /// ```
-    pub fn get_skip_unchanged_generation(&self) -> bool {
-        self.skip_unchanged_generation
     }
 
     /// References per pass chunk.

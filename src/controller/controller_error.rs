@@ -51,6 +51,12 @@ pub enum ControllerError<E: 'static> {
     /// or [`Controller::owns_stream`](super::Controller::owns_stream) reported an error.
     #[error("trigger stream error: {0}")]
     Watcher(#[source] kube::runtime::watcher::Error),
+
+    /// A builder step that opens a stream ([`Controller::owns`](super::Controller::owns),
+    /// [`Controller::watches`](super::Controller::watches)) failed: the controller did not
+    /// start. `run` yields this error alone, then ends.
+    #[error("controller setup failed: {0}")]
+    Setup(#[source] crate::model::Error),
 }
 
 /// An error of a trigger stream, before it becomes a [`ControllerError`].

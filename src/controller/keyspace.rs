@@ -54,8 +54,9 @@ pub(crate) fn parse_due_key(key: &[u8]) -> Option<(u64, &[u8])> {
 
 /// Version of the controller state's format; part of its identity (a state of another
 /// format starts fresh: every object is reconciled once). 2: records carry the uid of the
-/// object they were written for.
-const STATE_FORMAT: u32 = 2;
+/// object they were written for. 3: the value of the controller's predicate instead of the
+/// generation.
+const STATE_FORMAT: u32 = 3;
 
 /// What one object's last reconciles left behind.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,8 +67,9 @@ pub(crate) struct ReconcileRecord {
     pub(crate) uid: Option<String>,
     /// The resourceVersion at which the last reconcile returned `Ok`.
     pub(crate) ok_rv: Option<String>,
-    /// `metadata.generation` of that version, where the kind has one.
-    pub(crate) ok_generation: Option<i64>,
+    /// The value of the controller's predicate for that version, if it has one and a
+    /// predicate is set ([`Controller::predicate_filter`](super::Controller::predicate_filter)).
+    pub(crate) ok_predicate: Option<u64>,
     /// The resourceVersion of the last reconcile if it failed (`None` after an `Ok`).
     pub(crate) failed_rv: Option<String>,
     /// When the requeue the reconcile (or the error policy) asked for is due, unix ms.
@@ -91,8 +93,8 @@ impl ReconcileRecord {
 /// How a finished reconcile ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// `Ok(action)`, of an object with this `metadata.generation`.
-    Ok { generation: Option<i64> },
+    /// `Ok(action)`, of an object with this value of the controller's predicate.
+    Ok { predicate: Option<u64> },
     /// `Err(..)`: the error policy chose the requeue.
     Failed,
 }
@@ -145,9 +147,9 @@ impl StateOp {
                     .unwrap_or_default();
                 rec.uid = uid.clone();
                 match outcome {
-                    Outcome::Ok { generation } => {
+                    Outcome::Ok { predicate } => {
                         rec.ok_rv = Some(rv.clone());
-                        rec.ok_generation = *generation;
+                        rec.ok_predicate = *predicate;
                         rec.failed_rv = None;
                     }
                     Outcome::Failed => rec.failed_rv = Some(rv.clone()),
@@ -445,8 +447,10 @@ pub struct ReconcileStateInfo {
     pub uid: Option<String>,
     /// The resourceVersion at which the last reconcile returned `Ok`.
     pub resource_version: Option<String>,
-    /// The `metadata.generation` of that version, where the kind has one.
-    pub generation: Option<i64>,
+    /// The value of the controller's predicate for that version
+    /// ([`Controller::predicate_filter`](crate::Controller::predicate_filter)), if one is
+    /// set and it has a value.
+    pub predicate: Option<u64>,
     /// The resourceVersion of the last reconcile, if it failed.
     pub failed_resource_version: Option<String>,
     /// When the pending requeue (or retry) is due, if any.
@@ -534,7 +538,7 @@ pub(crate) fn reconcile_states(dir: &Dir, name: &str) -> Result<ReconcileStates>
             name: obj_name.into_owned(),
             uid: rec.uid,
             resource_version: rec.ok_rv,
-            generation: rec.ok_generation,
+            predicate: rec.ok_predicate,
             failed_resource_version: rec.failed_rv,
             due: rec.due_ms.map(from_unix_ms),
         })

@@ -79,6 +79,8 @@ mod controller_error;
 mod controller_stats;
 pub(crate) mod keyspace;
 mod owed;
+mod predicate;
+mod related;
 mod runner;
 mod scan;
 mod state;
@@ -89,7 +91,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, Stream};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -99,11 +101,11 @@ pub use config::{Config, StartupMode};
 pub use controller_error::ControllerError;
 pub use controller_stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
+pub use predicate::PredicateConfig;
 
-use crate::store::{Db, Reader};
-use crate::sync::{Pair, Watcher};
-use controller_error::TriggerError;
-use runner::{Parts, Runner};
+use crate::store::{Db, Dir, Reader};
+use crate::sync::Pair;
+use runner::{Parts, RunItem, Runner};
 use triggers::TriggerStream;
 
 /// A controller for the objects of one persistent stream of kind `K`.
@@ -119,8 +121,8 @@ use triggers::TriggerStream;
 /// use kube::Api;
 /// use kube_persist::controller::{Config, Controller};
 ///
-/// let (replicasets, rs_watcher) = db.store("replicasets", Api::<ReplicaSet>::all(client.clone()), Default::default())?;
-/// let pods = db.store("pods", Api::<Pod>::all(client), Default::default())?;
+/// let (replicasets, rs_watcher) = db.store("replicasets", Api::<ReplicaSet>::all(client.clone()), kube_persist::StreamConfig::default())?;
+/// let pods = db.store("pods", Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
 /// let controller = Controller::new(replicasets, rs_watcher, Config::default().concurrency(8))
 ///     .owns_store(pods); // a Pod change reconciles its owning ReplicaSet
 /// # let _ = controller; Ok(()) }
@@ -129,6 +131,8 @@ pub struct Controller<K>
 where
     K: Resource,
 {
+    /// The store directory: related kinds' streams and the durable state are kept there.
+    dir: Dir,
     reader: Reader<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -143,6 +147,11 @@ where
         crate::exec::DiskWorker,
         String,
     )>,
+    /// The filter of changes of the controlled objects ([`Controller::predicate_filter`]).
+    predicate: Option<predicate::Filter<K>>,
+    /// The first failure of a builder step that opens a stream (`owns`, `watches`):
+    /// [`Controller::run`] yields it and ends.
+    setup: Option<crate::model::Error>,
     stats: ControllerStats,
 }
 
@@ -178,45 +187,103 @@ where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + Hash + Send + Sync + 'static,
 {
-    /// A controller for the objects of a persistent stream, from its [`Reader`] and its
-    /// [`Watcher`] (as returned by [`Db::store`]). The controller drives the watcher.
+    /// A controller of the objects `main_api` lists with `wc`, cached in `db`: kube-runtime's
+    /// `Controller::new(main_api, wc)` with one more argument, the store directory. `wc` is
+    /// a `watcher::Config` as it is (or a [`StreamConfig`](crate::StreamConfig) for the
+    /// options only kube-persist has). The stream is opened (or resumed from its checkpoint)
+    /// at once, named after what it watches (`pods`, `configmapgenerators.nullable.se`,
+    /// `pods@default` for a namespaced `Api`, with a hash of the selectors and the shard when
+    /// set: see [`watcher`](crate::watcher())); [`Controller::for_store`] takes a stream opened under a
+    /// name of your choosing. [`owns`](Controller::owns) and [`watches`](Controller::watches)
+    /// open theirs in `db` too, and [`durable_state`](Controller::durable_state) keeps the
+    /// reconcile state there. Blocking, like [`Db::store`] (milliseconds).
     ///
     /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let (reader, watcher) = db.store("configmaps", kube::Api::<ConfigMap>::all(client), Default::default())?;
-    /// let controller = Controller::new(reader, watcher, Config::default());
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+    /// use kube::{Api, Client, runtime::watcher};
+    /// use kube_persist::{Db, controller::{Config, Controller}};
+    ///
+    /// let client = Client::try_default().await?;
+    /// let db = Db::open("/var/lib/my-controller/cache")?;
+    /// // Was: Controller::new(Api::<Deployment>::all(client.clone()), watcher::Config::default())
+    /// let controller = Controller::new(&db, Api::<Deployment>::all(client.clone()), watcher::Config::default())?
+    ///     .owns(Api::<Pod>::all(client), watcher::Config::default())
+    ///     .with_config(Config::default().concurrency(8));
     /// # let _ = controller; Ok(()) }
     /// ```
-    pub fn new(reader: Reader<K>, watcher: Watcher<K>, config: Config) -> Self
+    pub fn new(
+        db: &Db,
+        main_api: Api<K>,
+        wc: impl Into<crate::sync::StreamConfig>,
+    ) -> crate::model::Result<Self>
     where
         K::DynamicType: Default,
     {
-        Self::new_with(reader, watcher, config, Default::default())
+        Self::new_with(db, main_api, wc, Default::default())
     }
 
-    /// Like [`Controller::new`], for kinds with a runtime type (e.g. `DynamicObject`).
+    /// Like [`Controller::new`], for kinds with a runtime type (e.g. `DynamicObject` with its
+    /// `ApiResource`): kube-runtime's `Controller::new_with(main_api, wc, dyntype)`.
     ///
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube_persist::controller::{Config, Controller};
-    /// let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
-    /// let ar = ApiResource::from_gvk(&gvk);
+    /// use kube::runtime::watcher;
+    /// use kube_persist::controller::Controller;
+    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
-    /// let (reader, watcher) = db.store_with("widgets", api, Default::default(), &ar)?;
-    /// let controller = Controller::new_with(reader, watcher, Config::default(), ar);
+    /// let controller = Controller::new_with(&db, api, watcher::Config::default(), ar)?;
     /// # let _ = controller; Ok(()) }
     /// ```
     pub fn new_with(
-        reader: Reader<K>,
-        watcher: Watcher<K>,
-        config: Config,
+        db: &Db,
+        main_api: Api<K>,
+        wc: impl Into<crate::sync::StreamConfig>,
         dyntype: K::DynamicType,
-    ) -> Self {
+    ) -> crate::model::Result<Self> {
+        let pair = crate::sync::open_derived(&db.dir, main_api, wc.into(), &dyntype)?;
+        Ok(Self::for_store_with(pair, dyntype))
+    }
+
+    /// A controller of the objects of a persistent stream: its [`Reader`] and its
+    /// [`Watcher`] as [`Db::store`] returns them (the stream named as you choose). The
+    /// controller drives the watcher; related kinds added with [`owns`](Controller::owns) /
+    /// [`watches`](Controller::watches) are opened in the same store directory.
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_persist::{StreamConfig, controller::{Config, Controller}};
+    /// let configmaps = db.store("configmaps", kube::Api::<ConfigMap>::all(client), StreamConfig::default().drop_managed_fields())?;
+    /// let controller = Controller::for_store(configmaps).with_config(Config::default().concurrency(4));
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn for_store(pair: Pair<K>) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_store_with(pair, Default::default())
+    }
+
+    /// Like [`Controller::for_store`], for kinds with a runtime type (e.g. `DynamicObject`).
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    /// use kube_persist::controller::Controller;
+    /// let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
+    /// let ar = ApiResource::from_gvk(&gvk);
+    /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
+    /// let widgets = db.store_with("widgets", api, kube_persist::StreamConfig::default(), &ar)?;
+    /// let controller = Controller::for_store_with(widgets, ar);
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    pub fn for_store_with(pair: Pair<K>, dyntype: K::DynamicType) -> Self {
+        let (reader, watcher) = pair;
+        let dir = watcher.dir().clone();
         let main = triggers::main_kind(watcher, dyntype.clone());
-        Self::from_main(reader, main, config, dyntype)
+        Self::from_main(dir, reader, main, dyntype)
     }
 
     /// A controller of the objects of a shared watch ([`Watcher::shared`](crate::Watcher::shared)),
@@ -230,23 +297,19 @@ where
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+    /// use kube_persist::{StreamConfig, controller::Controller};
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), StreamConfig::default())?;
     /// let shared = watcher.shared(1024);
-    /// let labeler = Controller::for_shared(reader.clone(), shared.subscribe(), Config::default());
-    /// let auditor = Controller::for_shared(reader, shared.subscribe(), Config::default());
+    /// let labeler = Controller::for_shared(reader.clone(), shared.subscribe());
+    /// let auditor = Controller::for_shared(reader, shared.subscribe());
     /// tokio::spawn(shared.run());
     /// # let _ = (labeler, auditor); Ok(()) }
     /// ```
-    pub fn for_shared(
-        reader: Reader<K>,
-        subscriber: crate::sync::Subscriber<K>,
-        config: Config,
-    ) -> Self
+    pub fn for_shared(reader: Reader<K>, subscriber: crate::sync::Subscriber<K>) -> Self
     where
         K::DynamicType: Default,
     {
-        Self::for_shared_with(reader, subscriber, config, Default::default())
+        Self::for_shared_with(reader, subscriber, Default::default())
     }
 
     /// Like [`Controller::for_shared`], for kinds with a runtime type.
@@ -254,60 +317,65 @@ where
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube_persist::controller::{Config, Controller};
+    /// use kube_persist::controller::Controller;
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
-    /// let (reader, watcher) = db.store_with("widgets", api, Default::default(), &ar)?;
+    /// let (reader, watcher) = db.store_with("widgets", api, kube_persist::StreamConfig::default(), &ar)?;
     /// let shared = watcher.shared(1024);
-    /// let controller = Controller::for_shared_with(reader, shared.subscribe(), Config::default(), ar);
+    /// let controller = Controller::for_shared_with(reader, shared.subscribe(), ar);
     /// tokio::spawn(shared.run());
     /// # let _ = controller; Ok(()) }
     /// ```
     pub fn for_shared_with(
         reader: Reader<K>,
         subscriber: crate::sync::Subscriber<K>,
-        config: Config,
         dyntype: K::DynamicType,
     ) -> Self {
+        let dir = subscriber.dir().clone();
         let main = triggers::shared_main(subscriber, dyntype.clone());
-        Self::from_main(reader, main, config, dyntype)
+        Self::from_main(dir, reader, main, dyntype)
     }
 
     fn from_main(
+        dir: Dir,
         reader: Reader<K>,
         main: triggers::TriggerStream<K>,
-        config: Config,
         dyntype: K::DynamicType,
     ) -> Self {
         Controller {
+            dir,
             ready: vec![ready_of(&reader)],
             reader,
             dyntype,
-            config,
+            config: Config::default(),
             triggers: vec![main],
             shutdown: Vec::new(),
             related: Vec::new(),
             durable: None,
+            predicate: None,
+            setup: None,
             stats: ControllerStats::default(),
         }
     }
 
-    /// Keeps this controller's reconcile state in `db` under `name`, so that a restart
-    /// reconciles only what needs it ([`StartupMode::Changed`], the default): the objects
-    /// changed since their last reconcile (or never reconciled), and the requeues that fell
-    /// due while the process was down; later requeues fire at their due time.
+    /// Keeps this controller's reconcile state in its store directory under `name`, so that
+    /// a restart reconciles only what needs it ([`StartupMode::Changed`], the default): the
+    /// objects changed since their last reconcile (or never reconciled), and the requeues
+    /// that fell due while the process was down; later requeues fire at their due time.
     ///
-    /// For each object the state holds the resourceVersion (and `metadata.generation`) at
-    /// which the last reconcile returned `Ok`, the version of a failed one, and when the
-    /// requeue its [`Action`] (or the error policy's) asked for is due, in wall-clock time.
-    /// It is written in batches on the store's disk thread, after each reconcile returned:
-    /// a crash in between reconciles that object again (at least once, never skipped).
-    /// Requeues due beyond [`Config::requeue_window`] stay on disk until they come near.
+    /// For each object the state holds the resourceVersion at which the last reconcile
+    /// returned `Ok` (and the value of the [`predicate`](Controller::predicate_filter), if
+    /// one is set), the version of a failed one, and when the requeue its [`Action`] (or the
+    /// error policy's) asked for is due, in wall-clock time. It is written in batches on the
+    /// store's disk thread, after each reconcile returned: a crash in between reconciles
+    /// that object again (at least once, never skipped). Requeues due beyond
+    /// [`Config::requeue_window`] stay on disk until they come near.
     ///
     /// The state belongs to `name` and the watched kinds (the controlled kind and those of
-    /// [`Controller::owns_store`] / [`Controller::watches_store`] / `owns_stream` /
-    /// `watches_stream`): another name or other kinds start fresh (every object is
-    /// reconciled once). [`Db::controller_states`] describes it.
+    /// [`owns`](Controller::owns) / [`watches`](Controller::watches) and their `_store`,
+    /// `_stream` and `_shared` forms): another name or other kinds start fresh (every object
+    /// is reconciled once). [`Db::controller_states`] describes it. Blocking (it opens the
+    /// state's keyspace: milliseconds).
     ///
     /// Changes of related objects are not part of the state: a related object changed (and
     /// stored) just before a crash, whose reconcile had not run yet, is not reconciled
@@ -317,70 +385,16 @@ where
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         kube_persist::StreamConfig::default(), Config::default())?
-    ///     .durable_state(&db, "pod-labeler")?;
+    /// use kube::runtime::watcher;
+    /// use kube_persist::controller::Controller;
+    /// let controller = Controller::new(&db, kube::Api::<Pod>::all(client), watcher::Config::default())?
+    ///     .durable_state("pod-labeler")?;
     /// # let _ = controller; Ok(()) }
     /// ```
-    pub fn durable_state(mut self, db: &Db, name: &str) -> crate::model::Result<Self> {
-        let ks = keyspace::open(&db.dir, name)?;
-        self.durable = Some((ks, db.dir.worker(), name.to_string()));
+    pub fn durable_state(mut self, name: &str) -> crate::model::Result<Self> {
+        let ks = keyspace::open(&self.dir, name)?;
+        self.durable = Some((ks, self.dir.worker(), name.to_string()));
         Ok(self)
-    }
-
-    /// Opens (or resumes) the persistent stream `name` of `api` in `db` and builds a
-    /// controller on it: the persistent counterpart of kube-runtime's `Controller::new`.
-    ///
-    /// ```no_run
-    /// # async fn demo(client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::{Db, controller::{Config, Controller}};
-    /// let db = Db::open("/var/lib/my-controller/cache")?;
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///     kube_persist::StreamConfig::default().drop_managed_fields(), Config::default())?;
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    pub fn for_store(
-        db: &Db,
-        name: &str,
-        api: Api<K>,
-        store_config: crate::sync::StreamConfig,
-        config: Config,
-    ) -> crate::model::Result<Self>
-    where
-        K::DynamicType: Default,
-    {
-        let (reader, watcher) =
-            crate::sync::open_store(&db.dir, name, api, store_config, &Default::default())?;
-        Ok(Self::new(reader, watcher, config))
-    }
-
-    /// Like [`Controller::for_store`], for kinds with a runtime type (e.g. `DynamicObject`
-    /// with its `ApiResource`): the persistent counterpart of kube-runtime's
-    /// `Controller::new_with`.
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube_persist::controller::{Config, Controller};
-    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
-    /// let api = kube::Api::<DynamicObject>::all_with(client, &ar);
-    /// let controller = Controller::for_store_with(&db, "widgets", api, Default::default(),
-    ///     Config::default(), ar)?;
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    pub fn for_store_with(
-        db: &Db,
-        name: &str,
-        api: Api<K>,
-        store_config: crate::sync::StreamConfig,
-        config: Config,
-        dyntype: K::DynamicType,
-    ) -> crate::model::Result<Self> {
-        let (reader, watcher) =
-            crate::sync::open_store(&db.dir, name, api, store_config, &dyntype)?;
-        Ok(Self::new_with(reader, watcher, config, dyntype))
     }
 
     /// Replaces the controller's [`Config`], like kube-runtime's `Controller::with_config`.
@@ -388,9 +402,9 @@ where
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::runtime::watcher;
     /// use kube_persist::controller::{Config, Controller};
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::new(&db, kube::Api::<Pod>::all(client), watcher::Config::default())?
     ///     .with_config(Config::default().concurrency(8));
     /// # let _ = controller; Ok(()) }
     /// ```
@@ -400,19 +414,69 @@ where
         self
     }
 
-    /// A [`Reader`] of the controlled objects (for lookups from the reconciler's context).
+    /// Reconciles a change of a controlled object only when `predicate`'s value changed
+    /// since the last successful reconcile of that object: kube-runtime's
+    /// `WatchStreamExt::predicate_filter` on the controller, with kube-runtime's own
+    /// [`predicates`](kube::runtime::predicates) (`generation`, `resource_version`,
+    /// `labels`, `annotations`, `finalizers`, combined with `Predicate::combine` /
+    /// `fallback`) or any `Fn(&K) -> Option<u64>`.
+    ///
+    /// - A create (an object of a uid no reconcile saw) always passes, as in
+    ///   controller-runtime; so does a change after a failed reconcile, and any object for
+    ///   which the predicate has no value (`generation` of a ConfigMap).
+    /// - It filters changes of the object itself (watch events and a restart's pass over
+    ///   the store), never requeues, error retries, triggers of related objects or
+    ///   `reconcile_all_on`.
+    /// - With [`durable_state`](Controller::durable_state) the value is kept on disk with
+    ///   the reconcile state, so a restart skips the objects whose value is unchanged too;
+    ///   without, in memory (an entry per reconciled object, dropped after
+    ///   [`PredicateConfig::ttl`] without a reconcile), and a restart reconciles everything.
+    ///   kube-runtime's hash (`std`'s default hasher) may change between Rust releases: a
+    ///   value stored by another build then counts as a change (one reconcile, never a
+    ///   skip).
+    ///
+    /// The API server does not bump `generation` for label, annotation, finalizer or
+    /// status changes: a reconciler that reads those combines `generation` with the
+    /// predicate of what it reads (or does not filter on `generation`).
+    ///
+    /// ```no_run
+    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::runtime::{Predicate, predicates, watcher};
+    /// use kube_persist::controller::Controller;
+    /// let controller = Controller::new(&db, kube::Api::<Deployment>::all(client), watcher::Config::default())?
+    ///     // Spec changes (generation) and label changes; status-only updates are skipped.
+    ///     .predicate_filter(predicates::generation.combine(predicates::labels), Default::default())
+    ///     .durable_state("deployments")?;
+    /// # let _ = controller; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn predicate_filter(
+        mut self,
+        predicate: impl kube::runtime::Predicate<K> + Send + Sync + 'static,
+        config: PredicateConfig,
+    ) -> Self {
+        let predicate: predicate::PredicateFn<K> =
+            Arc::new(move |obj: &K| predicate.hash_property(obj));
+        self.predicate = Some(predicate::Filter::new(predicate, config));
+        self
+    }
+
+    /// A [`Reader`] of the controlled objects (for lookups from the reconciler's context),
+    /// as kube-runtime's `Controller::store` gives its `Store`: read with
+    /// [`get_async`](Reader::get_async) where kube-runtime's `Store::get` was.
     ///
     /// ```no_run
     /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
     /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///     Default::default(), Config::default())?;
-    /// let reader = controller.reader(); // e.g. put it in the reconciler's context
-    /// let web = reader.get_named(Some("default"), "web-0")?;
+    /// use kube::runtime::{reflector::ObjectRef, watcher};
+    /// use kube_persist::controller::Controller;
+    /// let controller = Controller::new(&db, kube::Api::<Pod>::all(client), watcher::Config::default())?;
+    /// let store = controller.store(); // e.g. put it in the reconciler's context
+    /// let web = store.get_async(&ObjectRef::new("web-0").within("default")).await?;
     /// # Ok(()) }
     /// ```
-    pub fn reader(&self) -> Reader<K> {
+    pub fn store(&self) -> Reader<K> {
         self.reader.clone()
     }
 
@@ -565,6 +629,11 @@ where
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + 'static,
         Ctx: Send + Sync + 'static,
     {
+        if let Some(e) = self.setup {
+            tracing::error!(error = %e, "the controller's setup failed: it does not start");
+            let failed: RunItem<K, E> = Err(ControllerError::Setup(e));
+            return futures::stream::once(futures::future::ready(failed)).left_stream();
+        }
         let ready = futures::future::join_all(self.ready).map(|_| ()).boxed();
         let shutdown = (!self.shutdown.is_empty()).then(|| {
             futures::future::select_all(self.shutdown)
@@ -589,332 +658,9 @@ where
             reconcile: Box::new(move |obj, ctx| reconcile(obj, ctx).boxed()),
             error_policy: Box::new(error_policy),
             ctx,
+            predicate: self.predicate,
             stats: self.stats,
         })
-    }
-
-    // Related objects: the stores and streams whose changes reconcile objects of the
-    // controlled kind (kube-runtime's `owns` and `watches`, with their `_with` forms for kinds
-    // with a runtime type). Each adds a trigger source, and a store's readiness to the
-    // controller's.
-
-    /// Reconciles the owners (of kind `K`, by `ownerReferences`) of each object a persistent
-    /// stream of `Child` touches. The controller drives the child stream's watcher, and waits
-    /// until its store is ready before the first reconcile. Keep a clone of the child
-    /// [`Reader`] to look children up from the reconciler.
-    ///
-    /// ```no_run
-    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::ReplicaSet>) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// let (pods, pod_watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
-    /// let c = c.owns_store((pods.clone(), pod_watcher));
-    /// # let _ = c; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn owns_store<Child>(self, pair: Pair<Child>) -> Self
-    where
-        Child: Resource + DeserializeOwned + Send + Sync + 'static,
-        Child::DynamicType: Clone + Default + Send + Sync + 'static,
-    {
-        self.owns_store_with(pair, Default::default())
-    }
-
-    /// Like [`Controller::owns_store`], for child kinds with a runtime type (kube-runtime's
-    /// `owns_with`).
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::apps::v1::Deployment;
-    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube_persist::controller::{Config, Controller};
-    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
-    /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
-    ///     Default::default(), &ar)?;
-    /// let controller = Controller::for_store(&db, "deployments", kube::Api::<Deployment>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .owns_store_with(widgets, ar);
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn owns_store_with<Child>(self, pair: Pair<Child>, dyntype: Child::DynamicType) -> Self
-    where
-        Child: Resource + DeserializeOwned + Send + Sync + 'static,
-        Child::DynamicType: Clone + Send + Sync + 'static,
-    {
-        let owner = self.dyntype.clone();
-        self.watches_store_with(pair, dyntype, move |child: Child| {
-            triggers::owners::<K, Child>(&child, &owner)
-        })
-    }
-
-    /// Reconciles the objects `mapper` returns for each object a persistent stream of `Other`
-    /// touches (kube-runtime's `watches`). The controller drives that stream's watcher, and
-    /// waits until its store is ready before the first reconcile.
-    ///
-    /// ```no_run
-    /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube::runtime::reflector::ObjectRef;
-    /// // Reconcile a Namespace whenever a ConfigMap in it changes.
-    /// let cms = db.store("configmaps", kube::Api::<ConfigMap>::all(client), Default::default())?;
-    /// let c = c.watches_store(cms, |cm: ConfigMap| cm.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
-    /// # let _ = c; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn watches_store<Other, I>(
-        self,
-        pair: Pair<Other>,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + DeserializeOwned + Send + Sync + 'static,
-        Other::DynamicType: Clone + Default + Send + Sync + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        self.watches_store_with(pair, Default::default(), mapper)
-    }
-
-    /// Like [`Controller::watches_store`], for kinds with a runtime type (kube-runtime's
-    /// `watches_with`).
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube::runtime::reflector::ObjectRef;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
-    /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
-    ///     Default::default(), &ar)?;
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .watches_store_with(widgets, ar, |w: DynamicObject| {
-    ///         let pod = w.data["spec"]["pod"].as_str().map(|p| ObjectRef::<Pod>::new(p).within("default"));
-    ///         pod.into_iter()
-    ///     });
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn watches_store_with<Other, I>(
-        mut self,
-        pair: Pair<Other>,
-        dyntype: Other::DynamicType,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + DeserializeOwned + Send + Sync + 'static,
-        Other::DynamicType: Clone + Send + Sync + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        let (reader, watcher) = pair;
-        self.related.push(kind_of::<Other>(&dyntype));
-        self.ready.push(ready_of(&reader));
-        self.triggers.push(triggers::related(
-            triggers::touched(watcher),
-            dyntype,
-            mapper,
-        ));
-        self
-    }
-
-    /// Reconciles the owners (of kind `K`) of each object of a plain stream, e.g.
-    /// kube-runtime's `watcher(..).touched_objects()` for a kind kept in memory.
-    ///
-    /// ```no_run
-    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::Deployment>) {
-    /// use k8s_openapi::api::apps::v1::ReplicaSet;
-    /// use kube::runtime::{WatchStreamExt, watcher};
-    /// let rs = watcher(kube::Api::<ReplicaSet>::all(client), watcher::Config::default()).touched_objects();
-    /// let c = c.owns_stream(rs);
-    /// # let _ = c; }
-    /// ```
-    #[must_use]
-    pub fn owns_stream<Child>(
-        self,
-        stream: impl Stream<Item = Result<Child, kube::runtime::watcher::Error>> + Send + 'static,
-    ) -> Self
-    where
-        Child: Resource + Send + 'static,
-        Child::DynamicType: Clone + Default + Send + 'static,
-    {
-        self.owns_stream_with(stream, Default::default())
-    }
-
-    /// Like [`Controller::owns_stream`], for child kinds with a runtime type (kube-runtime's
-    /// `owns_stream_with`).
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use futures::StreamExt;
-    /// use k8s_openapi::api::apps::v1::Deployment;
-    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube::runtime::{watcher, WatchStreamExt};
-    /// use kube_persist::controller::{Config, Controller};
-    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
-    /// let api = kube::Api::<DynamicObject>::all_with(client.clone(), &ar);
-    /// let widgets = watcher(api, watcher::Config::default()).touched_objects();
-    /// let controller = Controller::for_store(&db, "deployments", kube::Api::<Deployment>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .owns_stream_with(widgets, ar);
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn owns_stream_with<Child>(
-        self,
-        stream: impl Stream<Item = Result<Child, kube::runtime::watcher::Error>> + Send + 'static,
-        dyntype: Child::DynamicType,
-    ) -> Self
-    where
-        Child: Resource + Send + 'static,
-        Child::DynamicType: Clone + Send + 'static,
-    {
-        let owner = self.dyntype.clone();
-        self.watches_stream_with(
-            stream,
-            move |child: Child| triggers::owners::<K, Child>(&child, &owner),
-            dyntype,
-        )
-    }
-
-    /// Reconciles the objects `mapper` returns for each object of a plain stream
-    /// (kube-runtime's `watches_stream`).
-    ///
-    /// ```no_run
-    /// # fn demo(client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::core::v1::Namespace>) {
-    /// use k8s_openapi::api::core::v1::Secret;
-    /// use kube::runtime::{WatchStreamExt, reflector::ObjectRef, watcher};
-    /// let secrets = watcher(kube::Api::<Secret>::all(client), watcher::Config::default()).touched_objects();
-    /// let c = c.watches_stream(secrets, |s: Secret| s.metadata.namespace.map(|ns| ObjectRef::new(&ns)));
-    /// # let _ = c; }
-    /// ```
-    #[must_use]
-    pub fn watches_stream<Other, I>(
-        self,
-        stream: impl Stream<Item = Result<Other, kube::runtime::watcher::Error>> + Send + 'static,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + Send + 'static,
-        Other::DynamicType: Clone + Default + Send + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        self.watches_stream_with(stream, mapper, Default::default())
-    }
-
-    /// Like [`Controller::watches_stream`], for kinds with a runtime type (kube-runtime's
-    /// `watches_stream_with`, same argument order).
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    /// use kube::runtime::{reflector::ObjectRef, watcher, WatchStreamExt};
-    /// use kube_persist::controller::{Config, Controller};
-    /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
-    /// let api = kube::Api::<DynamicObject>::all_with(client.clone(), &ar);
-    /// let widgets = watcher(api, watcher::Config::default()).touched_objects();
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .watches_stream_with(widgets, |w: DynamicObject| {
-    ///         w.data["spec"]["pod"].as_str().map(|p| ObjectRef::<Pod>::new(p).within("default"))
-    ///     }, ar);
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn watches_stream_with<Other, I>(
-        mut self,
-        stream: impl Stream<Item = Result<Other, kube::runtime::watcher::Error>> + Send + 'static,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-        dyntype: Other::DynamicType,
-    ) -> Self
-    where
-        Other: Resource + Send + 'static,
-        Other::DynamicType: Clone + Send + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        use futures::TryStreamExt;
-        self.related.push(kind_of::<Other>(&dyntype));
-        self.triggers.push(triggers::related(
-            stream.map_ok(Some).map_err(TriggerError::Watcher),
-            dyntype,
-            mapper,
-        ));
-        self
-    }
-
-    /// Reconciles the owners (of kind `K`) of each object a subscriber of a shared watch
-    /// sees change: kube-runtime's `owns_shared_stream`, on a persistent store. A lagged
-    /// subscriber reconciles every object of kind `K`.
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::apps::v1::ReplicaSet;
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let (pods, pod_watcher) = db.store("pods", kube::Api::<Pod>::all(client.clone()), Default::default())?;
-    /// let shared = pod_watcher.shared(1024);
-    /// let controller = Controller::for_store(&db, "replicasets", kube::Api::<ReplicaSet>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .owns_shared(&pods, shared.subscribe());
-    /// tokio::spawn(shared.run());
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn owns_shared<Child>(
-        self,
-        reader: &crate::store::Reader<Child>,
-        subscriber: crate::sync::Subscriber<Child>,
-    ) -> Self
-    where
-        Child: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
-        Child::DynamicType: Clone + Default + Send + Sync + 'static,
-    {
-        let owner = self.dyntype.clone();
-        self.watches_shared(reader, subscriber, move |child: Child| {
-            triggers::owners::<K, Child>(&child, &owner)
-        })
-    }
-
-    /// Reconciles the objects `mapper` returns for each object a subscriber of a shared
-    /// watch sees change: kube-runtime's `watches_shared_stream`, on a persistent store. A
-    /// lagged subscriber reconciles every object of kind `K`.
-    ///
-    /// ```no_run
-    /// # async fn demo(db: kube_persist::Db, client: kube::Client) -> kube_persist::Result<()> {
-    /// use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-    /// use kube::runtime::reflector::ObjectRef;
-    /// use kube_persist::controller::{Config, Controller};
-    /// let (cms, cm_watcher) = db.store("cms", kube::Api::<ConfigMap>::all(client.clone()), Default::default())?;
-    /// let shared = cm_watcher.shared(1024);
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
-    ///     .watches_shared(&cms, shared.subscribe(), |cm: ConfigMap| {
-    ///         let ns = cm.metadata.namespace.clone().unwrap_or_default();
-    ///         cm.metadata.name.map(|n| ObjectRef::<Pod>::new(&n).within(&ns))
-    ///     });
-    /// tokio::spawn(shared.run());
-    /// # let _ = controller; Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn watches_shared<Other, I>(
-        mut self,
-        reader: &crate::store::Reader<Other>,
-        subscriber: crate::sync::Subscriber<Other>,
-        mapper: impl Fn(Other) -> I + Send + 'static,
-    ) -> Self
-    where
-        Other: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
-        Other::DynamicType: Clone + Default + Send + Sync + 'static,
-        I: IntoIterator<Item = ObjectRef<K>>,
-    {
-        let dyntype = Other::DynamicType::default();
-        self.related.push(kind_of::<Other>(&dyntype));
-        self.ready.push(ready_of(reader));
-        self.triggers.push(triggers::related(
-            triggers::touched_shared(subscriber),
-            dyntype,
-            mapper,
-        ));
-        self
+        .right_stream()
     }
 }

@@ -15,15 +15,16 @@ const DUE_SLACK_MS: u64 = 100;
 /// this object (the same uid: an object created again under the name is new, and a create
 /// is never filtered, as controller-runtime's `GenerationChangedPredicate` never filters
 /// one), and the last reconcile (that succeeded or failed) saw this version, or, with
-/// `generation_filter`, the last successful one saw the object's `metadata.generation` (a
-/// change of status or metadata only) and no failure came since. `generation` is asked
-/// only then (it may read the object).
+/// `filter` (a predicate is set), the last successful one saw the predicate's value the
+/// object has now (`value`: e.g. the same `metadata.generation`, a change of status or
+/// metadata only) and no failure came since. `value` is asked only then (it may read the
+/// object).
 pub(crate) fn handled(
     rec: &ReconcileRecord,
     uid: Option<&str>,
     rv: Option<&str>,
-    generation_filter: bool,
-    generation: impl FnOnce() -> Option<i64>,
+    filter: bool,
+    value: impl FnOnce() -> Option<u64>,
 ) -> bool {
     if !rec.is_of(uid) {
         return false;
@@ -31,10 +32,7 @@ pub(crate) fn handled(
     if rv.is_some() && rec.handled_rv() == rv {
         return true;
     }
-    generation_filter
-        && rec.failed_rv.is_none()
-        && rec.ok_generation.is_some()
-        && generation() == rec.ok_generation
+    filter && rec.failed_rv.is_none() && rec.ok_predicate.is_some() && value() == rec.ok_predicate
 }
 
 /// Requests that need not run if the reconcile state shows their version handled: changes
@@ -82,13 +80,13 @@ mod tests {
     fn rec(
         ok_rv: Option<&str>,
         failed_rv: Option<&str>,
-        ok_generation: Option<i64>,
+        ok_predicate: Option<u64>,
     ) -> ReconcileRecord {
         ReconcileRecord {
             uid: Some(U.to_string()),
             ok_rv: ok_rv.map(str::to_string),
             failed_rv: failed_rv.map(str::to_string),
-            ok_generation,
+            ok_predicate,
             ..Default::default()
         }
     }
@@ -99,15 +97,15 @@ mod tests {
     fn handled(
         rec: &ReconcileRecord,
         rv: Option<&str>,
-        generation_filter: bool,
-        generation: impl FnOnce() -> Option<i64>,
+        filter: bool,
+        value: impl FnOnce() -> Option<u64>,
     ) -> bool {
-        super::handled(rec, Some(U), rv, generation_filter, generation)
+        super::handled(rec, Some(U), rv, filter, value)
     }
 
     #[test]
     fn an_object_created_again_is_never_handled_by_the_record_of_the_one_it_replaced() {
-        let never = || -> Option<i64> { panic!("another uid is decided before the generation") };
+        let never = || -> Option<u64> { panic!("another uid is decided before the generation") };
         let ok7 = rec(Some("7"), None, Some(1));
         // The same version, or the same generation (a new object starts at 1), of another
         // object of the name: not handled.
@@ -127,8 +125,8 @@ mod tests {
     }
 
     #[test]
-    fn a_version_is_handled_by_the_last_reconcile_or_its_generation() {
-        let never = || -> Option<i64> { panic!("the generation is read only when it matters") };
+    fn a_version_is_handled_by_the_last_reconcile_or_its_predicate_value() {
+        let never = || -> Option<u64> { panic!("the generation is read only when it matters") };
         let ok7 = rec(Some("7"), None, Some(2));
         assert!(handled(&ok7, Some("7"), false, never));
         assert!(handled(&ok7, Some("7"), true, never));

@@ -132,12 +132,13 @@ pub(crate) struct Chunk<K: Resource> {
 }
 
 /// Options of a merge pass.
-pub(crate) struct MergeOptions {
+pub(crate) struct MergeOptions<K> {
     /// Requeues due before this (unix ms) are scheduled; later ones (and all, with `0`)
     /// stay on disk.
     pub(crate) loaded_until: u64,
-    /// Skip objects whose `metadata.generation` equals the last successful one's.
-    pub(crate) generation_filter: bool,
+    /// Skip objects whose predicate value equals the last successful reconcile's
+    /// ([`Controller::predicate_filter`](super::Controller::predicate_filter)).
+    pub(crate) predicate: Option<super::predicate::PredicateFn<K>>,
 }
 
 /// The namespace (`None` for cluster-scoped objects) and name of a key suffix
@@ -179,7 +180,7 @@ where
         dyntype: K::DynamicType,
         chunk: usize,
         record: &PassRecord,
-        options: MergeOptions,
+        options: MergeOptions<K>,
         stats: ControllerStats,
     ) -> Self {
         let walk = Walk {
@@ -300,7 +301,7 @@ struct Walk<K: Resource> {
     dyntype: K::DynamicType,
     chunk: usize,
     mode: PassMode,
-    options: MergeOptions,
+    options: MergeOptions<K>,
     now: u64,
     start: Option<Vec<u8>>,
     objects: Paged<StoredHead>,
@@ -464,8 +465,8 @@ where
                         rec,
                         Some(&head.uid),
                         Some(&head.resource_version),
-                        self.options.generation_filter,
-                        || self.generation_of(suffix),
+                        self.options.predicate.is_some(),
+                        || self.value_of(suffix),
                     )
                 }) =>
             {
@@ -499,12 +500,13 @@ where
         })
     }
 
-    /// The stored object's `metadata.generation` (`None` if it has none or cannot be read:
-    /// then it counts as changed).
-    fn generation_of(&self, suffix: &[u8]) -> Option<i64> {
+    /// The predicate's value of the stored object (`None` if it has none or cannot be
+    /// read: then it counts as changed).
+    fn value_of(&self, suffix: &[u8]) -> Option<u64> {
+        let predicate = self.options.predicate.as_ref()?;
         let (ns, name) = suffix_parts(suffix);
         match self.reader.get_named(ns.as_deref(), &name) {
-            Ok(Some(obj)) => obj.meta().generation,
+            Ok(Some(obj)) => predicate(&obj),
             _ => None,
         }
     }

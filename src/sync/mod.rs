@@ -12,7 +12,9 @@ mod compat;
 mod config;
 mod conn;
 mod indexers;
+mod kube_events;
 mod machine;
+mod naming;
 mod pacing;
 mod params;
 mod parse;
@@ -77,10 +79,29 @@ where
     match keys_only {
         Some(type_meta) => {
             watcher.configure_writer(|w| w.set_keys_only(Some(type_meta)));
-            Ok((reader.keys_only(), watcher))
+            let reader = reader.keys_only();
+            watcher.set_reader(reader.clone());
+            Ok((reader, watcher))
         }
         None => Ok((reader, watcher)),
     }
+}
+
+/// Open the stream of `api` with `config` in `dir` under the name derived from what it
+/// watches (`naming.rs`): the constructors shaped like kube-runtime's, which take no name.
+/// Blocking, like [`open_store`].
+pub(crate) fn open_derived<K>(
+    dir: &Dir,
+    api: Api<K>,
+    config: StreamConfig,
+    dyntype: &K::DynamicType,
+) -> Result<(Reader<K>, Watcher<K>)>
+where
+    K: Resource + DeserializeOwned + Send + Sync + 'static,
+{
+    let name = naming::derived::<K>(api.resource_url(), dyntype, &config);
+    tracing::debug!(stream = %name, url = %api.resource_url(), "stream named after what it watches");
+    open_store(dir, &name, api, config, dyntype)
 }
 
 /// The work of [`Db::metadata_store`](crate::Db::metadata_store). Blocking.
@@ -222,7 +243,6 @@ where
         &index_names,
     )?;
     let (reader, writer, stats, closer) = (parts.reader, parts.writer, parts.stats, parts.closer);
-    let path = dir.path().to_path_buf();
     let machine = Driver::new(DriverParts {
         client,
         stream: name.to_string(),
@@ -234,7 +254,8 @@ where
         worker: dir.worker(),
         stats: stats.clone(),
     });
-    Ok((reader, Watcher::new(machine, closer, path, stats)))
+    let watcher = Watcher::new(machine, closer, dir.clone(), reader.clone(), stats);
+    Ok((reader, watcher))
 }
 
 fn identity<K: Resource>(

@@ -137,7 +137,7 @@ struct Hub<K> {
 /// use futures::StreamExt;
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube_persist::{Event, SharedEvent};
-/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(server.client()), Default::default())?;
+/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(server.client()), kube_persist::StreamConfig::default())?;
 /// let shared = watcher.shared(1024);
 /// let (mut a, mut b) = (shared.subscribe(), shared.subscribe());
 /// tokio::spawn(shared.run());
@@ -229,6 +229,7 @@ where
             full_since: None,
         });
         Subscriber {
+            dir: self.watcher.dir().clone(),
             told: VecDeque::new(),
             rx,
             link,
@@ -329,10 +330,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// # }
 /// ```
 pub struct Subscriber<K> {
+    /// The store directory (a controller on this subscriber keeps its state there).
+    dir: crate::store::Dir,
     /// `Lagged` and the start signal, once told.
     told: VecDeque<Item<K>>,
     rx: mpsc::Receiver<Item<K>>,
     link: Arc<Link<K>>,
+}
+
+impl<K> Subscriber<K> {
+    /// The store directory's handle.
+    pub(crate) fn dir(&self) -> &crate::store::Dir {
+        &self.dir
+    }
 }
 
 impl<K> std::fmt::Debug for Subscriber<K> {

@@ -1,7 +1,7 @@
-//! The persistent watcher as a trigger stream for kube-runtime's own `Controller`.
-//!
-//! For controllers that keep their main kind in memory (kube-runtime's `Controller`) and
-//! move only the big related kinds (Pods, Nodes, ConfigMaps) to disk.
+//! The persistent watcher's object streams in kube-runtime's shapes: `applied_objects` and
+//! `touched_objects` yield `Result<K, watcher::Error>`, so that kube-runtime's
+//! `WatchStreamExt` helpers (`predicate_filter`, `modify`, ...) and its controller
+//! machinery (`trigger_owners`, `Controller::owns_stream`) take them as they are.
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
@@ -16,6 +16,45 @@ impl<K> Watcher<K>
 where
     K: Resource + DeserializeOwned + Send + Sync + 'static,
 {
+    /// The objects created or changed, as kube-runtime's `WatchStreamExt::applied_objects`
+    /// gives them: the objects of the first list and of every later change, each once it is
+    /// on disk, with errors as kube-runtime's [`watcher::Error`] (mapped by
+    /// [`to_watcher_error`](crate::controller::to_watcher_error)), so that kube-runtime's
+    /// stream helpers compose with it: `.predicate_filter(predicates::generation, ..)`,
+    /// `.modify(..)`. Deletions and the start signals are left out. Errors are
+    /// informational: the watcher retries with its own backoff and the stream goes on. A
+    /// warm restart yields nothing for the stored objects (they were yielded before the
+    /// restart); [`Watcher::kube_events`] replays them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let db = kube_persist::Db::open(dir.path())?;
+    /// # let client = server.client();
+    /// use futures::TryStreamExt;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube::runtime::{WatchStreamExt, predicates};
+    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
+    /// let pods = watcher
+    ///     .applied_objects()
+    ///     .predicate_filter(predicates::resource_version, Default::default());
+    /// let mut pods = std::pin::pin!(pods);
+    /// let first = pods.try_next().await?.expect("an object of the first list");
+    /// assert!(first.metadata.name.as_deref().unwrap().starts_with("web-"));
+    /// # Ok(()) }
+    /// ```
+    pub fn applied_objects(self) -> impl Stream<Item = Result<K, watcher::Error>> + Send {
+        self.stream().filter_map(|ev| {
+            futures::future::ready(match ev {
+                Ok(Event::Apply(o) | Event::InitApply(o)) => Some(Ok(o)),
+                Ok(_) => None,
+                Err(e) => Some(Err(to_watcher_error(e))),
+            })
+        })
+    }
+
     /// The objects this watcher touches (created, changed, listed or deleted), with errors
     /// as kube-runtime's [`watcher::Error`]: a trigger stream for kube-runtime's controller
     /// machinery, like `WatchStreamExt::touched_objects` on kube-runtime's watcher. Feed it

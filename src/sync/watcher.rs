@@ -12,7 +12,7 @@ use super::machine::{Driver, RawEvent};
 use crate::disk::LeaseCloser;
 use crate::model::Counters;
 use crate::model::Result;
-use crate::store::Reader;
+use crate::store::{Dir, Reader};
 
 /// What happened to the store, like `kube::runtime::watcher::Event`, plus [`Event::Resumed`].
 ///
@@ -127,7 +127,7 @@ struct KeyOnly {
 /// use k8s_openapi::api::core::v1::Pod;
 /// let dir = tempfile::tempdir()?;
 /// let db = kube_persist::Db::open(dir.path())?;
-/// let pair: kube_persist::Pair<Pod> = db.store("pods", kube::Api::all(client), Default::default())?;
+/// let pair: kube_persist::Pair<Pod> = db.store("pods", kube::Api::all(client), kube_persist::StreamConfig::default())?;
 /// let (reader, _watcher) = pair;
 /// assert!(reader.is_empty());
 /// # Ok(()) }
@@ -148,7 +148,7 @@ pub type Pair<K> = (Reader<K>, Watcher<K>);
 /// # let db = kube_persist::Db::open(dir.path())?;
 /// # let client = server.client();
 /// use k8s_openapi::api::core::v1::Pod;
-/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
+/// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
 /// tokio::spawn(watcher.run()); // or poll `watcher.stream()` to react to changes
 /// reader.wait_until_ready().await?;
 /// assert_eq!(reader.len(), 2);
@@ -160,6 +160,10 @@ pub struct Watcher<K> {
     /// jobs this watcher left queued on the disk thread (they hold the lease).
     _closer: LeaseCloser,
     path: std::path::PathBuf,
+    /// The store directory (a controller built on this watcher keeps its state there).
+    dir: Dir,
+    /// A reader of the stream, for [`Watcher::kube_events`]' replay of a resumed store.
+    pub(super) reader: Reader<K>,
     /// The stream's counters (decodes of event objects).
     stats: Arc<Counters>,
     _k: PhantomData<fn() -> K>,
@@ -170,13 +174,16 @@ impl<K> Watcher<K> {
     pub(super) fn new(
         machine: Driver,
         closer: LeaseCloser,
-        path: std::path::PathBuf,
+        dir: Dir,
+        reader: Reader<K>,
         stats: Arc<Counters>,
     ) -> Self {
         Watcher {
             machine,
             _closer: closer,
-            path,
+            path: dir.path().to_path_buf(),
+            dir,
+            reader,
             stats,
             _k: PhantomData,
         }
@@ -192,6 +199,16 @@ impl<K> Watcher<K> {
     /// The store's directory.
     pub(super) fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// The store directory's handle.
+    pub(crate) fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// The reader the watcher replays a resumed store from (keys-only when the stream is).
+    pub(super) fn set_reader(&mut self, reader: Reader<K>) {
+        self.reader = reader;
     }
 }
 
@@ -260,37 +277,6 @@ where
                 obj.meta().name
             ))),
             Err(e) => Err(e),
-        })
-    }
-
-    /// The objects created or changed, as kube-runtime's `WatchStreamExt::applied_objects`
-    /// gives them: the objects of the first list and of every later change, each once it is
-    /// on disk. Deletions and the start signals are left out; the stream drives the store
-    /// like [`Watcher::stream`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = kube_persist_testkit::TestServer::with_web_pods().await;
-    /// # let dir = tempfile::tempdir()?;
-    /// # let db = kube_persist::Db::open(dir.path())?;
-    /// # let client = server.client();
-    /// use futures::TryStreamExt;
-    /// use k8s_openapi::api::core::v1::Pod;
-    /// let (reader, watcher) = db.store("pods", kube::Api::<Pod>::all(client), Default::default())?;
-    /// let mut pods = std::pin::pin!(watcher.applied_objects());
-    /// let first = pods.try_next().await?.expect("an object of the first list");
-    /// assert!(first.metadata.name.as_deref().unwrap().starts_with("web-"));
-    /// # Ok(()) }
-    /// ```
-    pub fn applied_objects(self) -> impl Stream<Item = Result<K>> + Send {
-        use futures::StreamExt;
-        self.stream().filter_map(|event| async move {
-            match event {
-                Ok(Event::Apply(obj) | Event::InitApply(obj)) => Some(Ok(obj)),
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            }
         })
     }
 

@@ -66,3 +66,23 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         .to_string();
     (code, body)
 }
+
+/// A kubeconfig whose current context points at `server` (plain HTTP, no credentials), for
+/// the tool and the example binaries.
+pub fn kubeconfig(
+    dir: &std::path::Path,
+    server: &kube_persist_testkit::TestServer,
+) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {}\n\
+             contexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: nobody\n\
+             users:\n- name: nobody\n  user: {{}}\ncurrent-context: testkit\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    path
+}

@@ -197,17 +197,13 @@ fn error_policy(_: Arc<Pod>, _: &kube::Error, _: Arc<()>) -> Action {
 
 async fn controller(db: kube_persist::Db, client: kube::Client) {
     use kube_persist::controller::{Config as CConfig, Controller};
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        Api::<Pod>::all(client),
-        store_config(false),
-        CConfig::default().concurrency(8),
-    )
-    .unwrap()
-    .durable_state(&db, CONTROLLER)
-    .unwrap();
-    print_reads(controller.reader());
+    let controller = db
+        .store("pods", Api::<Pod>::all(client), store_config(false))
+        .map(|pair| Controller::for_store(pair).with_config(CConfig::default().concurrency(8)))
+        .unwrap()
+        .durable_state(CONTROLLER)
+        .unwrap();
+    print_reads(controller.store());
     serve_flush_requests(db.clone());
     println!("child-started");
     controller

@@ -196,14 +196,10 @@ async fn one_reconcile_per_object_at_a_time_within_the_concurrency_limit() {
     let fx = Fixture::with_pods(100, 2).await;
     let h = &fx.h;
     let db = Db::open(fx.path()).unwrap();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default().concurrency(4),
-    )
-    .unwrap();
+    let controller = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(4)))
+        .unwrap();
     let book = Arc::new(Book::default());
     let run = controller.run(
         |pod: Arc<Pod>, book: Arc<Book>| async move {
@@ -263,20 +259,22 @@ async fn requeue_after_action_and_await_change() {
     let db = Db::open(fx.path()).unwrap();
     let (reader, watcher) = db.store("pods", fx.pods(), store_cfg()).unwrap();
     let book = Arc::new(Book::default());
-    let run = Controller::new(reader, watcher, Config::default()).run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
-            let k = key(pod.as_ref());
-            book.enter(&k);
-            book.leave(&k);
-            Ok::<_, Boom>(if k == "ns-0/pod-2" {
-                Action::await_change()
-            } else {
-                Action::requeue(Duration::from_millis(300))
-            })
-        },
-        |_, _, _| Action::await_change(),
-        book.clone(),
-    );
+    let run = Controller::for_store((reader, watcher))
+        .with_config(Config::default())
+        .run(
+            |pod: Arc<Pod>, book: Arc<Book>| async move {
+                let k = key(pod.as_ref());
+                book.enter(&k);
+                book.leave(&k);
+                Ok::<_, Boom>(if k == "ns-0/pod-2" {
+                    Action::await_change()
+                } else {
+                    Action::requeue(Duration::from_millis(300))
+                })
+            },
+            |_, _, _| Action::await_change(),
+            book.clone(),
+        );
     let (task, _errors) = spawn_run(run);
     // Positive signal instead of a time window: pod-0 and pod-1 were requeued four times
     // each. A requeue of pod-2 scheduled like theirs would have run long before.
@@ -312,8 +310,10 @@ async fn requeue_after_action_and_await_change() {
 async fn error_policy_decides_the_retries() {
     let fx = Fixture::with_pods(3, 1).await;
     let db = Db::open(fx.path()).unwrap();
-    let controller =
-        Controller::for_store(&db, "pods", fx.pods(), store_cfg(), Config::default()).unwrap();
+    let controller = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(Config::default()))
+        .unwrap();
     let attempts = Arc::new(AtomicUsize::new(0));
     let policy_calls = Arc::new(Mutex::new(Vec::new()));
     let seen = policy_calls.clone();
@@ -430,22 +430,18 @@ async fn owns_and_watches_stores_trigger_the_mapped_objects() {
         )
         .unwrap();
     let cm_reader = cm_pair.0.clone();
-    let controller = Controller::for_store(
-        &db,
-        "deployments",
-        Api::<Deployment>::all(client),
-        store_cfg(),
-        Config::default(),
-    )
-    .unwrap()
-    .owns_store((pod_reader.clone(), pod_watcher))
-    .watches_store(cm_pair, |cm: ConfigMap| {
-        let ns = cm.metadata.namespace.clone().unwrap_or_default();
-        cm.metadata
-            .labels
-            .and_then(|l| l.get("target").cloned())
-            .map(|d| ObjectRef::<Deployment>::new(&d).within(&ns))
-    });
+    let controller = db
+        .store("deployments", Api::<Deployment>::all(client), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(Config::default()))
+        .unwrap()
+        .owns_store((pod_reader.clone(), pod_watcher))
+        .watches_store(cm_pair, |cm: ConfigMap| {
+            let ns = cm.metadata.namespace.clone().unwrap_or_default();
+            cm.metadata
+                .labels
+                .and_then(|l| l.get("target").cloned())
+                .map(|d| ObjectRef::<Deployment>::new(&d).within(&ns))
+        });
 
     struct Ctx {
         book: Book,
@@ -561,29 +557,25 @@ async fn graceful_shutdown_lets_running_reconciles_finish() {
         book: Book::default(),
         gate: tokio::sync::Semaphore::new(0),
     });
-    let run = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default().concurrency(5),
-    )
-    .unwrap()
-    .graceful_shutdown_on(async move {
-        let _ = stop_rx.await;
-    })
-    .run(
-        |pod: Arc<Pod>, ctx: Arc<Gated>| async move {
-            let k = key(pod.as_ref());
-            ctx.book.enter(&k);
-            // Closed by the test: the acquire then fails at once.
-            let _ = ctx.gate.acquire().await;
-            ctx.book.leave(&k);
-            Ok::<_, Boom>(Action::requeue(Duration::from_millis(1)))
-        },
-        |_, _, _| Action::await_change(),
-        ctx.clone(),
-    );
+    let run = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(5)))
+        .unwrap()
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        })
+        .run(
+            |pod: Arc<Pod>, ctx: Arc<Gated>| async move {
+                let k = key(pod.as_ref());
+                ctx.book.enter(&k);
+                // Closed by the test: the acquire then fails at once.
+                let _ = ctx.gate.acquire().await;
+                ctx.book.leave(&k);
+                Ok::<_, Boom>(Action::requeue(Duration::from_millis(1)))
+            },
+            |_, _, _| Action::await_change(),
+            ctx.clone(),
+        );
     let book = &ctx.book;
     let done = tokio::spawn(run.count());
     eventually("five reconciles running", || {
@@ -625,7 +617,9 @@ const SENTINEL: &str = "ns-0/pod-0";
 /// two more of the sentinel.
 async fn run_until(db: &Db, fx: &Fixture, cfg: Config, book: Arc<Book>, n: usize, tag: &str) {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let run = Controller::for_store(db, "pods", fx.pods(), store_cfg(), cfg)
+    let run = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(cfg))
         .unwrap()
         .graceful_shutdown_on(async move {
             let _ = stop_rx.await;
@@ -702,26 +696,24 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     // Without reconcile_all_on_start: only changes are reconciled.
     let book = Arc::new(Book::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let run = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default().reconcile_all_on_start(false),
-    )
-    .unwrap()
-    .graceful_shutdown_on(async move {
-        let _ = stop_rx.await;
-    })
-    .run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
-            book.enter(&key(pod.as_ref()));
-            book.leave(&key(pod.as_ref()));
-            Ok::<_, Boom>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        book.clone(),
-    );
+    let run = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| {
+            Controller::for_store(pair).with_config(Config::default().reconcile_all_on_start(false))
+        })
+        .unwrap()
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        })
+        .run(
+            |pod: Arc<Pod>, book: Arc<Book>| async move {
+                book.enter(&key(pod.as_ref()));
+                book.leave(&key(pod.as_ref()));
+                Ok::<_, Boom>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            book.clone(),
+        );
     let done = tokio::spawn(run.count());
     // Positive signal instead of a quiet period: a changed pod is reconciled (twice, as in
     // `barrier`); nothing else was, before or in between.
@@ -867,7 +859,7 @@ fn operator_child() {
             Db::open_with(&dir, kube_persist::DbConfig::default()).expect("child opens the store");
         let ctx = operator::Ctx::new(client.clone());
         let controller = operator::persistent_controller(&db, client).unwrap();
-        let reader = controller.reader();
+        let reader = controller.store();
         let run = controller.run(operator::reconcile, operator::error_policy, ctx.clone());
         let task = tokio::spawn(run.for_each(|_| async {}));
         reader.wait_until_ready().await.unwrap();

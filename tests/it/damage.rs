@@ -193,20 +193,16 @@ async fn pristine(
     let db = common::try_open_db(engine, dir).unwrap();
     let (tick_tx, tick_rx) = futures::channel::mpsc::unbounded::<()>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        Api::<Pod>::all(server.client()),
-        stream_config(),
-        Config::default().concurrency(1),
-    )
-    .unwrap()
-    .durable_state(&db, CONTROLLER)
-    .unwrap()
-    .reconcile_all_on(tick_rx)
-    .graceful_shutdown_on(async move {
-        let _ = stop_rx.await;
-    });
+    let controller = db
+        .store("pods", Api::<Pod>::all(server.client()), stream_config())
+        .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(1)))
+        .unwrap()
+        .durable_state(CONTROLLER)
+        .unwrap()
+        .reconcile_all_on(tick_rx)
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        });
     let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seen = count.clone();
     let stop = Arc::new(std::sync::Mutex::new(Some(stop_tx)));

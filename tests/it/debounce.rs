@@ -50,21 +50,24 @@ fn debounce_child() {
             .store(
                 "related",
                 Api::<ConfigMap>::namespaced(client.clone(), "related"),
-                Default::default(),
+                kube_persist::StreamConfig::default(),
             )
             .unwrap();
         let related_reader = related.0.clone();
-        let controller = Controller::for_store(
-            &db,
-            "pods",
-            Api::<Pod>::all(client),
-            Default::default(),
-            Config::default().debounce(Duration::from_millis(ms)),
-        )
-        .unwrap()
-        .watches_store(related, |_: ConfigMap| {
-            Some(ObjectRef::<Pod>::new("pod-0").within("ns-0"))
-        });
+        let controller = db
+            .store(
+                "pods",
+                Api::<Pod>::all(client),
+                kube_persist::StreamConfig::default(),
+            )
+            .map(|pair| {
+                Controller::for_store(pair)
+                    .with_config(Config::default().debounce(Duration::from_millis(ms)))
+            })
+            .unwrap()
+            .watches_store(related, |_: ConfigMap| {
+                Some(ObjectRef::<Pod>::new("pod-0").within("ns-0"))
+            });
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let run = controller.run(
             move |pod: Arc<Pod>, _: Arc<()>| {

@@ -46,19 +46,21 @@ async fn an_unreadable_object_holds_no_tick(engine: Engine, durable: bool) {
     let dir = tempfile::tempdir().unwrap();
     let db = common::try_open_db(engine, dir.path()).unwrap();
     let (ticks, tick_stream) = unbounded::<()>();
-    let controller = Controller::for_store(
-        &db,
-        "in",
-        Api::<ConfigMap>::namespaced(server.client(), "in"),
-        crate::triggers::store_cfg().validate(false),
-        Config::default().concurrency(2).pass_chunk(2),
-    )
-    .unwrap();
+    let controller = db
+        .store(
+            "in",
+            Api::<ConfigMap>::namespaced(server.client(), "in"),
+            crate::triggers::store_cfg().validate(false),
+        )
+        .map(|pair| {
+            Controller::for_store(pair).with_config(Config::default().concurrency(2).pass_chunk(2))
+        })
+        .unwrap();
     let controller = match durable {
-        true => controller.durable_state(&db, "held").unwrap(),
+        true => controller.durable_state("held").unwrap(),
         false => controller,
     };
-    let reader = controller.reader();
+    let reader = controller.store();
     let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let sink = counts.clone();
     let run = controller.reconcile_all_on(tick_stream).run(

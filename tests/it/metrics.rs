@@ -188,8 +188,9 @@ async fn controller_metrics_count_reconciles_queue_and_startup_pass() {
     let (reader, watcher) = db
         .store("pods", fx.pods(), StreamConfig::default())
         .unwrap();
-    let controller = Controller::new(reader, watcher, Config::default().concurrency(1))
-        .durable_state(&db, "labeler")
+    let controller = Controller::for_store((reader, watcher))
+        .with_config(Config::default().concurrency(1))
+        .durable_state("labeler")
         .unwrap();
     let stats = controller.stats();
     let mut registry = Registry::default();

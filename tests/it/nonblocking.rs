@@ -76,7 +76,9 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
     let fx = Fixture::with_pods(OBJECTS, 20).await;
     let h = &fx.h;
     let db = Db::open(fx.path()).unwrap();
-    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     let (release_tx, release_rx) = std::sync::mpsc::channel();
     let ctx = Arc::new(Ctx {
         reader: reader.clone(),
@@ -88,7 +90,8 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
         started: Mutex::default(),
         reconciled: AtomicUsize::new(0),
     });
-    let run = Controller::new(reader.clone(), watcher, Config::default())
+    let run = Controller::for_store((reader.clone(), watcher))
+        .with_config(Config::default())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
     let task = tokio::spawn(run);
@@ -141,7 +144,9 @@ async fn a_blocking_scan_in_a_reconcile_stalls_neither_other_reconciles_nor_the_
 async fn the_async_reads_give_what_the_blocking_ones_give() {
     let fx = Fixture::with_pods(600, 3).await;
     let db = Db::open(fx.path()).unwrap();
-    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     tokio::spawn(watcher.run());
     reader.wait_until_ready().await.unwrap();
     let names = |pods: Vec<Arc<Pod>>| -> Vec<String> {
@@ -195,7 +200,9 @@ fn kept_but_unpolled_scans_leave_the_blocking_pool_free() {
     rt.block_on(async {
         let fx = Fixture::with_pods(PODS, 3).await;
         let db = Db::open(fx.path()).unwrap();
-        let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+        let (reader, watcher) = db
+            .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+            .unwrap();
         let task = tokio::spawn(watcher.run());
         reader.wait_until_ready().await.unwrap();
         let mut kept = Vec::new();

@@ -45,14 +45,9 @@ fn pods_controller(
     server: &kube_persist_testkit::TestServer,
     config: Config,
 ) -> Controller<Pod> {
-    Controller::for_store(
-        db,
-        "pods",
-        Api::<Pod>::all(server.client()),
-        store_cfg(),
-        config,
-    )
-    .unwrap()
+    db.store("pods", Api::<Pod>::all(server.client()), store_cfg())
+        .map(|pair| Controller::for_store(pair).with_config(config))
+        .unwrap()
 }
 
 /// The child process: a durable controller of every Pod, `concurrency(1)`, reconciles of
@@ -66,22 +61,20 @@ fn pass_child() {
     rt.block_on(async move {
         let client = kube_persist_testkit::client_for(&url, None);
         let db = common::try_open_db(common::child_engine(), &dir).expect("child opens the store");
-        let controller = Controller::for_store(
-            &db,
-            "pods",
-            Api::<Pod>::all(client),
-            store_cfg(),
-            Config::default()
-                .concurrency(1)
-                .startup(match std::env::var(STARTUP_ENV).as_deref() {
-                    Ok("all") => StartupMode::ReconcileAll,
-                    _ => StartupMode::Changed,
-                }),
-        )
-        .unwrap()
-        .durable_state(&db, "passes")
-        .unwrap()
-        .shutdown_on_signal();
+        let controller = db
+            .store("pods", Api::<Pod>::all(client), store_cfg())
+            .map(|pair| {
+                Controller::for_store(pair).with_config(Config::default().concurrency(1).startup(
+                    match std::env::var(STARTUP_ENV).as_deref() {
+                        Ok("all") => StartupMode::ReconcileAll,
+                        _ => StartupMode::Changed,
+                    },
+                ))
+            })
+            .unwrap()
+            .durable_state("passes")
+            .unwrap()
+            .shutdown_on_signal();
         let controller = match std::env::var_os(TICK_ENV) {
             Some(_) => controller.reconcile_all_on(futures::stream::once(async {})),
             None => controller,
@@ -402,8 +395,9 @@ async fn a_lagged_durable_subscriber_merges_what_changed(engine: Engine) {
     let controller_sub = shared.subscribe();
     let mut probe = shared.subscribe();
     tokio::spawn(shared.run());
-    let controller = Controller::for_shared(reader, controller_sub, Config::default())
-        .durable_state(&db, "lagged")
+    let controller = Controller::for_shared(reader, controller_sub)
+        .with_config(Config::default())
+        .durable_state("lagged")
         .unwrap();
     let log = Arc::new(Log::default());
     let cstats = controller.stats();

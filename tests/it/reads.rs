@@ -260,11 +260,7 @@ async fn reconcile_path_decodes_once_per_event(engine: Engine) {
     let seen = Arc::new(Mutex::new(
         std::collections::HashMap::<String, String>::new(),
     ));
-    let run = kube_persist::controller::Controller::new(
-        reader.clone(),
-        watcher,
-        kube_persist::controller::Config::default(),
-    )
+    let run = kube_persist::controller::Controller::for_store((reader.clone(), watcher)).with_config(kube_persist::controller::Config::default())
     .run(
         |pod: Arc<Pod>, seen: Arc<Mutex<std::collections::HashMap<String, String>>>| async move {
             let name = pod.metadata.name.clone().unwrap();

@@ -131,19 +131,15 @@ fn state_child() {
         });
         let store_cfg = kube_persist::StreamConfig::default()
             .backoff(Duration::from_millis(20), Duration::from_millis(200));
-        let controller = Controller::for_store(
-            &db,
-            "in",
-            Api::<ConfigMap>::namespaced(client, "in"),
-            store_cfg,
-            Config::default().concurrency(4),
-        )
-        .unwrap()
-        .durable_state(&db, CONTROLLER)
-        .unwrap()
-        .graceful_shutdown_on(async move {
-            let _ = rx.await;
-        });
+        let controller = db
+            .store("in", Api::<ConfigMap>::namespaced(client, "in"), store_cfg)
+            .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(4)))
+            .unwrap()
+            .durable_state(CONTROLLER)
+            .unwrap()
+            .graceful_shutdown_on(async move {
+                let _ = rx.await;
+            });
         println!("child-started");
         controller
             .run(reconcile, error_policy, ctx)
@@ -540,15 +536,14 @@ pub(crate) fn deployments_controller(
     name: &str,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Controller<k8s_openapi::api::apps::v1::Deployment> {
-    Controller::for_store(
-        db,
+    db.store(
         "deployments",
         Api::namespaced(client, "app"),
         kube_persist::StreamConfig::default(),
-        config,
     )
+    .map(|pair| Controller::for_store(pair).with_config(config))
     .unwrap()
-    .durable_state(db, name)
+    .durable_state(name)
     .unwrap()
     .graceful_shutdown_on(async move {
         let _ = stop.await;
@@ -571,10 +566,14 @@ async fn run_until(
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let tx = Arc::new(Mutex::new(Some(tx)));
-    let config = Config::default()
-        .concurrency(1)
-        .skip_unchanged_generation(generation_filter);
+    let config = Config::default().concurrency(1);
     let controller = deployments_controller(db, client, config, "deployer", rx);
+    let controller = match generation_filter {
+        true => {
+            controller.predicate_filter(kube::runtime::predicates::generation, Default::default())
+        }
+        false => controller,
+    };
     let sink = seen.clone();
     let wanted: Vec<String> = wanted.iter().map(|w| w.to_string()).collect();
     let (h, last_name) = (h.clone(), last.to_string());
@@ -625,7 +624,7 @@ pub(crate) async fn sync_store(db: &kube_persist::Db, client: kube::Client, h: &
     let _ = task.await;
 }
 
-/// `skip_unchanged_generation`: the startup pass skips a Deployment whose labels alone
+/// The `generation` predicate: the startup pass skips a Deployment whose labels alone
 /// changed while the controller was down, and reconciles one whose spec changed; without the
 /// filter the label change is reconciled too.
 async fn generation_filter_skips_metadata_only_changes(engine: Engine) {
@@ -691,16 +690,19 @@ async fn far_requeues_are_read_back_from_disk_when_due(engine: Engine) {
     let db = common::try_open_db(engine, dir.path()).unwrap();
     let times: Arc<Mutex<BTreeMap<String, Vec<Instant>>>> = Arc::default();
     let sink = times.clone();
-    let controller = Controller::for_store(
-        &db,
-        "in",
-        Api::<ConfigMap>::namespaced(server.client(), "in"),
-        kube_persist::StreamConfig::default(),
-        Config::default().requeue_window(Duration::from_secs(1)),
-    )
-    .unwrap()
-    .durable_state(&db, "requeuer")
-    .unwrap();
+    let controller = db
+        .store(
+            "in",
+            Api::<ConfigMap>::namespaced(server.client(), "in"),
+            kube_persist::StreamConfig::default(),
+        )
+        .map(|pair| {
+            Controller::for_store(pair)
+                .with_config(Config::default().requeue_window(Duration::from_secs(1)))
+        })
+        .unwrap()
+        .durable_state("requeuer")
+        .unwrap();
     let run = controller.run(
         move |cm: Arc<ConfigMap>, _ctx: Arc<()>| {
             let name = cm.metadata.name.clone().unwrap_or_default();

@@ -1,6 +1,6 @@
 //! An object deleted and created again under its name (issue 56, item 1: `kubectl delete`
 //! and `apply` of a custom resource, a Helm reinstall, a GitOps prune and recreate) is a new
-//! object, and a durable controller reconciles it, also with `skip_unchanged_generation`:
+//! object, and a durable controller reconciles it, also with the `generation` predicate:
 //! the new object starts at generation 1, as the one it replaced may have been, and a
 //! reconcile record of the old one (keyed by namespace and name) must not count it as
 //! handled. Three ways the new object reaches the controller, each on both engines:
@@ -44,11 +44,10 @@ impl Run {
     /// Starts it; the first reconcile of `gated` (if any) waits for a permit of the gate.
     fn start(db: &Db, client: kube::Client, gated: Option<(&str, Arc<Semaphore>)>) -> Run {
         let (stop, rx) = tokio::sync::oneshot::channel();
-        let config = Config::default()
-            .concurrency(2)
-            .skip_unchanged_generation(true);
-        let controller = deployments_controller(db, client, config, CONTROLLER, rx);
-        let reader = controller.reader();
+        let config = Config::default().concurrency(2);
+        let controller = deployments_controller(db, client, config, CONTROLLER, rx)
+            .predicate_filter(kube::runtime::predicates::generation, Default::default());
+        let reader = controller.store();
         let seen = Seen::default();
         let sink = seen.clone();
         let gated = gated.map(|(name, gate)| (name.to_string(), gate));

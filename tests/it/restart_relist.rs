@@ -53,18 +53,14 @@ fn relist_child() {
             .page_size(page)
             .backoff(Duration::from_millis(20), Duration::from_millis(200))
             .relist_jitter(Duration::ZERO);
-        let controller = Controller::for_store(
-            &db,
-            "in",
-            Api::<ConfigMap>::namespaced(client, "in"),
-            store_cfg,
-            Config::default().concurrency(4),
-        )
-        .unwrap()
-        .durable_state(&db, CONTROLLER)
-        .unwrap()
-        .shutdown_on_signal();
-        let reader = controller.reader();
+        let controller = db
+            .store("in", Api::<ConfigMap>::namespaced(client, "in"), store_cfg)
+            .map(|pair| Controller::for_store(pair).with_config(Config::default().concurrency(4)))
+            .unwrap()
+            .durable_state(CONTROLLER)
+            .unwrap()
+            .shutdown_on_signal();
+        let reader = controller.store();
         tokio::spawn(async move {
             let mut last = None;
             loop {

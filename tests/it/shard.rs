@@ -403,14 +403,10 @@ async fn controller_replicas_reconcile_their_shard(engine: Engine) {
     let mut tasks = Vec::new();
     for i in 0..2u32 {
         let db = try_open_db(engine, fx.path().join(format!("replica-{i}"))).unwrap();
-        let controller = Controller::for_store(
-            &db,
-            "pods",
-            fx.pods(),
-            StreamConfig::default().shards(i, 2),
-            ControllerConfig::default(),
-        )
-        .unwrap();
+        let controller = db
+            .store("pods", fx.pods(), StreamConfig::default().shards(i, 2))
+            .map(|pair| Controller::for_store(pair).with_config(ControllerConfig::default()))
+            .unwrap();
         let keys: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
         let run = controller.run(
             |pod: Arc<Pod>, keys: Arc<Mutex<BTreeMap<String, usize>>>| async move {

@@ -63,13 +63,15 @@ async fn two_controllers_on_one_stream_make_one_watch_and_both_reconcile_every_c
     let fx = Fixture::with_pods(20, 2).await;
     let h = &fx.h;
     let db = Db::open(fx.path()).unwrap();
-    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     let shared = watcher.shared(64);
     let books = [Arc::new(Book::default()), Arc::new(Book::default())];
     let mut tasks = Vec::new();
     for book in &books {
-        let controller =
-            Controller::for_shared(reader.clone(), shared.subscribe(), Config::default());
+        let controller = Controller::for_shared(reader.clone(), shared.subscribe())
+            .with_config(Config::default());
         tasks.push(tokio::spawn(
             controller
                 .run(reconcile, error_policy, book.clone())
@@ -108,12 +110,15 @@ async fn a_consumer_that_stops_taking_events_is_lagged_and_the_other_goes_on() {
     let fx = Fixture::with_pods(10, 1).await;
     let h = &fx.h;
     let db = Db::open(fx.path()).unwrap();
-    let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     let shared = watcher.shared(4).max_stall(Duration::from_millis(50));
     // Subscribed, never read while the changes come.
     let mut slow = shared.subscribe();
     let book = Arc::new(Book::default());
-    let controller = Controller::for_shared(reader.clone(), shared.subscribe(), Config::default())
+    let controller = Controller::for_shared(reader.clone(), shared.subscribe())
+        .with_config(Config::default())
         .run(reconcile, error_policy, book.clone())
         .for_each(|_| async {});
     let tasks = [tokio::spawn(controller), tokio::spawn(shared.run())];
@@ -154,7 +159,9 @@ async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
     let fx = Fixture::with_pods(CHANGES, 1).await;
     let h = &fx.h;
     let db = Db::open(fx.path()).unwrap();
-    let (_reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (_reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     let shared = watcher.shared(1).max_stall(Duration::from_secs(1));
     let mut slow = shared.subscribe();
     let mut fast = shared.subscribe();
@@ -215,7 +222,9 @@ async fn a_consumer_slower_than_the_watch_is_lagged_not_followed() {
 async fn a_consumer_lagged_before_the_start_signal_still_gets_it() {
     let fx = Fixture::with_pods(10, 1).await;
     let db = Db::open(fx.path()).unwrap();
-    let (_reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+    let (_reader, watcher) = db
+        .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+        .unwrap();
     let shared = watcher.shared(1).max_stall(Duration::from_millis(50));
     let mut late = shared.subscribe();
     let mut prompt = shared.subscribe();

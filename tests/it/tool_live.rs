@@ -22,7 +22,6 @@ use crate::common;
 use crate::operator;
 use crate::sigterm::Operator;
 use kube_persist::{Db, DbConfig};
-use kube_persist_testkit::TestServer;
 
 const PODS: usize = 1500;
 
@@ -54,23 +53,6 @@ fn tool_binary() -> PathBuf {
         );
     }
     bin
-}
-
-/// A kubeconfig whose current context points at `server` (plain HTTP, no credentials), for
-/// `verify`.
-fn kubeconfig(dir: &Path, server: &TestServer) -> PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: testkit\n  cluster:\n    server: {}\n\
-             contexts:\n- name: testkit\n  context:\n    cluster: testkit\n    user: nobody\n\
-             users:\n- name: nobody\n  user: {{}}\ncurrent-context: testkit\n",
-            server.url()
-        ),
-    )
-    .unwrap();
-    path
 }
 
 /// Runs the tool to its end: (exit code, stdout, stderr).
@@ -123,7 +105,7 @@ async fn the_tool_reads_the_running_operator_which_restarts_beside_its_readers()
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     let dir = store.to_str().unwrap();
-    let config = kubeconfig(tmp.path(), &server);
+    let config = crate::common::kubeconfig(tmp.path(), &server);
     let pods = common::server_versions(&h, &kube_persist_testkit::ResourceType::pods());
     let first = pods.keys().next().unwrap().clone();
 
@@ -266,7 +248,7 @@ async fn the_tool_never_calls_a_store_beside_its_churning_writer_wrong() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     let dir = store.to_str().unwrap().to_string();
-    let config = kubeconfig(tmp.path(), &server);
+    let config = crate::common::kubeconfig(tmp.path(), &server);
     let db = Db::open_with(
         &store,
         DbConfig::default().durability(kube_persist::Durability::EveryBatch),

@@ -139,7 +139,7 @@ fn relabel(h: &ServerHandle, ns: &str, name: &str, value: &str) -> String {
 /// Item 1a, made to fail without the runner's must-run mark (issue 50 item 8). A
 /// `reconcile_on` request for an object with a pending `requeue(60 s)` is merged by
 /// kube-runtime's scheduler into that requeue; then, within the debounce, the object's own
-/// change of metadata (a label: the generation stays, so `skip_unchanged_generation` shows
+/// change of metadata (a label: the generation stays, so the `generation` predicate shows
 /// it handled) is merged after it. kube-runtime 5.0's scheduler keeps the reason of the
 /// request merged last (`schedule_message` replaces the key when the new request runs no
 /// later than the waiting one, as every request within the debounce does), so the
@@ -156,21 +156,18 @@ async fn a_request_merged_into_a_pending_requeue_is_reconciled() {
     let db = Db::open(fx.path()).unwrap();
     let (tx, rx) = unbounded::<ObjectRef<Pod>>();
     let book = Book::new();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default()
-            .concurrency(1)
-            .debounce(DEBOUNCE)
-            .skip_unchanged_generation(true),
-    )
-    .unwrap()
-    .durable_state(&db, "merged-requeue")
-    .unwrap()
-    .reconcile_on(rx);
-    let (reader, stats) = (controller.reader(), controller.stats());
+    let controller = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| {
+            Controller::for_store(pair)
+                .with_config(Config::default().concurrency(1).debounce(DEBOUNCE))
+                .predicate_filter(kube::runtime::predicates::generation, Default::default())
+        })
+        .unwrap()
+        .durable_state("merged-requeue")
+        .unwrap()
+        .reconcile_on(rx);
+    let (reader, stats) = (controller.store(), controller.stats());
     let run = controller.run(
         |pod: Arc<Pod>, book: Arc<Book>| async move {
             let name = name_of(&pod);
@@ -254,7 +251,7 @@ fn send(tx: &UnboundedSender<ObjectRef<Pod>>, r: ObjectRef<Pod>) {
     tx.unbounded_send(r).expect("the controller takes requests");
 }
 
-/// Item 1b. With `skip_unchanged_generation`, the reconciler's own write (a label: the
+/// Item 1b. With the `generation` predicate, the reconciler's own write (a label: the
 /// generation stays) queues an update of its object while the reconcile runs; a
 /// `reconcile_on` request arriving meanwhile is dropped by kube-runtime's scheduler (the
 /// object is already pending). The pending update must then not be skipped: the request
@@ -267,18 +264,18 @@ async fn a_request_beside_a_pending_same_generation_update_is_reconciled() {
     let (tx, rx) = unbounded::<ObjectRef<Pod>>();
     let book = Book::new();
     let written: Arc<Mutex<Option<String>>> = Arc::default();
-    let controller = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default().skip_unchanged_generation(true),
-    )
-    .unwrap()
-    .durable_state(&db, "same-generation")
-    .unwrap()
-    .reconcile_on(rx);
-    let reader = controller.reader();
+    let controller = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| {
+            Controller::for_store(pair)
+                .with_config(Config::default())
+                .predicate_filter(kube::runtime::predicates::generation, Default::default())
+        })
+        .unwrap()
+        .durable_state("same-generation")
+        .unwrap()
+        .reconcile_on(rx);
+    let reader = controller.store();
     let (hh, w) = (h.clone(), written.clone());
     let run = controller.run(
         move |pod: Arc<Pod>, book: Arc<Book>| {
@@ -359,17 +356,13 @@ async fn the_startup_pass_keeps_the_record_of_an_object_created_while_it_runs() 
     let api = || fx.pods();
     let run_controller = |book: Arc<Book>, gated: Option<&'static str>, client: kube::Client| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let controller = Controller::for_store(
-            &db,
-            "pods",
-            Api::<Pod>::all(client),
-            store_cfg(),
-            Config::default().pass_chunk(1),
-        )
-        .unwrap()
-        .durable_state(&db, NAME)
-        .unwrap();
-        let reader = controller.reader();
+        let controller = db
+            .store("pods", Api::<Pod>::all(client), store_cfg())
+            .map(|pair| Controller::for_store(pair).with_config(Config::default().pass_chunk(1)))
+            .unwrap()
+            .durable_state(NAME)
+            .unwrap();
+        let reader = controller.store();
         let run = controller
             .graceful_shutdown_on(async move {
                 let _ = stop_rx.await;
@@ -525,9 +518,11 @@ async fn a_tick_before_the_store_is_ready_reconciles_every_object() {
     let db = Db::open(fx.path()).unwrap();
     let run = |book: Arc<Book>, cfg: kube_persist::StreamConfig, ticks| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let run = Controller::for_store(&db, "pods", fx.pods(), cfg, Config::default())
+        let run = db
+            .store("pods", fx.pods(), cfg)
+            .map(|pair| Controller::for_store(pair).with_config(Config::default()))
             .unwrap()
-            .durable_state(&db, NAME)
+            .durable_state(NAME)
             .unwrap()
             .reconcile_all_on(ticks)
             .graceful_shutdown_on(async move {
@@ -605,24 +600,23 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
     let db = Db::open(fx.path()).unwrap();
     let (tick_tx, ticks) = unbounded::<()>();
     let book = Book::new();
-    let run = Controller::for_store(
-        &db,
-        "pods",
-        fx.pods(),
-        store_cfg(),
-        Config::default().concurrency(CONCURRENCY).pass_chunk(4),
-    )
-    .unwrap()
-    .reconcile_all_on(ticks)
-    .run(
-        |pod: Arc<Pod>, book: Arc<Book>| async move {
-            book.start(&name_of(&pod));
-            tokio::time::sleep(RECONCILE).await;
-            Ok::<_, Never>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        book.clone(),
-    );
+    let run = db
+        .store("pods", fx.pods(), store_cfg())
+        .map(|pair| {
+            Controller::for_store(pair)
+                .with_config(Config::default().concurrency(CONCURRENCY).pass_chunk(4))
+        })
+        .unwrap()
+        .reconcile_all_on(ticks)
+        .run(
+            |pod: Arc<Pod>, book: Arc<Book>| async move {
+                book.start(&name_of(&pod));
+                tokio::time::sleep(RECONCILE).await;
+                Ok::<_, Never>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            book.clone(),
+        );
     let task = spawn_run(run);
     let names: Vec<String> = (0..PODS).map(|i| format!("pod-{i}")).collect();
     common::eventually("the first sweep reconciles every pod", || {
@@ -685,7 +679,7 @@ async fn ticks_faster_than_a_sweep_reach_every_object() {
 /// and its "must run" mark with it.
 ///
 /// Issue 50 item 8: the mark is what is checked, on a request whose reason may be skipped.
-/// pod-3 was reconciled (durable state, `skip_unchanged_generation`), then changed in its
+/// pod-3 was reconciled (durable state, the `generation` predicate), then changed in its
 /// labels only (a handled version: skipped), then its record corrupted. On restart a
 /// `reconcile_on` request for it comes first; the startup pass's request (pod-3's version is
 /// not the one last reconciled, and its generation cannot be read) comes within the
@@ -709,19 +703,16 @@ async fn a_failed_object_read_is_retried_not_consumed() {
             .encryption_key(kube_persist::EncryptionKey::from_bytes([7; 32]))
     };
     let controller = |db: &Db, refs: futures::stream::BoxStream<'static, ObjectRef<Pod>>| {
-        Controller::for_store(
-            db,
-            "pods",
-            fx.pods(),
-            kube_persist::StreamConfig::default(),
-            Config::default()
-                .debounce(DEBOUNCE)
-                .skip_unchanged_generation(true),
-        )
-        .unwrap()
-        .durable_state(db, NAME)
-        .unwrap()
-        .reconcile_on(refs)
+        db.store("pods", fx.pods(), kube_persist::StreamConfig::default())
+            .map(|pair| {
+                Controller::for_store(pair)
+                    .with_config(Config::default().debounce(DEBOUNCE))
+                    .predicate_filter(kube::runtime::predicates::generation, Default::default())
+            })
+            .unwrap()
+            .durable_state(NAME)
+            .unwrap()
+            .reconcile_on(refs)
     };
     let reconciler = |pod: Arc<Pod>, book: Arc<Book>| async move {
         book.start(&name_of(&pod));
@@ -737,7 +728,7 @@ async fn a_failed_object_read_is_retried_not_consumed() {
             controller(&db, futures::stream::pending().boxed()).graceful_shutdown_on(async move {
                 let _ = stop_rx.await;
             });
-        let (reader, stats) = (controller.reader(), controller.stats());
+        let (reader, stats) = (controller.store(), controller.stats());
         let task =
             spawn_run(controller.run(reconciler, |_, _, _| Action::await_change(), book.clone()));
         common::eventually("every pod reconciled", || {
@@ -774,7 +765,7 @@ async fn a_failed_object_read_is_retried_not_consumed() {
     let book = Book::new();
     let failed = Arc::new(AtomicUsize::new(0));
     let controller = controller(&db, refs.boxed());
-    let (reader, stats) = (controller.reader(), controller.stats());
+    let (reader, stats) = (controller.store(), controller.stats());
     let run = controller.run(reconciler, |_, _, _| Action::await_change(), book.clone());
     let f = failed.clone();
     let task = tokio::spawn(run.for_each(move |r| {

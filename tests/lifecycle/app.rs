@@ -217,7 +217,7 @@ pub enum Seen {
     /// A reconcile started, of the object at this version.
     Reconciled,
     /// A reconcile wrote its object (only [`MIRRORED`]: the generation is kept), which is now
-    /// at this version: with `skip_unchanged_generation`, a version that needs no reconcile.
+    /// at this version: with the `generation` predicate, a version that needs no reconcile.
     Wrote,
 }
 
@@ -349,22 +349,21 @@ pub fn controller(
         hub,
         reader: reader.clone(),
     };
-    let c = Controller::for_shared(
-        reader,
-        main,
-        kube_persist::controller::Config::default()
-            .concurrency(CONCURRENCY)
-            .skip_unchanged_generation(true)
-            .pass_chunk(SWEEP_CHUNK),
-    )
-    .watches_store(related, |rel: ConfigMap| {
-        let name = rel.metadata.name.unwrap_or_default();
-        name.strip_prefix("rel-")
-            .map(|n| ObjectRef::new(n).within(NS))
-    })
-    .reconcile_on(inputs.requests)
-    .reconcile_all_on(inputs.ticks)
-    .durable_state(db, CONTROLLER)?;
+    let c = Controller::for_shared(reader, main)
+        .with_config(
+            kube_persist::controller::Config::default()
+                .concurrency(CONCURRENCY)
+                .pass_chunk(SWEEP_CHUNK),
+        )
+        .predicate_filter(kube::runtime::predicates::generation, Default::default())
+        .watches_store(related, |rel: ConfigMap| {
+            let name = rel.metadata.name.unwrap_or_default();
+            name.strip_prefix("rel-")
+                .map(|n| ObjectRef::new(n).within(NS))
+        })
+        .reconcile_on(inputs.requests)
+        .reconcile_all_on(inputs.ticks)
+        .durable_state(CONTROLLER)?;
     Ok((c, consumers))
 }
 

@@ -40,7 +40,7 @@ pub fn child_main(dir: String) {
             .expect("the child opens the store");
         let c =
             controller(&db, client.clone(), &cfg, Inputs::none()).expect("the child's controller");
-        let reader = c.0.reader();
+        let reader = c.0.store();
         println!("child-started");
         let watched = reader.clone();
         let flushed = db.clone();

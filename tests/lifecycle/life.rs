@@ -104,7 +104,7 @@ impl Model {
                 },
             );
         }
-        let reader = c.0.reader();
+        let reader = c.0.store();
         let stats = c.0.stats();
         let consumed = Arc::new(app::Consumed::new(cfg.sel));
         let view = delta::RunView::open(&reader, &consumed);

@@ -21,7 +21,7 @@ pub const NEW_UID: &str = "a recreated object is reconciled as its new uid";
 /// The controller, once the store is quiescent: every selected object reconciled at its
 /// current version and uid, as the reconciler saw them (by any run; a version a reconcile
 /// wrote itself, keeping the generation, counts as reconciled, and so does one whose uid
-/// was reconciled at the same generation: `skip_unchanged_generation` skips a change of
+/// was reconciled at the same generation: the `generation` predicate skips a change of
 /// labels; never a reconcile of another uid under the same name: an object created again
 /// is owed a reconcile as its new uid, [`NEW_UID`]), every selected `short`/`fail` object
 /// reconciled again after `since` (its due requeue or retry fired).

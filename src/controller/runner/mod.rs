@@ -39,6 +39,7 @@ use super::action::requeue_after;
 use super::controller_error::ControllerError;
 use super::controller_stats::ControllerStats;
 use super::owed;
+use super::predicate::{Filter, PredicateFn};
 use super::scan::{self, PassMode, PassRecord, suffix_ref};
 use super::state::{Durable, instant_at, now_ms};
 use super::triggers::{Trigger, TriggerStream};
@@ -91,6 +92,8 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
     pub error_policy: ErrorPolicyFn<K, Ctx, E>,
     pub ctx: Arc<Ctx>,
     pub durable: Option<Durable>,
+    /// [`Controller::predicate_filter`](super::Controller::predicate_filter).
+    pub predicate: Option<Filter<K>>,
     pub stats: ControllerStats,
 }
 
@@ -296,8 +299,8 @@ where
             rec,
             meta.uid.as_deref(),
             meta.resource_version.as_deref(),
-            self.p.config.skip_unchanged_generation,
-            || meta.generation,
+            self.p.predicate.is_some(),
+            || self.p.predicate.as_ref().and_then(|f| f.value(obj)),
         );
         let skip = owed::may_skip(&request.reason, handled, rec.due_ms, now_ms());
         if skip
@@ -329,6 +332,9 @@ where
             Ok(Some(obj)) => obj,
             Ok(None) => {
                 self.running_refs.remove(&request.obj_ref);
+                if let Some(f) = self.p.predicate.as_mut() {
+                    f.forget(&request.obj_ref);
+                }
                 self.passes_heard(&request.obj_ref, Heard::Finished);
                 // Deleted objects leave the reconcile state with them.
                 if let Some(d) = self.durable.as_mut() {
@@ -352,9 +358,20 @@ where
                 return;
             }
         };
-        if let Some(rec) = record
-            && self.skip(&request, &obj, &rec)
-        {
+        let skip = match record {
+            Some(rec) => self.skip(&request, &obj, &rec),
+            // In memory (no durable state): a change the predicate shows handled.
+            None => {
+                self.durable.is_none()
+                    && matches!(request.reason, ReconcileReason::ObjectUpdated)
+                    && self
+                        .p
+                        .predicate
+                        .as_mut()
+                        .is_some_and(|f| f.unchanged(&request.obj_ref, &obj))
+            }
+        };
+        if skip {
             tracing::trace!(object = %request.obj_ref, reason = %request.reason, "already reconciled at this version, skipped");
             self.running_refs.remove(&request.obj_ref);
             self.passes_heard(&request.obj_ref, Heard::Finished);
@@ -421,11 +438,21 @@ where
         let meta = done.obj.meta();
         let rv = meta.resource_version.clone().unwrap_or_default();
         let uid = meta.uid.clone();
-        let outcome = match done.result {
-            Ok(_) => Outcome::Ok {
-                generation: meta.generation,
-            },
-            Err(_) => Outcome::Failed,
+        let predicate = self.p.predicate.as_mut();
+        let outcome = match (&done.result, predicate) {
+            (Ok(_), Some(f)) => {
+                f.reconciled(&obj_ref, &done.obj, true);
+                Outcome::Ok {
+                    predicate: f.value(&done.obj),
+                }
+            }
+            (Ok(_), None) => Outcome::Ok { predicate: None },
+            (Err(_), f) => {
+                if let Some(f) = f {
+                    f.reconciled(&obj_ref, &done.obj, false);
+                }
+                Outcome::Failed
+            }
         };
         let (action, reason, item) = match done.result {
             Ok(action) => (
@@ -557,6 +584,13 @@ where
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+impl<K: Resource, Ctx, E> Runner<K, Ctx, E> {
+    /// The predicate, for the merge passes' reads.
+    fn predicate_fn(&self) -> Option<PredicateFn<K>> {
+        self.p.predicate.as_ref().map(|f| f.predicate.clone())
     }
 }
 

@@ -108,7 +108,7 @@ where
     Ctx: Send + Sync + 'static,
     E: Send + 'static,
 {
-    fn slot(&self, record: PassRecord, key: &'static [u8], options: MergeOptions) -> Slot<K> {
+    fn slot(&self, record: PassRecord, key: &'static [u8], options: MergeOptions<K>) -> Slot<K> {
         let ks = self.durable.as_ref().map(|d| d.keyspace());
         let pass = Pass::new(
             self.p.reader.clone(),
@@ -215,14 +215,14 @@ where
     }
 
     /// A lag's merge: no requeue scheduled (they are in the scheduler or on disk).
-    fn lag_options(&self) -> MergeOptions {
+    fn lag_options(&self) -> MergeOptions<K> {
         MergeOptions {
             loaded_until: 0,
-            generation_filter: self.p.config.skip_unchanged_generation,
+            predicate: self.predicate_fn(),
         }
     }
 
-    fn start_merge(&mut self, record: PassRecord, options: MergeOptions) {
+    fn start_merge(&mut self, record: PassRecord, options: MergeOptions<K>) {
         self.startup_pending = false;
         self.merge_again = false;
         self.p.stats.pass_began(Some(self.p.reader.len() as u64));
@@ -310,7 +310,7 @@ where
         }
         let options = MergeOptions {
             loaded_until,
-            generation_filter: self.p.config.skip_unchanged_generation,
+            predicate: self.predicate_fn(),
         };
         // A merge a previous run left under way with a stronger mode (an interrupted
         // `StartupMode::ReconcileAll`) goes on where it stopped, for the rest of its circle

@@ -145,6 +145,11 @@ where
         self
     }
 
+    /// Whether this reader's stream is keys-only (it can read no bodies).
+    pub(crate) fn is_keys_only(&self) -> bool {
+        self.keys_only
+    }
+
     fn bodies(&self) -> Result<()> {
         if self.keys_only {
             return Err(Error::Config(format!(
@@ -864,7 +869,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use kube::runtime::reflector::ObjectRef;
     /// reader.wait_until_ready().await?;
@@ -889,7 +894,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// assert!(reader.get_named_async(Some("default"), "web-1").await?.is_some());
@@ -921,7 +926,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use futures::TryStreamExt;
     /// reader.wait_until_ready().await?;
@@ -947,7 +952,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use futures::StreamExt;
     /// reader.wait_until_ready().await?;
@@ -972,7 +977,7 @@ where
     /// # let dir = tempfile::tempdir()?;
     /// # let db = kube_persist::Db::open(dir.path())?;
     /// # let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(server.client());
-    /// # let (reader, watcher) = db.store("pods", api, Default::default())?;
+    /// # let (reader, watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
     /// # tokio::spawn(watcher.run());
     /// use futures::TryStreamExt;
     /// use kube::core::{Expression, Selector};
@@ -1121,7 +1126,7 @@ where
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::api::{Api, PostParams};
     /// let pods = Api::<Pod>::namespaced(server.client(), "default");
-    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), Default::default())?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), kube_persist::StreamConfig::default())?;
     /// tokio::spawn(watcher.run());
     /// reader.wait_until_ready().await?;
     /// let mut pod = pods.get("web-0").await?;
@@ -1159,7 +1164,7 @@ where
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::api::{Api, PostParams};
     /// let pods = Api::<Pod>::namespaced(server.client(), "default");
-    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), Default::default())?;
+    /// let (reader, watcher) = db.store("pods", Api::<Pod>::all(server.client()), kube_persist::StreamConfig::default())?;
     /// tokio::spawn(watcher.run());
     /// let mut pod = Pod::default();
     /// pod.metadata.name = Some("web-2".into());
