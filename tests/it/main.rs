@@ -35,6 +35,7 @@ mod deploy_manifests;
 mod faults;
 mod held_pass;
 mod indexes;
+mod kube_shapes;
 mod list_bound;
 #[cfg(feature = "metrics")]
 mod metrics;
