@@ -110,23 +110,19 @@ async fn main() -> Result<()> {
     // limit the controller to running a maximum of two concurrent reconciliations
     let config = Config::default().concurrency(2);
 
-    Controller::new(
-        &Db::open("configmapgen-store")?,
-        cmgs,
-        watcher::Config::default(),
-    )?
-    .owns(cms, watcher::Config::default())
-    .with_config(config)
-    .reconcile_all_on(reload_rx.map(|_| ()))
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, Arc::new(Data { client }))
-    .for_each(|res| async move {
-        match res {
-            Ok(o) => info!("reconciled {:?}", o),
-            Err(e) => warn!("reconcile failed: {}", e),
-        }
-    })
-    .await;
+    Controller::new(&Db::open("cmg-store")?, cmgs, watcher::Config::default())?
+        .owns(cms, watcher::Config::default())
+        .with_config(config)
+        .reconcile_all_on(reload_rx.map(|_| ()))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(Data { client }))
+        .for_each(|res| async move {
+            match res {
+                Ok(o) => info!("reconciled {:?}", o),
+                Err(e) => warn!("reconcile failed: {}", e),
+            }
+        })
+        .await;
     info!("controller terminated");
     Ok(())
 }

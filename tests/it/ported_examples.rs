@@ -215,6 +215,23 @@ impl Running {
     }
 }
 
+/// The streams of the store at `path` as a crash would leave them: a read-only handle sees
+/// the last durable commit (the default durability makes commits durable every 500 ms).
+fn durable_streams(path: &std::path::Path) -> Vec<(String, kube_persist::SyncPhase, u64)> {
+    let config = kube_persist::DbConfig::default().read_only();
+    let Ok(db) = kube_persist::Db::open_with(path, config) else {
+        return Vec::new();
+    };
+    let mut streams: Vec<_> = db
+        .streams()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.name, s.phase, s.objects))
+        .collect();
+    streams.sort_by(|a, b| a.0.cmp(&b.0));
+    streams
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_reflector_sees_the_pods_and_resumes_from_disk() {
     let server = TestServer::with_web_pods().await;
@@ -223,6 +240,16 @@ async fn pod_reflector_sees_the_pods_and_resumes_from_disk() {
     let run = Running::start("pod_reflector", dir.path(), &server);
     eventually("the reflector saw web-0 and web-1", || {
         run.printed("saw web-0") && run.printed("saw web-1")
+    })
+    .await;
+    let store = dir.path().join("pod-reflector-store");
+    eventually("the synced store on disk", || {
+        durable_streams(&store)
+            == [(
+                "pods@default".to_string(),
+                kube_persist::SyncPhase::Synced,
+                2,
+            )]
     })
     .await;
     run.kill().await;
@@ -303,10 +330,16 @@ async fn configmapgen_controller_owns_one_configmap_per_generator() {
     })
     .await;
     assert!(run.printed("reconciled"), "the run loop logs its results");
-    run.kill().await;
     // Both streams are on disk, named after what they watch.
-    let db = kube_persist::Db::open(dir.path().join("configmapgen-store")).unwrap();
-    let mut names: Vec<String> = db.streams().unwrap().into_iter().map(|s| s.name).collect();
-    names.sort();
-    assert_eq!(names, ["configmapgenerators.nullable.se", "configmaps"]);
+    let store = dir.path().join("cmg-store");
+    eventually("both streams synced on disk", || {
+        let streams = durable_streams(&store);
+        let names: Vec<&str> = streams.iter().map(|s| s.0.as_str()).collect();
+        names == ["configmapgenerators.nullable.se", "configmaps"]
+            && streams
+                .iter()
+                .all(|s| s.1 == kube_persist::SyncPhase::Synced)
+    })
+    .await;
+    run.kill().await;
 }
