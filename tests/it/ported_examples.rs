@@ -215,22 +215,25 @@ impl Running {
     }
 }
 
-/// The streams of the store at `path` as a crash would leave them: a read-only handle sees
-/// the last durable commit (the default durability makes commits durable every 500 ms).
-fn durable_streams(path: &std::path::Path) -> Vec<(String, kube_persist::SyncPhase, u64)> {
-    let config = kube_persist::DbConfig::default().read_only();
-    let Ok(db) = kube_persist::Db::open_with(path, config) else {
-        return Vec::new();
-    };
+/// The streams of the store at `path`, opened after the example's process ended.
+fn streams(path: &std::path::Path) -> Vec<(String, kube_persist::SyncPhase, u64)> {
+    let db = kube_persist::Db::open(path).unwrap();
     let mut streams: Vec<_> = db
         .streams()
-        .unwrap_or_default()
+        .unwrap()
         .into_iter()
         .map(|s| (s.name, s.phase, s.objects))
         .collect();
     streams.sort_by(|a, b| a.0.cmp(&b.0));
     streams
 }
+
+/// The default durability (`Durability::Periodic(500 ms)`) makes commits durable in the
+/// background every 500 ms, which nothing outside the writing process can observe (a
+/// read-only handle is refused beside a periodic writer): a SIGKILL is sent this long
+/// after the last change the test waited for, so that the store it leaves is the one the
+/// example last wrote. (Not a wait for an absence: what is asserted after is read back.)
+const FLUSHED: std::time::Duration = std::time::Duration::from_millis(2000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_reflector_sees_the_pods_and_resumes_from_disk() {
