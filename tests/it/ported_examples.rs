@@ -245,17 +245,12 @@ async fn pod_reflector_sees_the_pods_and_resumes_from_disk() {
         run.printed("saw web-0") && run.printed("saw web-1")
     })
     .await;
-    let store = dir.path().join("pod-reflector-store");
-    eventually("the synced store on disk", || {
-        durable_streams(&store)
-            == [(
-                "pods@default".to_string(),
-                kube_persist::SyncPhase::Synced,
-                2,
-            )]
-    })
-    .await;
+    eventually("the watch after the list", || h.counts().watch >= 1).await;
+    tokio::time::sleep(FLUSHED).await;
     run.kill().await;
+    let store = dir.path().join("pod-reflector-store");
+    let synced = kube_persist::SyncPhase::Synced;
+    assert_eq!(streams(&store), [("pods@default".to_string(), synced, 2)]);
     let lists = h.counts().list;
 
     // Restarted: the stored Pods are replayed from disk (no LIST of the collection), and
@@ -334,15 +329,15 @@ async fn configmapgen_controller_owns_one_configmap_per_generator() {
     .await;
     assert!(run.printed("reconciled"), "the run loop logs its results");
     // Both streams are on disk, named after what they watch.
-    let store = dir.path().join("cmg-store");
-    eventually("both streams synced on disk", || {
-        let streams = durable_streams(&store);
-        let names: Vec<&str> = streams.iter().map(|s| s.0.as_str()).collect();
-        names == ["configmapgenerators.nullable.se", "configmaps"]
-            && streams
-                .iter()
-                .all(|s| s.1 == kube_persist::SyncPhase::Synced)
-    })
-    .await;
+    tokio::time::sleep(FLUSHED).await;
     run.kill().await;
+    let streams = streams(&dir.path().join("cmg-store"));
+    let names: Vec<&str> = streams.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(names, ["configmapgenerators.nullable.se", "configmaps"]);
+    assert!(
+        streams
+            .iter()
+            .all(|s| s.1 == kube_persist::SyncPhase::Synced),
+        "{streams:?}"
+    );
 }
