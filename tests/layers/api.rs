@@ -863,10 +863,10 @@ fn public_api_is_docs_api_txt() {
     for l in now_lines.difference(&held_lines) {
         msg.push_str(&format!("+ {l}\n"));
     }
-    msg.push_str(&format!(
+    msg.push_str(
         "If the change is deliberate (and named in CHANGELOG.md), rewrite the file:\n  \
-         KP_BLESS_API=1 cargo test --release --test layers public_api\n"
-    ));
+         KP_BLESS_API=1 cargo test --release --test layers public_api\n",
+    );
     panic!("{msg}");
 }
 
