@@ -6,11 +6,14 @@
 //! cargo bench --bench lookup -- --apply-only [--durability every-batch|periodic]
 //! cargo bench --bench lookup_mimalloc [-- ...]   # the same, mimalloc as the allocator
 //! ```
-//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g> allocator=<glibc|mimalloc>`
+//! Last line: `RESULT n=<N> persist_get_p50_us=<x> persist_get_p99_us=<y> reflector_get_p50_us=<z> persist_apply_events_per_s=<e> persist_get_raw_p50_us=<r> hot_cache_hit_rate=<h> engine=<E> persist_iter_objects_per_s=<i> persist_iter_as_objects_per_s=<a> reflector_iter_objects_per_s=<ri> persist_recent_get_p50_us=<g> allocator=<glibc|mimalloc> persist_get_async_hot_p50_us=<ah> persist_get_async_p50_us=<au>`
 //!
 //! `persist_iter_as` decodes into a small type (name and node of each Pod);
 //! `persist_recent_get` reads the 1,000 objects most recently changed by watch events while
-//! the server updates 1,000 Pods per second (the write-through hot cache's case).
+//! the server updates 1,000 Pods per second (the write-through hot cache's case);
+//! `persist_get_async_hot` / `persist_get_async` are `Reader::get_async` on the hot keys
+//! (cache hits, answered on the calling task) and on the uniform keys (mostly misses, read
+//! on tokio's blocking pool), awaited one at a time on a worker of the multi-thread runtime.
 
 mod support;
 
@@ -104,6 +107,7 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     let (iter_per_s, iter_as_per_s, recent50) =
         (plain.iter_per_s, plain.iter_as_per_s, plain.recent50);
+    let (async_hot50, async_uni50) = (plain.async_hot50, plain.async_uni50);
 
     // kube-runtime's reflector Store::get on the same keys.
     let (store, writer) = reflector::store::<Pod>();
@@ -153,7 +157,7 @@ async fn bench(n: usize, engine: kube_persist::Engine) {
     );
     rtask.abort();
     println!(
-        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2} allocator={}",
+        "RESULT n={n} persist_get_p50_us={uni50:.1} persist_get_p99_us={uni99:.1} reflector_get_p50_us={r_uni50:.2} persist_apply_events_per_s={per_s:.0} persist_get_raw_p50_us={raw50:.1} hot_cache_hit_rate={hit_rate:.3} engine={engine} persist_iter_objects_per_s={iter_per_s:.0} persist_iter_as_objects_per_s={iter_as_per_s:.0} reflector_iter_objects_per_s={r_iter_per_s:.0} persist_recent_get_p50_us={recent50:.2} allocator={} persist_get_async_hot_p50_us={async_hot50:.2} persist_get_async_p50_us={async_uni50:.1}",
         support::alloc::NAME
     );
 }
@@ -171,6 +175,9 @@ struct Workload<'a> {
 
 struct PersistFigures {
     hot50: f64,
+    /// `get_async` p50 on the hot keys and on the uniform ones.
+    async_hot50: f64,
+    async_uni50: f64,
     uni50: f64,
     uni99: f64,
     raw50: f64,
@@ -262,6 +269,11 @@ async fn measure_persist(
         index_figures(label, &db, client).await;
         (a, b, c, d, e, reads)
     };
+    let (async_hot50, async_uni50) = if apply_only {
+        Default::default()
+    } else {
+        async_figures(label, &reader, work).await
+    };
 
     // Apply throughput: updates are made while the watcher is stopped (the test server
     // writes only a few thousand objects per second, slower than the store applies them),
@@ -305,6 +317,8 @@ async fn measure_persist(
 
     PersistFigures {
         hot50,
+        async_hot50,
+        async_uni50,
         uni50,
         uni99,
         raw50,
@@ -354,6 +368,49 @@ async fn churn_hit_rate(
     })
     .await
     .expect("churn gets")
+}
+
+/// Time `Reader::get_async` on the hot keys (after `read_figures`' gets: cache hits) and on
+/// the uniform ones, each awaited alone: `(hot p50, uniform p50)`, in µs.
+async fn async_figures(
+    label: &str,
+    reader: &kube_persist::Reader<Pod>,
+    work: &Workload<'_>,
+) -> (f64, f64) {
+    async fn time(
+        reader: &kube_persist::Reader<Pod>,
+        keys: &[(String, String)],
+        seq: &[usize],
+    ) -> Vec<Duration> {
+        let mut times = Vec::with_capacity(seq.len());
+        for &i in seq {
+            let (ns, name) = &keys[i];
+            let t = Instant::now();
+            let got = reader
+                .get_named_async(Some(ns), name)
+                .await
+                .expect("get_async");
+            times.push(t.elapsed());
+            assert!(got.is_some(), "{ns}/{name} missing");
+        }
+        times
+    }
+    let before = reader.stats();
+    let (hot50, hot99) = percentiles(time(reader, work.keys, work.hot_seq).await);
+    let mid = reader.stats();
+    let (uni50, uni99) = percentiles(time(reader, work.keys, work.uniform_seq).await);
+    let after = reader.stats();
+    let hits =
+        |a: &kube_persist::Stats, b: &kube_persist::Stats| b.hot_cache_hits - a.hot_cache_hits;
+    eprintln!(
+        "{label} Reader::get_async hot keys: p50 {hot50:.2} us p99 {hot99:.2} us ({} of {} hits); \
+         uniform random: p50 {uni50:.1} us p99 {uni99:.1} us ({} of {} hits)",
+        hits(&before, &mid),
+        work.hot_seq.len(),
+        hits(&mid, &after),
+        work.uniform_seq.len()
+    );
+    (hot50, uni50)
 }
 
 /// Time `Reader::get` (hot and uniform keys), its breakdown, and the hot cache's hit rate

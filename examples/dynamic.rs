@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_persist::{Db, StreamConfig};
@@ -51,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
     let api = Api::<DynamicObject>::all_with(Client::try_default().await?, &ar);
 
-    let db = Db::open(&dir)?;
+    let db = Db::open_async(&dir).await?;
     let (reader, watcher) = db.store_with(&plural, api, StreamConfig::default(), &ar)?;
     tokio::spawn(watcher.run());
     reader.wait_until_ready().await?;
@@ -61,7 +62,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             reader.len(),
             reader.checkpoint()
         );
-        for obj in reader.iter().take(5) {
+        let mut first = reader.iter_stream().take(5);
+        while let Some(obj) = first.next().await {
             let obj = obj?;
             println!(
                 "  {}/{}",

@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(ns) => Api::namespaced(client, &ns),
         None => Api::all(client),
     };
-    let db = Db::open_with(&dir, db_config)?;
+    let db = Db::open_with_async(&dir, db_config).await?;
     eprintln!("store {dir} ({} engine)", db.engine());
     // managedFields are often half of a Pod; few controllers read them.
     let (reader, watcher) = db.store("pods", api, StreamConfig::default().drop_managed_fields())?;
@@ -99,7 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     loop {
         if let Some((ns, name)) = target.as_deref().and_then(|t| t.split_once('/')) {
-            match reader.get(&ObjectRef::new(name).within(ns))? {
+            match reader.get_async(&ObjectRef::new(name).within(ns)).await? {
                 Some(pod) => println!(
                     "{ns}/{name}: phase {:?} on node {:?}",
                     pod.status.as_ref().and_then(|s| s.phase.clone()),

@@ -117,7 +117,7 @@ async fn replica(index: u32, args: &Args) {
     let url = args.url.as_deref().expect("--url");
     let dir = args.dir.as_ref().expect("--dir");
     let shard = Shard::even(ShardKey::Uid, index, count).expect("a valid shard");
-    let db = Db::open(dir).expect("open the store");
+    let db = Db::open_async(dir).await.expect("open the store");
     let api = Api::<Pod>::all(kube_persist_testkit::client_for(url, None));
     let (reader, watcher) = db
         .store("pods", api, StreamConfig::default().shard(shard.clone()))

@@ -27,9 +27,10 @@ impl Db {
     /// [`Error::NotAStore`](crate::Error::NotAStore), naming what it holds, before anything in
     /// it is created, opened or changed (see [`Db::open_with`]).
     ///
-    /// Blocking, like [`Db::open_with`]: a redb store that read-only handles hold (the
-    /// `kube-persist` tool's reading commands) is waited for, up to 30 s
-    /// ([`DbConfig::wait_for_readers`]), before it is [`Error::Locked`](crate::Error::Locked).
+    /// Blocking, like [`Db::open_with`] (in async code use [`Db::open_async`]): a redb
+    /// store that read-only handles hold (the `kube-persist` tool's reading commands) is
+    /// waited for, up to 30 s ([`DbConfig::wait_for_readers`]), before it is
+    /// [`Error::Locked`](crate::Error::Locked).
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -42,6 +43,42 @@ impl Db {
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Db> {
         Db::open_with(path, DbConfig::default())
+    }
+
+    /// [`Db::open`] on tokio's blocking pool, for async code (`#[tokio::main]`, a controller's
+    /// startup): opening the engine (redb checks its file, sled replays its log) or waiting
+    /// for read-only handles to close never blocks the runtime's worker.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), kube_persist::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = kube_persist::Db::open_async(dir.path().join("cache")).await?;
+    /// assert!(db.streams()?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_async(path: impl AsRef<Path>) -> Result<Db> {
+        Db::open_with_async(path, DbConfig::default()).await
+    }
+
+    /// [`Db::open_with`] on tokio's blocking pool (see [`Db::open_async`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), kube_persist::Error> {
+    /// use kube_persist::{Db, DbConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let db = Db::open_with_async(dir.path(), DbConfig::default().compression(false)).await?;
+    /// assert_eq!(db.path(), dir.path());
+    /// # Ok(()) }
+    /// ```
+    pub async fn open_with_async(path: impl AsRef<Path>, config: DbConfig) -> Result<Db> {
+        let path = path.as_ref().to_path_buf();
+        match tokio::task::spawn_blocking(move || Db::open_with(path, config)).await {
+            Ok(opened) => opened,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(crate::Error::Config(format!("the open was cancelled: {e}"))),
+        }
     }
 
     /// Open (or create) the store directory at `path`.
@@ -88,7 +125,7 @@ impl Db {
     /// ([`Error::EngineMismatch`](crate::Error::EngineMismatch)); see [`DbConfig::engine`].
     ///
     /// Blocking: it opens the engine (redb checks its file; sled replays its log, seconds
-    /// for a large store), so from async code call it in `spawn_blocking`. A store open
+    /// for a large store), so from async code call [`Db::open_with_async`]. A store open
     /// elsewhere for writing is [`Error::Locked`](crate::Error::Locked), at once. A redb store
     /// held only by read-only handles ([`DbConfig::read_only`]: the `kube-persist` tool's
     /// reading commands, in this or another process) is waited for when this open needs it

@@ -307,7 +307,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let db = match kube_persist::Db::open_with(&opts.dir, config) {
+    let db = match kube_persist::Db::open_with_async(&opts.dir, config).await {
         Ok(db) => db,
         Err(e) => {
             eprintln!("cannot open the store: {e}");

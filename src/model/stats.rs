@@ -36,9 +36,11 @@ pub struct Stats {
     pub errors: u64,
     /// Times the store was wiped because it was opened with a different identity.
     pub identity_resets: u64,
-    /// `Reader::get` calls answered from the hot cache (all readers of the stream).
+    /// Point reads (`Reader::get`, `get_async` and their `_named` forms) answered from the
+    /// hot cache (all readers of the stream); an async one answered on the calling task.
     pub hot_cache_hits: u64,
-    /// `Reader::get` calls that read from disk while the hot cache was enabled.
+    /// Point reads that read from disk while the hot cache was enabled (an async one on
+    /// tokio's blocking pool).
     pub hot_cache_misses: u64,
     /// Objects of a sharded store ([`StreamConfig::shard`](crate::StreamConfig::shard)) that the
     /// server sent although they are outside the shard, dropped by the store: the server

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{Fixture, eventually, relabel_pod};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -235,6 +235,72 @@ fn kept_but_unpolled_scans_leave_the_blocking_pool_free() {
                 .unwrap();
             assert_eq!(rest.len(), PODS - 1);
         }
+        task.abort();
+    });
+}
+
+/// Issue 57 item 4: `get_async` and `get_named_async` answer a hot-cache hit on the calling
+/// task, at their first poll, while the blocking pool's one thread is held: no hop to the
+/// pool, no disk read, counted in `Stats::hot_cache_hits`. A miss still reads on the pool
+/// (pending while it is held, answered once it is free). (When every `get_async` was one
+/// blocking task, the hot hit stayed pending behind the held thread.)
+#[test]
+fn hot_hits_of_the_async_point_reads_need_no_blocking_thread() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let fx = Fixture::with_pods(600, 3).await;
+        let db = Db::open(fx.path()).unwrap();
+        let (reader, watcher) = db.store("pods", fx.pods(), Default::default()).unwrap();
+        let task = tokio::spawn(watcher.run());
+        reader.wait_until_ready().await.unwrap();
+        let hot = ObjectRef::new("pod-7").within("ns-1");
+        let hits = || reader.stats().hot_cache_hits;
+        // A key is cached once it missed twice (the cache's doorkeeper): read it until a
+        // read is a hit.
+        let warm = (0..4).any(|_| {
+            let before = hits();
+            reader.get(&hot).unwrap().expect("stored");
+            hits() > before
+        });
+        assert!(warm, "pod-7 never became a hot-cache hit");
+
+        // Hold the blocking pool's only thread.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, holding) = tokio::sync::oneshot::channel();
+        let holder = tokio::task::spawn_blocking(move || {
+            started.send(()).unwrap();
+            held.recv().unwrap();
+        });
+        holding.await.unwrap();
+
+        let before = hits();
+        let got = reader
+            .get_async(&hot)
+            .now_or_never()
+            .expect("get_async of a hot key is answered at its first poll, pool held")
+            .unwrap()
+            .expect("stored");
+        assert_eq!(got.metadata.name.as_deref(), Some("pod-7"));
+        let got = reader
+            .get_named_async(Some("ns-1"), "pod-7")
+            .now_or_never()
+            .expect("get_named_async of a hot key is answered at its first poll, pool held")
+            .unwrap()
+            .expect("stored");
+        assert_eq!(got.metadata.name.as_deref(), Some("pod-7"));
+        assert_eq!(hits(), before + 2, "both answered from the hot cache");
+
+        // A miss goes to the pool: pending while its thread is held, answered once free.
+        let absent = ObjectRef::new("absent").within("ns-1");
+        let mut miss = std::pin::pin!(reader.get_async(&absent));
+        assert!(futures::poll!(miss.as_mut()).is_pending());
+        release.send(()).unwrap();
+        holder.await.unwrap();
+        assert!(miss.await.unwrap().is_none());
         task.abort();
     });
 }

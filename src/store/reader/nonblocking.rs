@@ -2,7 +2,8 @@
 //! the same reads, on tokio's blocking pool, so that a reconciler or an event loop never
 //! reads the disk or decodes on an async worker.
 //!
-//! A point read ([`Reader::get_async`]) is one blocking task. A scan
+//! A point read ([`Reader::get_async`]) that the hot cache answers is answered on the
+//! calling task (a lookup, no disk read, no decode); one that misses is one blocking task. A scan
 //! ([`Reader::iter_stream`], [`Reader::select_stream`], [`Reader::by_index_stream`]) reads
 //! the range in order, one blocking task per chunk of [`CHUNK`] objects: each task takes
 //! the scan's iterator, reads one chunk and hands both back, so the scan runs at most one
