@@ -28,6 +28,7 @@ mod controller;
 mod crash;
 mod damage;
 mod debounce;
+mod default_features;
 mod delta_fetch;
 mod delta_relist;
 mod delta_seams;
