@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::stream_state::{Identity, Phase, State};
 use super::writer::WriterParts;
 use super::{Dir, Reader, StatusTx, Writer};
-use crate::disk::record;
+use crate::disk::record::{self, BOUND_FORMAT};
 use crate::disk::{Backend, LeaseCloser, StreamLease, WriteBatch, keys};
 use crate::model::{Counters, Error, Result, Shard};
 
@@ -216,7 +216,7 @@ pub(crate) fn plan(stored: &Stored<'_>, identity: &Identity, shard: Option<&Shar
     }
     if !old.resumes_as(identity) {
         let mut why = old.difference(identity);
-        if old.encryption.is_some() && old.format_version != identity.format_version {
+        if old.encryption.is_some() && old.format_version < BOUND_FORMAT {
             why.push_str(&format!(
                 " (an encrypted stream of format {} is rebuilt: its records were not bound to \
                  their stream and its index values were stored in clear)",

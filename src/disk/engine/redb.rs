@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
 
-use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 
 use super::held::Held;
 use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
