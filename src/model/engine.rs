@@ -32,7 +32,7 @@ use crate::model::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Engine {
-    /// [redb](https://docs.rs/redb) 4: the default for new stores. Its memory stays flat under
+    /// [redb](https://docs.rs/redb) 5: the default for new stores. Its memory stays flat under
     /// reads where sled's grows with what was read, it syncs at less than half of sled's
     /// peak, and a warm restart is ready sooner (the figures:
     /// [BENCHMARKS.md, *Storage engines: why redb is the default*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#storage-engines-why-redb-is-the-default)).

@@ -34,6 +34,7 @@ mod delta_relist;
 mod delta_seams;
 mod deploy_manifests;
 mod faults;
+mod format_fixture;
 mod held_pass;
 mod indexes;
 mod list_bound;

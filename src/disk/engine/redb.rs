@@ -1,4 +1,4 @@
-//! The redb 4 engine: one redb file per store directory, one table per stream.
+//! The redb 5 engine: one redb file per store directory, one table per stream.
 //!
 //! Every batch is one write transaction. With [`Durability::EveryBatch`] each commit is
 //! durable (fsync); with [`Durability::Periodic`] commits are non-durable and a background
