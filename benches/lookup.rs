@@ -260,6 +260,12 @@ async fn measure_persist(
         keys.len(),
         t.elapsed().as_secs_f64()
     );
+    // The store's size on disk after the initial list (before any watch event).
+    db.flush().expect("flush");
+    eprintln!(
+        "{label} store on disk after the sync: {} bytes",
+        support::dir_size(dir.path())
+    );
 
     let (hot50, uni50, uni99, raw50, hit_rate, reads) = if apply_only {
         Default::default()

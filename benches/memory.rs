@@ -35,7 +35,7 @@
 
 mod support;
 
-use support::{ClientKind, ClientOpts, ClientReport, mib, run_client, start_server};
+use support::{ClientKind, ClientOpts, ClientReport, dir_size, mib, run_client, start_server};
 
 pub fn main() {
     if support::client_main() {
@@ -267,18 +267,4 @@ fn write_random_keys(url: &str, file: &std::path::Path, count: usize) {
 
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Runtime::new().expect("runtime").block_on(f)
-}
-
-fn dir_size(p: &std::path::Path) -> u64 {
-    std::fs::read_dir(p)
-        .map(|rd| {
-            rd.filter_map(Result::ok)
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_size(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }

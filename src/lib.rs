@@ -60,8 +60,9 @@
 //!
 //! # Features
 //!
-//! - `sled` (default): the sled engine. Without it, a sled store or
-//!   `DbConfig::engine(Engine::Sled)` is [`Error::Config`]; redb is always built.
+//! - `sled` (opt-in): the sled engine. Without it, a sled store or
+//!   `DbConfig::engine(Engine::Sled)` is [`Error::Config`]; redb is always built. sled
+//!   0.34's upstream is dormant (see [`Engine`]), so it is not a default.
 //! - `encryption` (default): encryption at rest ([`DbConfig::encryption_key`]). Without it,
 //!   a key is [`Error::Config`].
 //! - `metrics`: Prometheus metrics of streams and controllers (`kube_persist::metrics`, with

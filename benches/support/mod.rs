@@ -602,3 +602,19 @@ pub fn store_versions(dir: &Path, url: &str) -> BTreeMap<String, String> {
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
+
+/// Bytes of the files under `p` (a store directory's size on disk; for redb, its file's
+/// length, which grows in steps).
+pub fn dir_size(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}

@@ -15,20 +15,33 @@ use crate::model::Error;
 /// Version of the on-disk format. Part of the store identity: a store written with a
 /// format version this one cannot read is not resumed but rebuilt.
 ///
+/// 5: written with redb 5 (the crate moved from redb 4.6, issue 57). Records and keys are
+/// laid out as in format 4, and redb 5 opens redb 4's files (its file format is unchanged),
+/// but a stream of an older format is not resumed: it starts clean and is listed again
+/// once, so that no stream carries records across the engine's major version (a sled
+/// stream too: the version is the stream's, whatever its engine). The test
+/// `format_fixture` opens a committed store of format 4 written by redb 4.6.
 /// 4: an encrypted stream seals with keys of its own, derived from the store's key, its
 /// name and the random id its keyspace got when it was started clean
 /// (`keys::STREAM_ID_KEY`); its index keys hold keyed hashes of the values, not the values,
 /// and its index entry lists are sealed. An unencrypted stream is laid out as in format 3.
 /// 3: bodies are compressed with LZ4 (codec byte 2). 2: with zstd; its records are the
 /// same layout (codec byte 1 was its `compressed: true`).
-pub(crate) const FORMAT_VERSION: u32 = 4;
+pub(crate) const FORMAT_VERSION: u32 = 5;
 
 /// Older format versions whose unencrypted streams this version reads and resumes without a
-/// relist (they are written in [`FORMAT_VERSION`] from then on). An encrypted stream of an
-/// older format is never read: its records were sealed with the store's key itself and its
-/// index values are in clear, so opening it for writing rebuilds it (a relist under the new
-/// keys) and reading it without a writer is [`Error::Encryption`].
-pub(crate) const READABLE_FORMATS: &[u32] = &[2, 3];
+/// relist (they are written in [`FORMAT_VERSION`] from then on): none since format 5, which
+/// relists every older stream once (formats 2 and 3 were resumed by format 4). An encrypted
+/// stream of a format before [`BOUND_FORMAT`] is never read: its records were sealed with
+/// the store's key itself and its index values are in clear, so opening it for writing
+/// rebuilds it (a relist under the new keys) and reading it without a writer is
+/// [`Error::Encryption`].
+pub(crate) const READABLE_FORMATS: &[u32] = &[];
+
+/// The first format whose encrypted streams seal with keys of their own (bound to their
+/// stream and store) and keep index values off disk: such a stream's records are read by
+/// the tool whatever the format it resumes from.
+pub(crate) const BOUND_FORMAT: u32 = 4;
 
 /// The largest body a record may claim to decompress to (guards against corrupt sizes):
 /// far above any object the API server stores (etcd's limit is 1.5 MiB by default).

@@ -5,8 +5,10 @@ use crate::model::{Error, Result};
 
 /// The embedded database a store directory is kept in.
 ///
-/// redb is always built; sled is built with the `sled` cargo feature (on by default), and a
-/// build without it refuses a sled store, or [`Engine::Sled`], with [`Error::Config`]. Both
+/// redb is always built; sled is built with the opt-in `sled` cargo feature (off by
+/// default: sled 0.34's upstream is dormant, its last release of 2021 and its last commit
+/// of May 2025, and it brings two crates RustSec lists as unmaintained), and a build
+/// without it refuses a sled store, or [`Engine::Sled`], with [`Error::Config`]. Both
 /// keep the same invariants (one atomic batch per page or event burst, the checkpoint in
 /// the same batch, one process per directory, corruption reported as [`Error::Corrupt`]);
 /// they differ in memory, speed and disk use
@@ -30,13 +32,13 @@ use crate::model::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Engine {
-    /// [redb](https://docs.rs/redb) 4: the default for new stores. Its memory stays flat under
+    /// [redb](https://docs.rs/redb) 5: the default for new stores. Its memory stays flat under
     /// reads where sled's grows with what was read, it syncs at less than half of sled's
     /// peak, and a warm restart is ready sooner (the figures:
     /// [BENCHMARKS.md, *Storage engines: why redb is the default*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#storage-engines-why-redb-is-the-default)).
     #[default]
     Redb,
-    /// [sled](https://docs.rs/sled) 0.34 (the `sled` feature): chosen with
+    /// [sled](https://docs.rs/sled) 0.34 (the opt-in `sled` feature): chosen with
     /// `DbConfig::engine(Engine::Sled)`, and used for every store sled wrote. Its page
     /// cache grows with what was read, regardless of
     /// [`DbConfig::cache_capacity`](crate::DbConfig::cache_capacity).

@@ -9,7 +9,7 @@ use super::{Dir, SyncPhase};
 use crate::disk::Backend;
 use crate::disk::Cipher;
 use crate::disk::keys::{self, FETCHED_KEY, IDENTITY_KEY, OBJECT, PRUNE_KEY, SHARD_KEY, STATE_KEY};
-use crate::disk::record::{self, FORMAT_VERSION, Record};
+use crate::disk::record::{self, BOUND_FORMAT, FORMAT_VERSION, Record};
 use crate::model::Shard;
 use crate::model::{Error, Result};
 
@@ -222,7 +222,7 @@ fn readable(dir: &Dir, stream: &str) -> Result<Readable> {
     }
     let cipher = match identity_format {
         _ if stored.is_none() => None,
-        Some(format) if format != FORMAT_VERSION => {
+        Some(format) if !(BOUND_FORMAT..=FORMAT_VERSION).contains(&format) => {
             return Err(Error::Encryption {
                 path: dir.inner.path.clone(),
                 detail: format!(

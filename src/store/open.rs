@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::stream_state::{Identity, Phase, State};
 use super::writer::WriterParts;
 use super::{Dir, Reader, StatusTx, Writer};
-use crate::disk::record;
+use crate::disk::record::{self, BOUND_FORMAT};
 use crate::disk::{Backend, LeaseCloser, StreamLease, WriteBatch, keys};
 use crate::model::{Counters, Error, Result, Shard};
 
@@ -216,7 +216,7 @@ pub(crate) fn plan(stored: &Stored<'_>, identity: &Identity, shard: Option<&Shar
     }
     if !old.resumes_as(identity) {
         let mut why = old.difference(identity);
-        if old.encryption.is_some() && old.format_version != identity.format_version {
+        if old.encryption.is_some() && old.format_version < BOUND_FORMAT {
             why.push_str(&format!(
                 " (an encrypted stream of format {} is rebuilt: its records were not bound to \
                  their stream and its index values were stored in clear)",
@@ -308,11 +308,13 @@ mod tests {
             plan(&stored(Some(&id), None, Some(&synced)), &id, None),
             resume(false, false)
         );
+        // Format 5 (redb 5) resumes no older format: format 4 is listed again.
         let old = identity(FORMAT_VERSION - 1);
-        assert_eq!(
-            plan(&stored(Some(&old), None, Some(&synced)), &id, None),
-            resume(false, true)
-        );
+        let why = match plan(&stored(Some(&old), None, Some(&synced)), &id, None) {
+            OpenPlan::Wipe { why } => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(why, format!("format_version: 4 -> {FORMAT_VERSION}"));
         // Narrower shards resume (and prune) when the store is complete.
         assert_eq!(
             plan(&stored(Some(&id), None, Some(&synced)), &id, Some(&half)),
@@ -373,9 +375,8 @@ mod tests {
             plan(&stored(Some(&sealed), None, None), &other_key, None),
             OpenPlan::WrongKey { has_key: true }
         );
-        // Issue 60 item 4: an encrypted stream of an older format (records sealed with the
-        // store's key itself, index values in clear) is rebuilt, saying why, never resumed;
-        // an unencrypted one of the same format resumes (above).
+        // Issue 60 item 4: an encrypted stream of a format before 4 (records sealed with the
+        // store's key itself, index values in clear) is rebuilt, saying why, never resumed.
         let old_sealed: Vec<Identity> = [2, 3]
             .into_iter()
             .map(|format| Identity {
@@ -396,12 +397,24 @@ mod tests {
                 "{why}"
             );
         }
+        // One of format 4 (bound to its stream already) is listed again as any format 4
+        // stream is, with no such reason.
+        let four_sealed = Identity {
+            encryption: Some("k1".into()),
+            ..identity(4)
+        };
+        let why = wipe(plan(
+            &stored(Some(&four_sealed), None, Some(&synced)),
+            &sealed,
+            None,
+        ));
+        assert_eq!(why, format!("format_version: 4 -> {FORMAT_VERSION}"));
     }
 
-    /// A format 2 store (zstd bodies) is resumed, not relisted, and its records still read;
-    /// a store of an unreadable format is wiped and relisted.
+    /// A stream of an older format (2: zstd bodies, 3, 4: the formats of redb 4) is not
+    /// resumed since format 5 (redb 5): it starts clean (a relist), its records removed.
     #[test]
-    fn previous_format_stores_resume_and_unreadable_ones_start_clean() {
+    fn previous_format_stores_start_clean() {
         let json = br#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"7"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;
         let key = keys::tagged(keys::OBJECT, &keys::object_suffix(Some("n"), "a"));
         let synced = State {
@@ -431,14 +444,19 @@ mod tests {
                 s.backend.apply(b).unwrap();
             }
             let s = stream(&db, "pods", &identity(FORMAT_VERSION), None).unwrap();
-            assert_eq!(s.reset, None, "{engine}: format 2 is resumed");
-            assert_eq!(s.state, synced, "{engine}: its checkpoint is kept");
-            let stored = s.backend.get(&key).unwrap().expect("record kept");
-            let body = record::decode_ref(&stored)
-                .unwrap()
-                .open(&key, None)
-                .unwrap();
-            assert_eq!(&*body, json, "{engine}: zstd body reads");
+            assert!(
+                s.reset
+                    .as_deref()
+                    .is_some_and(|r| r.contains("format_version: 2 -> ")),
+                "{engine}: {:?}",
+                s.reset
+            );
+            assert_eq!(s.state, State::default(), "{engine}: format 2 is relisted");
+            assert_eq!(
+                s.backend.get(&key).unwrap(),
+                None,
+                "{engine}: record removed"
+            );
             let id = s.backend.get(keys::IDENTITY_KEY).unwrap().unwrap();
             assert_eq!(
                 record::decode::<Identity>(&id).unwrap().format_version,
@@ -447,39 +465,42 @@ mod tests {
             );
             drop(s);
 
-            // Format 1 is not readable: the stream starts clean (a relist).
-            let s = stream(&db, "old", &identity(1), None).unwrap();
-            let mut b = WriteBatch::default();
-            b.put(
-                key.clone(),
-                record::encode(&Record::sealed(record::Sealing {
-                    key: &key,
-                    resource_version: "7".into(),
-                    uid: "u".into(),
-                    epoch: 1,
-                    plain: json,
-                    packed: None,
-                    cipher: None,
-                    compress: Compression::Lz4,
-                })),
-            );
-            b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
-            s.backend.apply(b).unwrap();
-            drop(s);
-            let s = stream(&db, "old", &identity(FORMAT_VERSION), None).unwrap();
-            assert!(
-                s.reset
-                    .as_deref()
-                    .is_some_and(|r| r.contains("format_version")),
-                "{engine}: {:?}",
-                s.reset
-            );
-            assert_eq!(s.state, State::default(), "{engine}: relisted from scratch");
-            assert_eq!(
-                s.backend.get(&key).unwrap(),
-                None,
-                "{engine}: old objects removed"
-            );
+            // Formats 1, 3 and 4 neither: the stream starts clean (a relist).
+            for format in [1, 3, 4] {
+                let s = stream(&db, "old", &identity(format), None).unwrap();
+                let mut b = WriteBatch::default();
+                b.put(
+                    key.clone(),
+                    record::encode(&Record::sealed(record::Sealing {
+                        key: &key,
+                        resource_version: "7".into(),
+                        uid: "u".into(),
+                        epoch: 1,
+                        plain: json,
+                        packed: None,
+                        cipher: None,
+                        compress: Compression::Lz4,
+                    })),
+                );
+                b.put(keys::STATE_KEY.to_vec(), record::encode(&synced));
+                s.backend.apply(b).unwrap();
+                drop(s);
+                let s = stream(&db, "old", &identity(FORMAT_VERSION), None).unwrap();
+                assert!(
+                    s.reset
+                        .as_deref()
+                        .is_some_and(|r| r
+                            .contains(&format!("format_version: {format} -> {FORMAT_VERSION}"))),
+                    "{engine}: {:?}",
+                    s.reset
+                );
+                assert_eq!(s.state, State::default(), "{engine}: relisted from scratch");
+                assert_eq!(
+                    s.backend.get(&key).unwrap(),
+                    None,
+                    "{engine}: old objects removed"
+                );
+            }
         }
     }
 }
