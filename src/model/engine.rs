@@ -6,7 +6,7 @@ use crate::model::{Error, Result};
 /// The embedded database a store directory is kept in.
 ///
 /// redb is always built; sled is built with the `sled` cargo feature (on by default), and a
-/// build without it refuses a sled store, or [`Engine::Sled`], with [`Error::Config`]. Both
+/// build without it refuses a sled store, or [`Engine::Sled`], with [`Error::FeatureNotBuilt`]. Both
 /// keep the same invariants (one atomic batch per page or event burst, the checkpoint in
 /// the same batch, one process per directory, corruption reported as [`Error::Corrupt`]);
 /// they differ in memory, speed and disk use
@@ -23,9 +23,9 @@ use crate::model::{Error, Result};
 /// assert_eq!(Engine::default(), Engine::Redb);
 /// assert_eq!("sled".parse::<Engine>().unwrap(), Engine::Sled);
 /// // No choice: a new store gets redb, an existing one keeps the engine that wrote it.
-/// assert_eq!(DbConfig::default().selected_engine(), None);
+/// assert_eq!(DbConfig::default().get_engine(), None);
 /// let cfg = DbConfig::default().engine(Engine::Sled);
-/// assert_eq!(cfg.selected_engine(), Some(Engine::Sled));
+/// assert_eq!(cfg.get_engine(), Some(Engine::Sled));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -85,6 +85,8 @@ impl std::str::FromStr for Engine {
         Engine::ALL
             .into_iter()
             .find(|e| e.name() == s)
-            .ok_or_else(|| Error::Config(format!("unknown storage engine {s:?} (sled or redb)")))
+            .ok_or_else(|| Error::UnknownEngine {
+                name: s.to_string(),
+            })
     }
 }

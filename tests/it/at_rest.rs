@@ -124,7 +124,10 @@ async fn secrets_need_an_explicit_opt_in(engine: Engine) {
     let err = db
         .store("pods", fx.pods(), StreamConfig::default().sensitive(true))
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(
+        matches!(&err, Error::SensitiveKind { stream, kind, .. } if stream == "pods" && kind == "Pod"),
+        "{err}"
+    );
 }
 
 /// A Secret as `kubectl apply -f` creates it: the manifest's values in `data` (a
@@ -218,8 +221,10 @@ async fn secret_values_never_reach_disk_with_drop_secret_data(engine: Engine) {
     };
     let db = open(&dir);
     let refused = |res: kube_persist::Result<()>, what: &str| match res {
-        Err(Error::Config(msg)) => assert!(msg.contains("drop_secret_data()"), "{what}: {msg}"),
-        other => panic!("{what}: expected Error::Config, got {other:?}"),
+        Err(Error::SensitiveKind { detail, .. }) => {
+            assert!(detail.contains("drop_secret_data()"), "{what}: {detail}")
+        }
+        other => panic!("{what}: expected Error::SensitiveKind, got {other:?}"),
     };
     refused(
         db.store(
