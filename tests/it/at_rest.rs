@@ -62,7 +62,7 @@ async fn world_readable_store_is_tightened_or_refused(engine: Engine) {
         &dir,
         DbConfig::default().engine(engine).strict_permissions(true),
     ) {
-        Err(Error::Permissions { path, open }) => {
+        Err(Error::Permissions { path, open, .. }) => {
             assert_eq!(path, dir);
             assert!(!open.is_empty());
         }
@@ -354,7 +354,7 @@ async fn a_symlinked_store_path_is_its_target(engine: Engine) {
     }
     let strict = DbConfig::default().engine(engine).strict_permissions(true);
     match Db::open_with(&link, strict.clone()) {
-        Err(Error::SymlinkedStore { path, target }) => {
+        Err(Error::SymlinkedStore { path, target, .. }) => {
             assert_eq!((path, target), (link.clone(), real.clone()))
         }
         other => panic!("expected SymlinkedStore, got {other:?}"),
@@ -371,7 +371,9 @@ async fn a_symlinked_store_path_is_its_target(engine: Engine) {
         let chown = |uid: u32| std::os::unix::fs::chown(&real, Some(uid), None).unwrap();
         chown(65534);
         match Db::open_with(&real, strict.clone()) {
-            Err(Error::NotOwner { path, owner, user }) => {
+            Err(Error::NotOwner {
+                path, owner, user, ..
+            }) => {
                 assert_eq!((path, owner, user), (real.clone(), 65534, 0))
             }
             other => panic!("expected NotOwner, got {other:?}"),
@@ -795,7 +797,10 @@ fn a_directory_holding_other_files_is_refused_and_left_alone(engine: Engine) {
         match Db::open_with(dir, config.clone()) {
             Err(e @ Error::NotAStore { .. }) => {
                 let text = e.to_string();
-                let Error::NotAStore { path, found: named } = e else {
+                let Error::NotAStore {
+                    path, found: named, ..
+                } = e
+                else {
                     unreachable!()
                 };
                 assert_eq!(

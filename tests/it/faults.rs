@@ -527,13 +527,13 @@ fn second_process_gets_locked_naming_the_path(engine: Engine) {
         .expect("the child opened the store");
 
     match try_open_db(engine, &path) {
-        Err(Error::Locked { path: p }) => assert_eq!(p, path),
+        Err(Error::Locked { path: p, .. }) => assert_eq!(p, path),
         other => panic!("expected Locked, got {other:?}"),
     }
     let msg = try_open_db(engine, &path).unwrap_err().to_string();
     assert!(msg.contains(path.to_str().unwrap()), "{msg}");
     match Db::destroy(&path) {
-        Err(Error::Locked { path: p }) => assert_eq!(p, path),
+        Err(Error::Locked { path: p, .. }) => assert_eq!(p, path),
         other => panic!("destroy of a store open elsewhere: expected Locked, got {other:?}"),
     }
     assert!(
@@ -596,7 +596,9 @@ async fn open_damaged(engine: Engine, server: &TestServer, path: &Path) -> Resul
     let client = kube_persist_testkit::client_for_opts(&server.url(), None, false);
     let opened = open_client(engine, path, Api::<Pod>::all(client), cfg().page_size(200));
     let c = match opened {
-        Err(Error::Corrupt { path: p, detail }) => {
+        Err(Error::Corrupt {
+            path: p, detail, ..
+        }) => {
             assert_eq!(p, path, "Corrupt names the store path");
             return Err(detail);
         }
@@ -830,6 +832,7 @@ async fn new_stores_are_redb_and_existing_ones_keep_their_engine() {
             stored: Engine::Sled,
             requested: Engine::Redb,
             path: p,
+            ..
         }) => assert_eq!(p, path),
         other => panic!("sled store opened with an explicit redb: {other:?}"),
     }
@@ -925,7 +928,7 @@ async fn full_disk_is_disk_full_then_recovers_as_root(engine: Engine) {
         .until(|e| matches!(e, Seen::Error(Error::DiskFull { .. })))
         .await;
     match seen.last() {
-        Some(Seen::Error(Error::DiskFull { path: p })) => assert_eq!(*p, path),
+        Some(Seen::Error(Error::DiskFull { path: p, .. })) => assert_eq!(*p, path),
         other => panic!("{other:?}"),
     }
     let written = c.reader.stats().objects_written;

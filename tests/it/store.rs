@@ -698,7 +698,7 @@ fn a_periodic_writer_waits_for_a_reader_in_another_process() {
     let wait = Duration::from_millis(500);
     let t0 = std::time::Instant::now();
     match Db::open_with(&path, DbConfig::default().wait_for_readers(wait)) {
-        Err(Error::Locked { path: p }) => assert_eq!(p, path),
+        Err(Error::Locked { path: p, .. }) => assert_eq!(p, path),
         other => panic!("expected Locked past the wait, got {other:?}"),
     }
     assert!(t0.elapsed() >= wait, "{:?}", t0.elapsed());
