@@ -70,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut events = std::pin::pin!(watcher.stream());
         while let Some(ev) = events.next().await {
             match ev {
-                Ok(Event::Resumed { resource_version }) => {
+                Ok(Event::Resumed {
+                    resource_version, ..
+                }) => {
                     println!("resumed from checkpoint {resource_version}: no LIST needed")
                 }
                 Ok(Event::InitDone) => println!("initial list complete"),

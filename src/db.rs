@@ -77,7 +77,9 @@ impl Db {
         match tokio::task::spawn_blocking(move || Db::open_with(path, config)).await {
             Ok(opened) => opened,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(crate::Error::Config(format!("the open was cancelled: {e}"))),
+            Err(e) => Err(crate::Error::ReadCancelled {
+                detail: format!("the open was cancelled: {e}"),
+            }),
         }
     }
 
@@ -157,7 +159,7 @@ impl Db {
     ///
     /// A path that does not exist is not an error (there is nothing to remove). To guard
     /// against a wrong path, it refuses a directory that does not look like a store: it must
-    /// hold its engine's files ([`Error::Config`](crate::Error::Config) without them) and
+    /// hold its engine's files ([`Error::NoStore`](crate::Error::NoStore) without them) and
     /// nothing else the store did not make ([`Error::NotAStore`](crate::Error::NotAStore), the
     /// same rule as [`Db::open_with`]'s: the `engine` file; for sled `conf`, `db`, `blobs/`,
     /// `snap.*`; for redb `data.redb`). It refuses
@@ -350,6 +352,8 @@ impl Db {
     /// assert_eq!(rest, ["default/web-1"]);
     /// # Ok(()) }
     /// ```
+    // For the kube-persist tool, not covered by semver: hidden from the documentation.
+    #[doc(hidden)]
     pub fn raw_objects_after(&self, stream: &str, after: &str) -> Result<RawObjects> {
         self.dir.raw_objects(stream, Some(after))
     }
@@ -367,10 +371,11 @@ impl Db {
     ///
     /// Opening reads the stream's metadata from disk on the calling thread. A stream is
     /// open once per process: while its `Watcher` lives, opening it again is
-    /// [`Error::Config`](crate::Error::Config); right after the `Watcher` was dropped (an
+    /// [`Error::StreamInUse`](crate::Error::StreamInUse); right after the `Watcher` was dropped (an
     /// aborted task, a lost leader election), this call waits, blocking, until the writes
     /// that watcher left queued on the store's disk thread are done (usually milliseconds,
-    /// at most 60 s), so the new watcher starts from the latest checkpoint. A task running
+    /// at most 60 s, else [`Error::StillClosing`](crate::Error::StillClosing)), so the new
+    /// watcher starts from the latest checkpoint. A task running
     /// the `Watcher` that was just aborted and not awaited still holds the stream until the
     /// runtime drops it: on a multi-thread runtime (or outside one) this call waits up to
     /// 2 s for that (in `block_in_place`); on a current-thread runtime nothing else runs
@@ -487,8 +492,8 @@ impl Db {
     /// moved through, [`Error::NotVerifiable`](crate::Error::NotVerifiable). A delta
     /// relist's window and a narrowed shard's prune under way are not differences
     /// ([`Verification::explained_by_delta_relist`], [`Verification::awaiting_prune`]).
-    /// (The `kube-persist verify` tool uses [`Db::verify_at`], which holds the store only
-    /// while it reads.)
+    /// (The `kube-persist verify` tool opens the store only while it reads, not to keep a
+    /// controller from starting.)
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -529,6 +534,8 @@ impl Db {
     /// assert!(report.is_ok());
     /// # Ok(()) }
     /// ```
+    // For the kube-persist tool, not covered by semver: hidden from the documentation.
+    #[doc(hidden)]
     pub async fn verify_at(
         path: impl AsRef<Path>,
         config: DbConfig,
@@ -559,7 +566,7 @@ impl Db {
     }
 
     /// Every object record of controller `name`'s reconcile state, in key order, read
-    /// lazily from disk. An unknown controller is [`Error::Config`](crate::Error::Config).
+    /// lazily from disk. An unknown controller is [`Error::NoSuchController`](crate::Error::NoSuchController).
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -574,8 +581,9 @@ impl Db {
 
     /// Remove stream `name` and everything stored for it (objects, indexes, checkpoint), so
     /// that a stream no longer used does not keep its space; a later [`Db::store`] of that
-    /// name lists from scratch. Refused ([`Error::Config`](crate::Error::Config)) while the
-    /// stream is open in this process, or if there is no such stream. Blocking: one durable
+    /// name lists from scratch. Refused while the stream is open in this process
+    /// ([`Error::StreamInUse`](crate::Error::StreamInUse)), or if there is no such stream
+    /// ([`Error::NoSuchStream`](crate::Error::NoSuchStream)). Blocking: one durable
     /// commit.
     ///
     /// ```
@@ -591,8 +599,9 @@ impl Db {
 
     /// Remove durable controller `name`'s reconcile state (see
     /// [`Controller::durable_state`](crate::Controller::durable_state)): its next start is a
-    /// cold one. Refused ([`Error::Config`](crate::Error::Config)) while the controller runs
-    /// in this process, or if there is no such state. Blocking: one durable commit.
+    /// cold one. Refused while the controller runs in this process
+    /// ([`Error::ControllerInUse`](crate::Error::ControllerInUse)), or if there is no such
+    /// state ([`Error::NoSuchController`](crate::Error::NoSuchController)). Blocking: one durable commit.
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {

@@ -21,8 +21,9 @@
 //!   deletions (mark and sweep on disk, no in-memory key set);
 //! - serves [`Reader::get`], iteration and namespace scans from disk.
 //!
-//! The code map, its entry points and its invariants are in [`architecture`], the
-//! repository's `ARCHITECTURE.md`; the design (data flow, the watcher's state machine, the
+//! The code map, its entry points and its invariants are in the repository's
+//! [`ARCHITECTURE.md`](https://github.com/kube-persist/kube-persist/blob/main/ARCHITECTURE.md);
+//! the design (data flow, the watcher's state machine, the
 //! on-disk layout) is in the repository's
 //! [`docs/design.md`](https://github.com/kube-persist/kube-persist/blob/main/docs/design.md),
 //! and the manual's topics are in its
@@ -44,7 +45,7 @@
 //!     let mut events = std::pin::pin!(watcher.stream());
 //!     while let Some(ev) = events.next().await {
 //!         match ev {
-//!             Ok(Event::Resumed { resource_version }) => println!("warm start at {resource_version}"),
+//!             Ok(Event::Resumed { resource_version, .. }) => println!("warm start at {resource_version}"),
 //!             Ok(Event::Apply(pod)) => println!("changed: {:?}", pod.metadata.name),
 //!             Ok(Event::Delete(pod)) => println!("deleted: {:?}", pod.metadata.name),
 //!             Ok(_) => {}
@@ -61,10 +62,10 @@
 //! # Features
 //!
 //! - `sled` (opt-in): the sled engine. Without it, a sled store or
-//!   `DbConfig::engine(Engine::Sled)` is [`Error::Config`]; redb is always built. sled
+//!   `DbConfig::engine(Engine::Sled)` is [`Error::FeatureNotBuilt`]; redb is always built. sled
 //!   0.34's upstream is dormant (see [`Engine`]), so it is not a default.
 //! - `encryption` (default): encryption at rest ([`DbConfig::encryption_key`]). Without it,
-//!   a key is [`Error::Config`].
+//!   a key is [`Error::FeatureNotBuilt`].
 //! - `metrics`: Prometheus metrics of streams and controllers (`kube_persist::metrics`, with
 //!   prometheus-client).
 //!
@@ -78,8 +79,6 @@
 #![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[doc = include_str!("../ARCHITECTURE.md")]
-pub mod architecture {}
 pub mod controller;
 mod db;
 mod disk;
@@ -99,7 +98,7 @@ pub use controller::keyspace::{ControllerStateInfo, ReconcileStateInfo, Reconcil
 pub use db::watcher;
 pub use disk::{Compression, DbConfig, Durability, EncryptionKey};
 pub use model::resource_version;
-pub use model::{Engine, Error, Result, Shard, ShardKey, Stats, fnv1a64};
+pub use model::{Engine, Error, RequestKind, Result, Shard, ShardKey, Stats};
 pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, Removed, StreamInfo, SyncPhase,
 };

@@ -1414,9 +1414,9 @@ fn mutations(files: &[Source]) -> Vec<Mutation> {
         ),
         m(
             "a module defined in lib.rs",
-            &[("model/mod.rs", s("use crate::architecture as _;"))],
+            &[("model/mod.rs", s("use crate::db as _;"))],
             "model/mod.rs",
-            "the top module `architecture`",
+            "the top module `db`",
         ),
         m(
             "a top module",

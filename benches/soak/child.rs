@@ -152,6 +152,7 @@ async fn child(p: Params, url: String, dir: PathBuf, log: Log) -> i32 {
                     _ => {}
                 },
                 Ok(SharedEvent::Lagged) => slow_log.line(format!("l {}\n", now_ms())),
+                Ok(_) => {}
                 Err(e) => slow_log.line(format!("e slow-subscriber {e}\n")),
             }
             tokio::time::sleep(Duration::from_millis(slow_ms)).await;

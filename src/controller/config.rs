@@ -26,10 +26,10 @@ pub enum StartupMode {
     #[default]
     Changed,
     /// Reconcile every stored object once (a pass from disk, no LIST), as kube-runtime's
-    /// controller does after each start. [`Config::reconcile_all_on_start`]`(true)`.
+    /// controller does after each start.
     ReconcileAll,
     /// Reconcile nothing on a warm restart: only changes from now on (and, with durable
-    /// state, the requeues that come due). [`Config::reconcile_all_on_start`]`(false)`.
+    /// state, the requeues that come due).
     Nothing,
 }
 
@@ -43,17 +43,18 @@ pub enum StartupMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_persist::controller::Config;
+/// use kube_persist::controller::{Config, StartupMode};
 ///
 /// let cfg = Config::default()
 ///     .concurrency(16)
 ///     .debounce(Duration::from_millis(100))
-///     .reconcile_all_on_start(true)
+///     .startup(StartupMode::ReconcileAll)
 ///     .pass_chunk(256);
 /// assert_eq!(cfg.get_concurrency(), 16);
-/// assert!(cfg.get_reconcile_all_on_start());
+/// assert_eq!(cfg.get_startup(), StartupMode::ReconcileAll);
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a Config does nothing until given to a Controller"]
 pub struct Config {
     pub(crate) concurrency: u16,
     pub(crate) debounce: Duration,
@@ -104,29 +105,6 @@ impl Config {
         self
     }
 
-    /// Whether a warm restart (the store resumed from its checkpoint, see
-    /// [`Event::Resumed`](crate::Event::Resumed)) reconciles every stored object once:
-    /// `true` is [`StartupMode::ReconcileAll`], `false` is [`StartupMode::Nothing`]. Without
-    /// either call the mode is [`StartupMode::Changed`], which without durable state also
-    /// reconciles every object (reconciles that were running or queued when the process died
-    /// are lost, and the watch only replays changes). The pass reads the store from disk
-    /// in chunks; it makes no LIST call.
-    ///
-    /// ```
-    /// use kube_persist::controller::{Config, StartupMode};
-    /// assert_eq!(Config::default().reconcile_all_on_start(true).get_startup(), StartupMode::ReconcileAll);
-    /// assert_eq!(Config::default().reconcile_all_on_start(false).get_startup(), StartupMode::Nothing);
-    /// ```
-    #[must_use]
-    pub fn reconcile_all_on_start(mut self, on: bool) -> Self {
-        self.startup = if on {
-            StartupMode::ReconcileAll
-        } else {
-            StartupMode::Nothing
-        };
-        self
-    }
-
     /// Whether the startup pass (see [`StartupMode`]) waits until the main store has caught
     /// up with the server ([`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up)),
     /// and for at most how long. Default: it waits, at most 60 s.
@@ -153,7 +131,12 @@ impl Config {
         self
     }
 
-    /// What a restart reconciles (default [`StartupMode::Changed`]).
+    /// What a warm restart (the store resumed from its checkpoint, see
+    /// [`Event::Resumed`](crate::Event::Resumed)) reconciles (default
+    /// [`StartupMode::Changed`], which without durable state reconciles every object:
+    /// reconciles that were running or queued when the process died are lost, and the watch
+    /// only replays changes). A pass reads the store from disk in chunks; it makes no LIST
+    /// call.
     ///
     /// ```
     /// use kube_persist::controller::{Config, StartupMode};
@@ -221,18 +204,6 @@ impl Config {
     /// ```
     pub fn get_debounce(&self) -> Duration {
         self.debounce
-    }
-
-    /// Whether a warm restart may reconcile every stored object: `false` only for
-    /// [`StartupMode::Nothing`] (see [`Config::get_startup`]).
-    ///
-    /// ```
-    /// use kube_persist::controller::Config;
-    /// assert!(Config::default().get_reconcile_all_on_start());
-    /// assert!(!Config::default().reconcile_all_on_start(false).get_reconcile_all_on_start());
-    /// ```
-    pub fn get_reconcile_all_on_start(&self) -> bool {
-        self.startup != StartupMode::Nothing
     }
 
     /// The startup mode.

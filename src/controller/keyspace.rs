@@ -472,7 +472,9 @@ pub type ReconcileStates = Box<dyn Iterator<Item = Result<ReconcileStateInfo>> +
 /// Open the reconcile state keyspace of controller `name` in `dir` (one per process).
 pub(crate) fn open(dir: &Dir, name: &str) -> Result<ControllerKeyspace> {
     if name.is_empty() {
-        return Err(Error::Config("controller name must not be empty".into()));
+        return Err(Error::InvalidArgument {
+            detail: "controller name must not be empty".into(),
+        });
     }
     let lease = dir.lease(&format!("{CONTROLLERS}{name}"), "controller")?;
     Ok(ControllerKeyspace {
@@ -483,9 +485,9 @@ pub(crate) fn open(dir: &Dir, name: &str) -> Result<ControllerKeyspace> {
     })
 }
 
-/// The stored reconcile state keyspace of controller `name`, [`Error::Config`] if none.
+/// The stored reconcile state keyspace of controller `name`, [`Error::NoSuchController`] if none.
 fn stored(dir: &Dir, name: &str) -> Result<Arc<dyn Backend>> {
-    dir.require_keyspace(CONTROLLERS, name, "controller state")?;
+    dir.require_keyspace(CONTROLLERS, name)?;
     dir.storage().keyspace_of(CONTROLLERS, name)
 }
 

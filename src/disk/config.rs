@@ -75,9 +75,10 @@ pub enum Durability {
 /// let cfg = DbConfig::default()
 ///     .cache_capacity(16 << 20)
 ///     .durability(Durability::Periodic(Duration::from_millis(200)));
-/// assert_eq!(cfg.cache_capacity_bytes(), 16 << 20);
+/// assert_eq!(cfg.get_cache_capacity(), 16 << 20);
 /// ```
 #[derive(Debug, Clone)]
+#[must_use = "a DbConfig does nothing until given to Db::open_with"]
 pub struct DbConfig {
     pub(crate) cache_capacity: u64,
     pub(crate) durability: Durability,
@@ -116,10 +117,11 @@ impl DbConfig {
     ///
     /// ```
     /// use kube_persist::DbConfig;
-    /// assert_eq!(DbConfig::default().cache_capacity_bytes(), 8 << 20);
+    /// assert_eq!(DbConfig::default().get_cache_capacity(), 8 << 20);
     /// let cfg = DbConfig::default().cache_capacity(64 << 20);
-    /// assert_eq!(cfg.cache_capacity_bytes(), 64 << 20);
+    /// assert_eq!(cfg.get_cache_capacity(), 64 << 20);
     /// ```
+    #[must_use]
     pub fn cache_capacity(mut self, bytes: u64) -> Self {
         self.cache_capacity = bytes;
         self
@@ -138,6 +140,7 @@ impl DbConfig {
     /// db.flush()?; // durable now, whatever the setting
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
@@ -165,6 +168,7 @@ impl DbConfig {
     /// assert!(matches!(err, Error::Encryption { .. }));
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
         self.encryption = Some(key);
         self
@@ -179,8 +183,10 @@ impl DbConfig {
     /// [`Error::Locked`](crate::Error::Locked)). Such a writer that opens while readers
     /// hold the store waits for them to close, up to [`DbConfig::wait_for_readers`]: hold a
     /// read-only handle only while reading. Opening a stream or a controller's state,
-    /// and every other write, is [`Error::Config`](crate::Error::Config); so is a sled store
-    /// (sled has no read-only mode) and a missing one.
+    /// and every other write, is [`Error::ReadOnly`](crate::Error::ReadOnly); a sled store
+    /// (sled has no read-only mode) is
+    /// [`Error::ReadOnlyUnavailable`](crate::Error::ReadOnlyUnavailable), a missing one
+    /// [`Error::NoStore`](crate::Error::NoStore).
     ///
     /// ```
     /// # fn main() -> Result<(), kube_persist::Error> {
@@ -198,6 +204,7 @@ impl DbConfig {
     /// assert!(matches!(refused, Err(Error::Locked { .. })));
     /// # drop(writer); Ok(()) }
     /// ```
+    #[must_use]
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
         self
@@ -221,6 +228,7 @@ impl DbConfig {
     /// assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn strict_permissions(mut self, strict: bool) -> Self {
         self.strict_permissions = strict;
         self
@@ -235,6 +243,7 @@ impl DbConfig {
     /// ```
     /// let config = kube_persist::DbConfig::default().compression(false);
     /// ```
+    #[must_use]
     pub fn compression(mut self, on: bool) -> Self {
         self.compression = if on {
             Compression::Lz4
@@ -258,6 +267,7 @@ impl DbConfig {
     /// # drop(db);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn compression_codec(mut self, codec: Compression) -> Self {
         self.compression = codec;
         self
@@ -282,6 +292,7 @@ impl DbConfig {
     /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn engine(mut self, engine: Engine) -> Self {
         self.engine = Some(engine);
         self
@@ -307,6 +318,7 @@ impl DbConfig {
     /// # drop(db);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn wait_for_readers(mut self, wait: Duration) -> Self {
         self.reader_wait = wait;
         self
@@ -317,10 +329,10 @@ impl DbConfig {
     ///
     /// ```
     /// use kube_persist::{DbConfig, Engine};
-    /// assert_eq!(DbConfig::default().selected_engine(), None);
-    /// assert_eq!(DbConfig::default().engine(Engine::Redb).selected_engine(), Some(Engine::Redb));
+    /// assert_eq!(DbConfig::default().get_engine(), None);
+    /// assert_eq!(DbConfig::default().engine(Engine::Redb).get_engine(), Some(Engine::Redb));
     /// ```
-    pub fn selected_engine(&self) -> Option<Engine> {
+    pub fn get_engine(&self) -> Option<Engine> {
         self.engine
     }
 
@@ -328,9 +340,9 @@ impl DbConfig {
     ///
     /// ```
     /// let cfg = kube_persist::DbConfig::default().cache_capacity(1 << 30);
-    /// assert_eq!(cfg.cache_capacity_bytes(), 1 << 30);
+    /// assert_eq!(cfg.get_cache_capacity(), 1 << 30);
     /// ```
-    pub fn cache_capacity_bytes(&self) -> u64 {
+    pub fn get_cache_capacity(&self) -> u64 {
         self.cache_capacity
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! The cipher is the `encryption` feature; keys (parsing, fingerprints) are always built, so
 //! that configuration code compiles either way and a build without the feature refuses a key
-//! with [`Error::Config`].
+//! with [`Error::FeatureNotBuilt`].
 
 #[cfg(feature = "encryption")]
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
@@ -107,12 +107,13 @@ impl EncryptionKey {
     /// assert_eq!(key.fingerprint(), EncryptionKey::from_bytes([0xab; 32]).fingerprint());
     /// // Not 64 hexadecimal characters: a configuration error.
     /// let err = EncryptionKey::from_hex(&"zz".repeat(32)).unwrap_err();
-    /// assert!(matches!(err, kube_persist::Error::Config(_)));
+    /// assert!(matches!(err, kube_persist::Error::InvalidKey { var: None, .. }));
     /// ```
     pub fn from_hex(text: &str) -> Result<Self> {
         let text = text.trim();
-        let bad = || {
-            Error::Config("an encryption key must be 64 hexadecimal characters (32 bytes)".into())
+        let bad = || Error::InvalidKey {
+            var: None,
+            detail: "an encryption key must be 64 hexadecimal characters (32 bytes)".into(),
         };
         let mut key = Self::zeros();
         // Straight into the key's allocation. Any length but 64 characters, or a non-hex
@@ -151,10 +152,10 @@ impl EncryptionKey {
     /// assert!(err.to_string().contains("KUBE_PERSIST_DOC_UNSET_KEY"));
     /// ```
     pub fn from_env(var: &str) -> Result<Self> {
-        let text = Zeroizing::new(
-            std::env::var(var)
-                .map_err(|_| Error::Config(format!("environment variable {var} is not set")))?,
-        );
+        let text = Zeroizing::new(std::env::var(var).map_err(|_| Error::InvalidKey {
+            var: Some(var.to_string()),
+            detail: "the variable is not set".into(),
+        })?);
         Self::from_hex(&text)
     }
 
@@ -162,7 +163,7 @@ impl EncryptionKey {
     /// the variable is unset, the key when it holds 64 hexadecimal characters (whitespace
     /// around them is ignored, as [`EncryptionKey::from_hex`] does), and an error naming the
     /// variable otherwise: [`Error::EmptyKeyVariable`] when it is set but empty or blank,
-    /// [`Error::Config`] for another text or a value that is not UTF-8.
+    /// [`Error::InvalidKey`] for another text or a value that is not UTF-8.
     ///
     /// A set but empty variable is an error, not "no key": it is what a failed key
     /// generation (`$(openssl rand -hex 32)` when openssl fails) or a Secret with an empty
@@ -192,7 +193,10 @@ impl EncryptionKey {
         let text = Zeroizing::new(value.into_string().map_err(|raw| {
             // Wipe the bytes, which are not a key either.
             drop(Zeroizing::new(raw.into_encoded_bytes()));
-            Error::Config(format!("environment variable {var} is not UTF-8"))
+            Error::InvalidKey {
+                var: Some(var.to_string()),
+                detail: "the variable's value is not UTF-8".into(),
+            }
         })?);
         if text.trim().is_empty() {
             return Err(Error::EmptyKeyVariable {
@@ -200,7 +204,10 @@ impl EncryptionKey {
             });
         }
         Self::from_hex(&text).map(Some).map_err(|e| match e {
-            Error::Config(why) => Error::Config(format!("environment variable {var}: {why}")),
+            Error::InvalidKey { var: None, detail } => Error::InvalidKey {
+                var: Some(var.to_string()),
+                detail,
+            },
             e => e,
         })
     }
@@ -222,7 +229,7 @@ impl EncryptionKey {
         hex::encode(&h.finalize()[..8])
     }
 
-    /// The store's key, from which each stream's keys are derived; [`Error::Config`] in a
+    /// The store's key, from which each stream's keys are derived; [`Error::FeatureNotBuilt`] in a
     /// build without the `encryption` feature.
     pub(crate) fn store_key(&self) -> Result<StoreKey> {
         #[cfg(feature = "encryption")]
@@ -231,9 +238,10 @@ impl EncryptionKey {
             Ok(StoreKey(Zeroizing::new(**self.0)))
         }
         #[cfg(not(feature = "encryption"))]
-        Err(Error::Config(
-            "an encryption key needs kube-persist's `encryption` feature, which this build leaves out".into(),
-        ))
+        Err(Error::FeatureNotBuilt {
+            feature: "encryption",
+            detail: "an encryption key".into(),
+        })
     }
 }
 
@@ -469,7 +477,7 @@ mod tests {
         for bad in ["0a", "no key", &"0a".repeat(33)] {
             let err = key(Some(bad)).unwrap_err();
             assert!(
-                matches!(&err, Error::Config(m) if m.contains("KEY_VAR")),
+                matches!(&err, Error::InvalidKey { var: Some(v), .. } if v == "KEY_VAR"),
                 "{bad:?}: {err}"
             );
         }
@@ -478,7 +486,10 @@ mod tests {
             use std::os::unix::ffi::OsStringExt;
             let raw = OsString::from_vec(vec![0xff; 64]);
             let err = EncryptionKey::from_optional_value("KEY_VAR", Some(raw)).unwrap_err();
-            assert!(err.to_string().contains("KEY_VAR is not UTF-8"), "{err}");
+            assert!(
+                matches!(&err, Error::InvalidKey { var: Some(v), detail } if v == "KEY_VAR" && detail.contains("UTF-8")),
+                "{err}"
+            );
         }
     }
 

@@ -23,7 +23,15 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-use crate::model::{Error, Result};
+/// Why a lease was refused (the caller, which knows the store's path, makes the error:
+/// [`Error::StreamInUse`](crate::Error::StreamInUse) and the like).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A live owner holds it.
+    Open,
+    /// Its previous owner's last jobs were still queued after this wait.
+    Closing(Duration),
+}
 
 /// How long an open waits for the previous owner's queued jobs before it gives up.
 pub(crate) const CLOSING_WAIT: Duration = Duration::from_secs(60);
@@ -61,19 +69,17 @@ impl Leases {
     pub(crate) fn acquire(
         self: &Arc<Self>,
         name: &str,
-        what: &str,
         owner: Arc<dyn Any + Send + Sync>,
-    ) -> Result<StreamLease> {
-        self.acquire_within(name, what, owner, ABORT_GRACE)
+    ) -> Result<StreamLease, Refused> {
+        self.acquire_within(name, owner, ABORT_GRACE)
     }
 
     fn acquire_within(
         self: &Arc<Self>,
         name: &str,
-        what: &str,
         owner: Arc<dyn Any + Send + Sync>,
         grace: Duration,
-    ) -> Result<StreamLease> {
+    ) -> Result<StreamLease, Refused> {
         let now = Instant::now();
         let (deadline, grace_deadline) = (now + CLOSING_WAIT, now + grace);
         let mut held = self.lock();
@@ -83,11 +89,7 @@ impl Leases {
                 Some(Hold::Open(_)) => {
                     let left = grace_deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() || on_current_thread_runtime() {
-                        return Err(Error::Config(format!(
-                            "{what} {name:?} is already open in this process (one writer per \
-                             {what}; the owner of a task just aborted on a current-thread \
-                             runtime is dropped once that task is awaited)"
-                        )));
+                        return Err(Refused::Open);
                     }
                     tracing::debug!(name, "waiting for the open owner to be dropped (aborted)");
                     held = self.wait(held, left);
@@ -95,11 +97,7 @@ impl Leases {
                 Some(Hold::Closing(_)) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(Error::Config(format!(
-                            "{what} {name:?} was closed, but its last writes were still queued \
-                             on the disk thread after {} s",
-                            CLOSING_WAIT.as_secs()
-                        )));
+                        return Err(Refused::Closing(CLOSING_WAIT));
                     }
                     tracing::debug!(
                         name,
@@ -211,15 +209,15 @@ mod tests {
     /// An open that does not wait for a live owner.
     fn refused(leases: &Arc<Leases>) -> bool {
         matches!(
-            leases.acquire_within("pods", "stream", Arc::new(()), Duration::ZERO),
-            Err(Error::Config(m)) if m.contains("already open")
+            leases.acquire_within("pods", Arc::new(()), Duration::ZERO),
+            Err(Refused::Open)
         )
     }
 
     #[test]
     fn a_closing_keyspace_is_reopened_once_its_lease_is_released() {
         let leases = Arc::new(Leases::default());
-        let lease = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let lease = leases.acquire("pods", Arc::new(())).unwrap();
         let closer = lease.closer();
         // A live owner: refused once the grace is over.
         assert!(refused(&leases));
@@ -229,21 +227,21 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             drop(lease);
         });
-        let again = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let again = leases.acquire("pods", Arc::new(())).unwrap();
         job.join().unwrap();
         assert!(refused(&leases));
         drop(again);
-        leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        leases.acquire("pods", Arc::new(())).unwrap();
     }
 
     #[test]
     fn an_owner_dropped_without_queued_jobs_releases_at_once() {
         let leases = Arc::new(Leases::default());
-        let lease = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let lease = leases.acquire("pods", Arc::new(())).unwrap();
         let closer = lease.closer();
         drop(lease);
         drop(closer); // after the release: must not mark a new holder closing
-        let second = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let second = leases.acquire("pods", Arc::new(())).unwrap();
         let _closer = second.closer();
         assert!(refused(&leases));
     }
@@ -253,7 +251,7 @@ mod tests {
     #[test]
     fn an_owner_dropped_during_the_grace_is_waited_for() {
         let leases = Arc::new(Leases::default());
-        let lease = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let lease = leases.acquire("pods", Arc::new(())).unwrap();
         let closer = lease.closer();
         let owner = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
@@ -261,7 +259,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             drop(lease);
         });
-        let again = leases.acquire_within("pods", "stream", Arc::new(()), Duration::from_secs(30));
+        let again = leases.acquire_within("pods", Arc::new(()), Duration::from_secs(30));
         owner.join().unwrap();
         let _again = again.unwrap();
         assert!(refused(&leases));
@@ -275,13 +273,13 @@ mod tests {
             .build()
             .unwrap();
         let leases = Arc::new(Leases::default());
-        let lease = leases.acquire("pods", "stream", Arc::new(())).unwrap();
+        let lease = leases.acquire("pods", Arc::new(())).unwrap();
         let _closer = lease.closer();
         let started = Instant::now();
         let second = rt.block_on(async {
-            leases.acquire_within("pods", "stream", Arc::new(()), Duration::from_secs(30))
+            leases.acquire_within("pods", Arc::new(()), Duration::from_secs(30))
         });
-        assert!(matches!(second, Err(Error::Config(_))));
+        assert!(matches!(second, Err(Refused::Open)));
         assert!(started.elapsed() < Duration::from_secs(30));
     }
 }

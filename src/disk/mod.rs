@@ -20,5 +20,5 @@ pub(crate) use engine::{
     Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
     open as open_storage, refuse_foreign, remove_own_files, wait_released,
 };
-pub(crate) use lease::{LeaseCloser, Leases, StreamLease};
+pub(crate) use lease::{LeaseCloser, Leases, Refused, StreamLease};
 pub(crate) use perms::{check_owner, create_private_dir, resolve_root, tighten, too_open};

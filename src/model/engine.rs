@@ -8,7 +8,7 @@ use crate::model::{Error, Result};
 /// redb is always built; sled is built with the opt-in `sled` cargo feature (off by
 /// default: sled 0.34's upstream is dormant, its last release of 2021 and its last commit
 /// of May 2025, and it brings two crates RustSec lists as unmaintained), and a build
-/// without it refuses a sled store, or [`Engine::Sled`], with [`Error::Config`]. Both
+/// without it refuses a sled store, or [`Engine::Sled`], with [`Error::FeatureNotBuilt`]. Both
 /// keep the same invariants (one atomic batch per page or event burst, the checkpoint in
 /// the same batch, one process per directory, corruption reported as [`Error::Corrupt`]);
 /// they differ in memory, speed and disk use
@@ -25,9 +25,9 @@ use crate::model::{Error, Result};
 /// assert_eq!(Engine::default(), Engine::Redb);
 /// assert_eq!("sled".parse::<Engine>().unwrap(), Engine::Sled);
 /// // No choice: a new store gets redb, an existing one keeps the engine that wrote it.
-/// assert_eq!(DbConfig::default().selected_engine(), None);
+/// assert_eq!(DbConfig::default().get_engine(), None);
 /// let cfg = DbConfig::default().engine(Engine::Sled);
-/// assert_eq!(cfg.selected_engine(), Some(Engine::Sled));
+/// assert_eq!(cfg.get_engine(), Some(Engine::Sled));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -87,6 +87,8 @@ impl std::str::FromStr for Engine {
         Engine::ALL
             .into_iter()
             .find(|e| e.name() == s)
-            .ok_or_else(|| Error::Config(format!("unknown storage engine {s:?} (sled or redb)")))
+            .ok_or_else(|| Error::UnknownEngine {
+                name: s.to_string(),
+            })
     }
 }

@@ -1,7 +1,7 @@
 //! The lowest layer: plain values every other layer speaks in, with no I/O of their own.
 //!
 //! The crate's [`Error`], the storage [`Engine`] as a value, the sharding of a collection
-//! ([`Shard`], [`fnv1a64`]), the one ordering of resourceVersions ([`resource_version`]),
+//! ([`Shard`], [`Shard::hash`]), the one ordering of resourceVersions ([`resource_version`]),
 //! a stream's counters ([`Stats`], `Counters`) and the JSON decoders shared by the read and
 //! write paths (`json`).
 //!
@@ -15,8 +15,9 @@ mod shard;
 mod stats;
 
 pub use engine::Engine;
-pub use error::{Error, Result};
+pub use error::{Error, RequestKind, Result};
 pub(crate) use json::{decode_copy, decode_in_place, describe, unnamed};
-pub use shard::{Shard, ShardKey, fnv1a64};
+pub(crate) use shard::fnv1a64;
+pub use shard::{Shard, ShardKey};
 pub(crate) use stats::Counters;
 pub use stats::Stats;

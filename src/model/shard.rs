@@ -30,6 +30,7 @@ const FULL_END: u128 = 1 << 64;
 /// assert!((1..100).contains(&kept.count()));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum ShardKey {
     /// `metadata.uid`: spreads the objects of one kind evenly.
     Uid,
@@ -113,9 +114,9 @@ impl Shard {
     /// ```
     pub fn even(key: ShardKey, index: u32, count: u32) -> Result<Shard> {
         if count == 0 || index >= count {
-            return Err(Error::Config(format!(
-                "shard index {index} is not below the shard count {count}"
-            )));
+            return Err(Error::InvalidArgument {
+                detail: format!("shard index {index} is not below the shard count {count}"),
+            });
         }
         let at = |i: u32| FULL_END * u128::from(i) / u128::from(count);
         let start = u64::try_from(at(index)).expect("below 2^64");
@@ -154,19 +155,23 @@ impl Shard {
     /// ```
     pub fn check(&self) -> Result<()> {
         if self.ranges.is_empty() {
-            return Err(Error::Config("shard has no range".into()));
+            return Err(Error::InvalidArgument {
+                detail: "shard has no range".into(),
+            });
         }
         let mut last_end = 0u128;
         for (i, &(start, end)) in self.ranges.iter().enumerate() {
             if u128::from(start) >= end || end > FULL_END {
-                return Err(Error::Config(format!(
-                    "shard range [{start:#018x}, {end:#x}) is empty or beyond 2^64"
-                )));
+                return Err(Error::InvalidArgument {
+                    detail: format!(
+                        "shard range [{start:#018x}, {end:#x}) is empty or beyond 2^64"
+                    ),
+                });
             }
             if i > 0 && u128::from(start) < last_end {
-                return Err(Error::Config(format!(
-                    "shard ranges overlap at {start:#018x}"
-                )));
+                return Err(Error::InvalidArgument {
+                    detail: format!("shard ranges overlap at {start:#018x}"),
+                });
             }
             last_end = end;
         }
@@ -219,10 +224,10 @@ impl Shard {
     /// field hashes as the empty string).
     ///
     /// ```
-    /// use kube_persist::{Shard, ShardKey, fnv1a64};
+    /// use kube_persist::{Shard, ShardKey};
     /// let shard = Shard::even(ShardKey::Uid, 0, 2).unwrap();
     /// let uid = "0b5f3c1e-7d2a-4f7e-9d1b-2f0c3a4b5c6d";
-    /// let hash = fnv1a64(uid.as_bytes());
+    /// let hash = Shard::hash(uid.as_bytes());
     /// assert_eq!(shard.contains(Some(uid), Some("default")), shard.contains_hash(hash));
     /// // Of the two halves, exactly one keeps the object.
     /// let other = Shard::even(ShardKey::Uid, 1, 2).unwrap();
@@ -264,16 +269,27 @@ impl Shard {
                 at >= end
             })
     }
+
+    /// The hash a shard's ranges are over: 64-bit FNV-1a, which kube-apiserver's
+    /// `shardRange` applies to the field's bytes. To cut ranges where the objects are
+    /// (say, at the median hash of a set of namespaces).
+    ///
+    /// ```
+    /// use kube_persist::{Shard, ShardKey};
+    /// assert_eq!(Shard::hash(b""), 0xcbf2_9ce4_8422_2325); // the FNV-1a 64 offset basis
+    /// assert_eq!(Shard::hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    /// // The first half of the namespaces' hashes, by the hash of "a".
+    /// let below_a = Shard::new(ShardKey::Namespace).range(0, u128::from(Shard::hash(b"a")));
+    /// assert!(!below_a.contains(None, Some("a")));
+    /// ```
+    pub fn hash(bytes: &[u8]) -> u64 {
+        fnv1a64(bytes)
+    }
 }
 
-/// 64-bit FNV-1a, the hash kube-apiserver's `shardRange` applies to the field's bytes.
-///
-/// ```
-/// use kube_persist::fnv1a64;
-/// assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325); // the FNV-1a 64 offset basis
-/// assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-/// ```
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+/// 64-bit FNV-1a, the hash kube-apiserver's `shardRange` applies to the field's bytes
+/// (public as [`Shard::hash`]).
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         h ^= u64::from(b);

@@ -186,16 +186,16 @@ pub(super) fn raw_objects(dir: &Dir, stream: &str, after: Option<&str>) -> Resul
 fn stream_keyspace(dir: &Dir, stream: &str) -> Result<Arc<dyn Backend>> {
     let path = &dir.inner.path;
     if !dir.inner.storage.keyspaces()?.iter().any(|n| n == stream) {
-        return Err(Error::Config(format!(
-            "no stream {stream:?} in the store at {}",
-            path.display()
-        )));
+        return Err(Error::NoSuchStream {
+            path: path.clone(),
+            stream: stream.to_string(),
+        });
     }
     dir.inner.storage.keyspace(stream)
 }
 
 /// The resourceVersions of stream `stream`'s stored objects, read without their bodies
-/// (what a verification compares with a LIST). [`Error::Config`] if there is no such
+/// (what a verification compares with a LIST). [`Error::NoSuchStream`] if there is no such
 /// stream.
 pub(super) fn stored_versions(dir: &Dir, stream: &str) -> Result<StoredVersions> {
     Ok(StoredVersions {

@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::disk::{
-    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Storage, StoreKey,
-    StreamLease, keys, record,
+    self, Backend, Cipher, Compression, DbConfig, EncryptionKey, Leases, Refused, Storage,
+    StoreKey, StreamLease, keys, record,
 };
 use crate::exec::DiskWorker;
 use crate::model::{Engine, Error, Result, Shard};
@@ -184,7 +184,7 @@ fn open_after_close<T>(path: &Path, open: impl Fn() -> Result<T>) -> Result<T> {
     }
 }
 
-/// The configured key, if any ([`Error::Config`] in a build without encryption).
+/// The configured key, if any ([`Error::FeatureNotBuilt`] in a build without encryption).
 fn key_of(config: &DbConfig) -> Result<Option<Arc<StoreKey>>> {
     config
         .encryption
@@ -383,22 +383,46 @@ impl Dir {
     /// Hold `name` (a stream, or `controller/<name>`) as open in this process until the
     /// lease is dropped: one writer per keyspace. If its previous owner was just dropped,
     /// waits (blocking) until that owner's last queued disk job ran (see `disk/lease.rs`).
+    /// `what` is `"stream"` for a stream (refused with [`Error::StreamInUse`]), anything
+    /// else for a controller's state (`name` is then `controller/<name>`, refused with
+    /// [`Error::ControllerInUse`]).
     pub(crate) fn lease(&self, name: &str, what: &str) -> Result<StreamLease> {
+        let path = self.path().to_path_buf();
         if self.inner.config.read_only {
-            return Err(Error::Config(format!(
-                "{what} {name:?} cannot be opened: the store at {} is open read-only",
-                self.path().display()
-            )));
+            return Err(Error::ReadOnly {
+                path,
+                detail: format!("{what} {name:?} cannot be opened"),
+            });
         }
-        self.inner.leases.acquire(
-            name,
-            what,
-            self.inner.clone() as Arc<dyn std::any::Any + Send + Sync>,
-        )
+        self.inner
+            .leases
+            .acquire(
+                name,
+                self.inner.clone() as Arc<dyn std::any::Any + Send + Sync>,
+            )
+            .map_err(|refused| match refused {
+                Refused::Closing(waited) => Error::StillClosing {
+                    path,
+                    name: name.to_string(),
+                    waited,
+                },
+                Refused::Open if what == "stream" => Error::StreamInUse {
+                    path,
+                    stream: name.to_string(),
+                },
+                Refused::Open => Error::ControllerInUse {
+                    path,
+                    controller: name
+                        .strip_prefix(disk::CONTROLLERS)
+                        .unwrap_or(name)
+                        .to_string(),
+                },
+            })
     }
 
-    /// [`Error::Config`] naming `what` unless keyspace `name` of `group` exists.
-    pub(crate) fn require_keyspace(&self, group: &str, name: &str, what: &str) -> Result<()> {
+    /// [`Error::NoSuchStream`] (group [`disk::STREAMS`]) or [`Error::NoSuchController`]
+    /// unless keyspace `name` of `group` exists.
+    pub(crate) fn require_keyspace(&self, group: &str, name: &str) -> Result<()> {
         if self
             .storage()
             .keyspaces_of(group)?
@@ -407,15 +431,24 @@ impl Dir {
         {
             return Ok(());
         }
-        Err(Error::Config(format!(
-            "no {what} {name:?} in the store at {}",
-            self.path().display()
-        )))
+        let path = self.path().to_path_buf();
+        Err(if group == disk::STREAMS {
+            Error::NoSuchStream {
+                path,
+                stream: name.to_string(),
+            }
+        } else {
+            Error::NoSuchController {
+                path,
+                controller: name.to_string(),
+            }
+        })
     }
 
     /// Remove keyspace `name` of `group` (a stream's, with [`disk::STREAMS`], or a durable
     /// controller's, with [`disk::CONTROLLERS`]): refused while it is open in this process
-    /// (`what` names it in errors), [`Error::Config`] if there is none. Blocking: one durable
+    /// ([`Error::StreamInUse`], [`Error::ControllerInUse`]), [`Error::NoSuchStream`] or
+    /// [`Error::NoSuchController`] if there is none. Blocking: one durable
     /// commit (redb frees the pages, sled drops the tree).
     pub(crate) fn drop_keyspace(&self, group: &str, name: &str, what: &str) -> Result<()> {
         let lease_name = if group == disk::STREAMS {
@@ -425,7 +458,7 @@ impl Dir {
         };
         // Held while the keyspace goes: nothing in this process opens it meanwhile.
         let _lease = self.lease(&lease_name, what)?;
-        self.require_keyspace(group, name, what)?;
+        self.require_keyspace(group, name)?;
         self.storage().drop_keyspace(group, name)?;
         if group == disk::STREAMS {
             let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());

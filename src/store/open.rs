@@ -95,7 +95,9 @@ pub(super) fn stream(
     shard: Option<&Shard>,
 ) -> Result<OpenStream> {
     if name.is_empty() {
-        return Err(Error::Config("stream name must not be empty".into()));
+        return Err(Error::InvalidArgument {
+            detail: "stream name must not be empty".into(),
+        });
     }
     let lease = dir.lease(name, "stream")?;
     let path = &dir.inner.path;

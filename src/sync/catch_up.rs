@@ -31,7 +31,7 @@ use super::config::StreamConfig;
 use super::params;
 use crate::model::Counters;
 use crate::model::resource_version;
-use crate::model::{Error, Result};
+use crate::model::{Error, RequestKind, Result};
 use crate::store::StatusTx;
 use crate::store::{CatchUpRule, Freshness};
 
@@ -322,11 +322,14 @@ async fn server_version(
     let context = || format!("LIST {described} (limit=1, for the server's resourceVersion)");
     let req = request
         .list_metadata(&lp)
-        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        .map_err(|e| Error::InvalidArgument {
+            detail: format!("{}: {e}", context()),
+        })?;
     let text = client
         .request_text(req)
         .await
         .map_err(|source| Error::Kube {
+            request: RequestKind::List,
             context: context(),
             source,
         })?;

@@ -71,6 +71,7 @@ pub(crate) type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 /// assert_eq!(cfg.get_timeout(), kube_persist::StreamConfig::MAX_TIMEOUT);
 /// ```
 #[derive(Clone)]
+#[must_use = "a StreamConfig does nothing until given to Db::store"]
 pub struct StreamConfig {
     pub(crate) label_selector: Option<String>,
     pub(crate) field_selector: Option<String>,
@@ -245,14 +246,14 @@ impl StreamConfig {
         self.keys_only
     }
 
-    /// Check the configuration as a whole; [`Error::Config`](crate::Error::Config) names
+    /// Check the configuration as a whole; [`Error::InvalidArgument`](crate::Error::InvalidArgument) names
     /// the field at fault. The setters already keep each field in range, so this only
     /// catches combinations.
     pub(crate) fn check(&self) -> crate::model::Result<()> {
         let bad = |field: &str, why: &str| {
-            Err(crate::model::Error::Config(format!(
-                "StreamConfig::{field}: {why}"
-            )))
+            Err(crate::model::Error::InvalidArgument {
+                detail: format!("StreamConfig::{field}: {why}"),
+            })
         };
         if self.page_size == 0 || self.page_size > Self::MAX_PAGE_SIZE {
             return bad("page_size", "must be between 1 and MAX_PAGE_SIZE");
@@ -293,6 +294,7 @@ impl StreamConfig {
     /// let cfg = StreamConfig::default().shard(Shard::new(ShardKey::Uid).range(0, 1 << 63));
     /// assert!(cfg.get_shard().is_some());
     /// ```
+    #[must_use]
     pub fn shard(mut self, shard: Shard) -> Self {
         self.shard = Some(Ok(shard));
         self
@@ -300,12 +302,13 @@ impl StreamConfig {
 
     /// Keep shard `index` of `count` even slices of the uid hash space: replica `index` of a
     /// controller run as `count` replicas. `index >= count` is reported when the store is
-    /// opened ([`Error::Config`](crate::Error::Config)).
+    /// opened ([`Error::InvalidArgument`](crate::Error::InvalidArgument)).
     ///
     /// ```
     /// let cfg = kube_persist::StreamConfig::default().shards(1, 3);
     /// assert_eq!(cfg.get_shard().unwrap().ranges().len(), 1);
     /// ```
+    #[must_use]
     pub fn shards(mut self, index: u32, count: u32) -> Self {
         self.shard = Some(Shard::even(ShardKey::Uid, index, count).map_err(|e| e.to_string()));
         self
@@ -330,6 +333,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().labels("app=web,tier!=cache");
     /// assert_eq!(cfg.get_label_selector(), Some("app=web,tier!=cache"));
     /// ```
+    #[must_use]
     pub fn labels(mut self, selector: &str) -> Self {
         self.label_selector = Some(selector.to_string());
         self
@@ -341,6 +345,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().fields("spec.nodeName=node-1");
     /// assert_eq!(cfg.get_field_selector(), Some("spec.nodeName=node-1"));
     /// ```
+    #[must_use]
     pub fn fields(mut self, selector: &str) -> Self {
         self.field_selector = Some(selector.to_string());
         self
@@ -362,6 +367,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().page_size(100).get_page_size(), 100);
     /// assert_eq!(StreamConfig::default().page_size(0).get_page_size(), 1); // never "no limit"
     /// ```
+    #[must_use]
     pub fn page_size(mut self, n: u32) -> Self {
         self.page_size = n.clamp(1, Self::MAX_PAGE_SIZE);
         self
@@ -381,6 +387,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().streaming_lists();
     /// assert!(cfg.get_streaming_lists());
     /// ```
+    #[must_use]
     pub fn streaming_lists(mut self) -> Self {
         self.streaming_lists = true;
         self
@@ -399,6 +406,7 @@ impl StreamConfig {
     ///     .initial_events_timeout(Duration::from_secs(120));
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn initial_events_timeout(mut self, d: Duration) -> Self {
         self.initial_events_timeout = d.max(Duration::from_millis(1));
         self
@@ -412,6 +420,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().timeout(120).get_timeout(), 120);
     /// assert_eq!(StreamConfig::default().timeout(0).get_timeout(), 1);
     /// ```
+    #[must_use]
     pub fn timeout(mut self, seconds: u32) -> Self {
         self.timeout = seconds.clamp(1, Self::MAX_TIMEOUT);
         self
@@ -426,6 +435,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().validate(false);
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn validate(mut self, on: bool) -> Self {
         self.validate = on;
         self
@@ -439,6 +449,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().max_object_bytes(256 << 10).get_max_object_bytes(), 256 << 10);
     /// assert_eq!(StreamConfig::default().max_object_bytes(10).get_max_object_bytes(), 1 << 10);
     /// ```
+    #[must_use]
     pub fn max_object_bytes(mut self, bytes: usize) -> Self {
         self.max_object_bytes = bytes.max(1 << 10);
         self
@@ -459,6 +470,7 @@ impl StreamConfig {
     /// assert_eq!(cfg.get_max_page_bytes(), 64 << 20);
     /// assert_eq!(cfg.max_page_bytes(0).get_max_page_bytes(), (1 << 20) + (64 << 10));
     /// ```
+    #[must_use]
     pub fn max_page_bytes(mut self, bytes: usize) -> Self {
         self.max_page_bytes = bytes;
         self
@@ -482,6 +494,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().too_large_retries(0);
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn too_large_retries(mut self, n: u32) -> Self {
         self.too_large_retries = n;
         self
@@ -499,6 +512,7 @@ impl StreamConfig {
     ///     .backoff(Duration::from_millis(100), Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min.max(Duration::from_millis(1));
         self.max_backoff = max.max(self.min_backoff);
@@ -528,6 +542,7 @@ impl StreamConfig {
     /// assert_eq!((stats.hot_cache_misses, stats.hot_cache_hits), (2, 1));
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn hot_cache(mut self, bytes: usize) -> Self {
         self.hot_cache_bytes = bytes;
         self
@@ -541,6 +556,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().relist_jitter(Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn relist_jitter(mut self, d: Duration) -> Self {
         self.relist_jitter = d;
         self
@@ -558,6 +574,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().relist_backoff_reset(Duration::from_secs(600));
     /// assert_eq!(cfg.get_relist_backoff_reset(), Duration::from_secs(600));
     /// ```
+    #[must_use]
     pub fn relist_backoff_reset(mut self, d: Duration) -> Self {
         self.relist_backoff_reset = d;
         self
@@ -603,6 +620,7 @@ impl StreamConfig {
     /// # assert!(on_server["status"].is_object());
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn transform(
         mut self,
         name: &str,
@@ -643,9 +661,10 @@ impl StreamConfig {
     /// // ConfigMaps holding credentials: refuse to write them to disk without an explicit opt-in.
     /// let api = kube::Api::<ConfigMap>::all(client);
     /// let err = db.store("config", api, StreamConfig::default().sensitive(true)).unwrap_err();
-    /// assert!(matches!(err, Error::Config(_)));
+    /// assert!(matches!(err, Error::SensitiveKind { ref kind, .. } if kind == "ConfigMap"));
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn sensitive(mut self, sensitive: bool) -> Self {
         self.sensitive = Some(sensitive);
         self
@@ -672,6 +691,7 @@ impl StreamConfig {
     /// # let _ = reader;
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn allow_sensitive_data(mut self) -> Self {
         self.allow_sensitive_data = true;
         self
@@ -720,6 +740,7 @@ impl StreamConfig {
     /// assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn drop_secret_data(mut self) -> Self {
         self.drop_secret_data = true;
         self
@@ -776,6 +797,7 @@ impl StreamConfig {
     /// });
     /// # let _ = cfg;
     /// ```
+    #[must_use]
     pub fn index<K: 'static>(
         mut self,
         name: &str,
@@ -808,6 +830,7 @@ impl StreamConfig {
     /// assert_eq!(reader.by_index("label:app", "web")?.count(), 2);
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn label_index<K: Resource + 'static>(self, key: &str) -> Self {
         let k = key.to_string();
         self.index(&format!("label:{key}"), move |obj: &K| {
@@ -864,6 +887,7 @@ impl StreamConfig {
     /// assert!(reader.get(&ObjectRef::new("web-0").within("default")).is_err()); // no bodies
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn keys_only(mut self) -> Self {
         self.keys_only = true;
         self
@@ -890,6 +914,7 @@ impl StreamConfig {
     /// # assert!(on_server["metadata"]["managedFields"].is_array());
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn drop_managed_fields(self) -> Self {
         self.transform("drop-managed-fields", |v| {
             if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {

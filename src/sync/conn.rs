@@ -15,7 +15,7 @@ use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::config::StreamConfig;
 use super::raw::StatusKind;
-use crate::model::{Error, Result};
+use crate::model::{Error, RequestKind, Result};
 
 /// One line of a watch response.
 #[derive(Debug)]
@@ -158,7 +158,11 @@ impl WatchConn {
         } else {
             target.request.watch(&wp, resource_version)
         }
-        .map_err(|e| ConnectFailure::Invalid(Error::Config(format!("{}: {e}", context()))))
+        .map_err(|e| {
+            ConnectFailure::Invalid(Error::InvalidArgument {
+                detail: format!("{}: {e}", context()),
+            })
+        })
         .and_then(|r| with_shard(r, cfg).map_err(ConnectFailure::Fatal))?;
         // Events must reach the store as they arrive; a compressed stream would be held
         // back by the decompressor (kube-apiserver does not compress watches anyway).
@@ -190,6 +194,7 @@ impl WatchConn {
                     _ => None,
                 };
                 let err = Error::Kube {
+                    request: RequestKind::Watch,
                     context: context(),
                     source,
                 };
@@ -307,7 +312,9 @@ pub(crate) fn with_shard(
     let selector: String = form_urlencoded::byte_serialize(shard.selector().as_bytes()).collect();
     *req.uri_mut() = format!("{uri}{sep}shardSelector={selector}")
         .parse()
-        .map_err(|e| Error::Config(format!("shardSelector does not fit in a URL: {e}")))?;
+        .map_err(|e| Error::InvalidArgument {
+            detail: format!("shardSelector does not fit in a URL: {e}"),
+        })?;
     Ok(req)
 }
 
@@ -315,9 +322,11 @@ pub(crate) fn with_shard(
 /// starting `invalid shard selector:`. A configuration error, not worth retrying.
 pub(crate) fn invalid_shard(e: &kube::Error) -> Option<Error> {
     match e {
-        kube::Error::Api(s) if s.message.starts_with("invalid shard selector") => Some(
-            Error::Config(format!("the API server refused the shard: {}", s.message)),
-        ),
+        kube::Error::Api(s) if s.message.starts_with("invalid shard selector") => {
+            Some(Error::ShardRefused {
+                message: s.message.clone(),
+            })
+        }
         _ => None,
     }
 }

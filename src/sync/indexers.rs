@@ -42,13 +42,17 @@ where
     let mut fns: Vec<(String, IndexFn<K>)> = Vec::new();
     for (name, f) in indexes {
         if name.is_empty() || name.contains('\0') {
-            return Err(Error::Config(format!("invalid index name {name:?}")));
+            return Err(Error::InvalidArgument {
+                detail: format!("invalid index name {name:?}"),
+            });
         }
-        let f = f.downcast_ref::<IndexFn<K>>().ok_or_else(|| {
-            Error::Config(format!(
-                "index {name:?} was registered for another object type than this stream's"
-            ))
-        })?;
+        let f = f
+            .downcast_ref::<IndexFn<K>>()
+            .ok_or_else(|| Error::InvalidArgument {
+                detail: format!(
+                    "index {name:?} was registered for another object type than this stream's"
+                ),
+            })?;
         fns.push((name.clone(), f.clone()));
     }
     if !validate && fns.is_empty() {

@@ -120,10 +120,8 @@ where
     K: Resource + Clone + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Send + Sync,
 {
-    if reader.is_keys_only() {
-        let e = crate::model::Error::Config(
-            "a keys-only stream stores no objects to replay as watcher events".into(),
-        );
+    if let Err(e) = reader.bodies() {
+        // A keys-only stream stores no objects to replay.
         return one(Err(to_watcher_error(e)));
     }
     let first = Replay::Start {

@@ -191,7 +191,7 @@ fn gate_sensitive(
     } else {
         "whole"
     };
-    Err(crate::model::Error::Config(format!(
+    let detail = format!(
         "stream {name:?} would write {what} {} objects (sensitive: {}{}) to {}, where \
          kubectl's last-applied-configuration annotation can hold their data; use \
          StreamConfig::drop_secret_data() (drops data, stringData and that annotation), \
@@ -204,7 +204,13 @@ fn gate_sensitive(
         },
         format_args!("/{}", kind.resources[0]),
         dir.path().display()
-    )))
+    );
+    Err(crate::model::Error::SensitiveKind {
+        path: dir.path().to_path_buf(),
+        stream: name.to_string(),
+        kind: kind.kind.to_string(),
+        detail,
+    })
 }
 
 /// What pairs a store with its watcher, besides the directory.

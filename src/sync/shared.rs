@@ -41,6 +41,7 @@ use crate::model::{Error, Result};
 
 /// What a [`Subscriber`] receives.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SharedEvent<K> {
     /// An event of the shared watch, shared by every subscriber.
     Event(Arc<Event<K>>),
@@ -305,7 +306,10 @@ fn clone_item<K>(item: &Item<K>) -> Item<K> {
     match item {
         Ok(ev) => Ok(ev.clone()),
         Err(Error::Shared(e)) => Err(Error::Shared(e.clone())),
-        Err(e) => Err(Error::Config(e.to_string())),
+        // Never: each error is made shared before it is sent (`SharedWatcher::run`).
+        Err(e) => Err(Error::Shared(Arc::new(Error::Internal {
+            detail: format!("an error of a shared watch was not shared: {e}"),
+        }))),
     }
 }
 

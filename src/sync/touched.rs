@@ -10,7 +10,7 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use super::watcher::{Event, Watcher};
-use crate::model::Error;
+use crate::model::{Error, RequestKind};
 
 impl<K> Watcher<K>
 where
@@ -134,9 +134,9 @@ where
 /// | kube-persist | kube-runtime |
 /// |---|---|
 /// | [`Error::WatchStatus`] (an `ERROR` event on the watch) | `WatchError(Status)` with its code, reason and message |
-/// | [`Error::Kube`] of a LIST request | `InitialListFailed(source)` (also for relists and continued lists) |
-/// | [`Error::Kube`] of a WATCH request | `WatchFailed(source)` (connecting and streaming are not told apart) |
-/// | anything else: the store (`Locked`, `Corrupt`, `DiskFull`, `Io`, `Storage`, `Decode`, ...), a malformed answer (`Protocol`), `Config` | `WatchFailed(kube::Error::Service(original))` |
+/// | [`Error::Kube`] with [`RequestKind::List`] | `InitialListFailed(source)` (also for relists, continued lists and a delta relist's fetches) |
+/// | [`Error::Kube`] with [`RequestKind::Watch`] | `WatchFailed(source)` (connecting and streaming are not told apart; a watch-list too) |
+/// | anything else: the store (`Locked`, `Corrupt`, `DiskFull`, `Io`, `Storage`, `Decode`, ...), a malformed answer (`Protocol`), an invalid setting (`InvalidArgument`), a refused shard (`ShardRefused`), ... | `WatchFailed(kube::Error::Service(original))` |
 ///
 /// In the last row the original error is the source of the `kube::Error`: downcast it to
 /// get it back. kube-runtime's `NoResourceVersion` and `WatchStartFailed` are never used.
@@ -146,12 +146,13 @@ where
 /// use kube::runtime::watcher;
 /// use kube_persist::{Error, controller::to_watcher_error};
 ///
-/// let e = to_watcher_error(Error::Config("bad stream name".into()));
+/// let unknown = "rocksdb".parse::<kube_persist::Engine>().unwrap_err();
+/// let e = to_watcher_error(unknown);
 /// let original = match &e {
 ///     watcher::Error::WatchFailed(kube::Error::Service(inner)) => inner.downcast_ref::<Error>(),
 ///     _ => None,
 /// };
-/// assert!(matches!(original, Some(Error::Config(_))));
+/// assert!(matches!(original, Some(Error::UnknownEngine { name, .. }) if name == "rocksdb"));
 /// assert!(e.source().is_some());
 /// ```
 pub fn to_watcher_error(err: Error) -> watcher::Error {
@@ -165,9 +166,11 @@ pub fn to_watcher_error(err: Error) -> watcher::Error {
             let status = Status::failure(&message, &reason).with_code(code);
             watcher::Error::WatchError(Box::new(status))
         }
-        Error::Kube { context, source } if context.starts_with("LIST") => {
-            watcher::Error::InitialListFailed(source)
-        }
+        Error::Kube {
+            request: RequestKind::List,
+            source,
+            ..
+        } => watcher::Error::InitialListFailed(source),
         Error::Kube { source, .. } => watcher::Error::WatchFailed(source),
         other => watcher::Error::WatchFailed(kube::Error::Service(Box::new(other))),
     }
@@ -197,6 +200,7 @@ mod tests {
         }
         let api = || kube::Error::Api(Box::new(Status::failure("no", "Forbidden").with_code(403)));
         let list = Error::Kube {
+            request: RequestKind::List,
             context: "LIST /api/v1/pods (continue: false)".into(),
             source: api(),
         };
@@ -204,12 +208,41 @@ mod tests {
             matches!(to_watcher_error(list), watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 403)
         );
         let watch = Error::Kube {
+            request: RequestKind::Watch,
             context: "WATCH /api/v1/pods from resourceVersion \"7\"".into(),
             source: api(),
         };
         assert!(
             matches!(to_watcher_error(watch), watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 403)
         );
+        // By the request's kind, not by the words of its context: a verification's LIST
+        // ("listing ... to verify it") and a delta relist's fetch are LISTs too.
+        let verify = Error::Kube {
+            request: RequestKind::List,
+            context: "listing /api/v1/pods to verify it".into(),
+            source: api(),
+        };
+        assert!(matches!(
+            to_watcher_error(verify),
+            watcher::Error::InitialListFailed(_)
+        ));
+        let worded_like_a_list = Error::Kube {
+            request: RequestKind::Watch,
+            context: "LIST-shaped words of a WATCH".into(),
+            source: api(),
+        };
+        assert!(matches!(
+            to_watcher_error(worded_like_a_list),
+            watcher::Error::WatchFailed(kube::Error::Api(_))
+        ));
+        let refused = to_watcher_error(Error::ShardRefused {
+            message: "invalid shard selector: x".into(),
+        });
+        assert!(matches!(
+            refused,
+            watcher::Error::WatchFailed(kube::Error::Service(inner))
+                if matches!(inner.downcast_ref::<Error>(), Some(Error::ShardRefused { .. }))
+        ));
         let disk = to_watcher_error(Error::DiskFull { path: "/x".into() });
         match disk {
             watcher::Error::WatchFailed(kube::Error::Service(inner)) => {

@@ -44,6 +44,7 @@ use crate::store::{Dir, Reader};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Event<K> {
     /// The start signal of a store that was synced before: given once per watcher, when
     /// the store is consistent. Reopened synced, that is at once (after the prune of a
@@ -56,6 +57,7 @@ pub enum Event<K> {
     /// up: the events missed while the process was down (or a relist after `410 Gone`) may
     /// still come; [`Reader::wait_until_caught_up`](crate::Reader::wait_until_caught_up)
     /// waits for them.
+    #[non_exhaustive]
     Resumed {
         /// The checkpoint the store is consistent at.
         resource_version: String,
@@ -79,16 +81,13 @@ pub enum Event<K> {
 /// The key of a deleted object whose last state does not decode (see [`Event::DeleteKey`]).
 ///
 /// ```
-/// let key = kube_persist::DeletedKey {
-///     namespace: Some("default".into()),
-///     name: "web-0".into(),
-///     uid: None,
-///     resource_version: None,
-/// };
+/// let key = kube_persist::DeletedKey::new(Some("default"), "web-0");
 /// assert_eq!(key.to_string(), "default/web-0");
+/// assert_eq!((key.uid, key.resource_version), (None, None));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct DeletedKey {
     /// Its namespace (`None` for a cluster-scoped object).
     #[serde(default)]
@@ -101,6 +100,45 @@ pub struct DeletedKey {
     /// Its last resourceVersion, when known.
     #[serde(default)]
     pub resource_version: Option<String>,
+}
+
+impl DeletedKey {
+    /// The key of object `name` in `namespace` (`None`: cluster-scoped), without uid or
+    /// resourceVersion (set them with [`DeletedKey::with_uid`] and
+    /// [`DeletedKey::with_resource_version`]): what a test of code that handles
+    /// [`Event::DeleteKey`] builds.
+    ///
+    /// ```
+    /// let key = kube_persist::DeletedKey::new(None, "node-1")
+    ///     .with_uid("u-1")
+    ///     .with_resource_version("42");
+    /// assert_eq!(key.to_string(), "node-1");
+    /// assert_eq!(key.uid.as_deref(), Some("u-1"));
+    /// assert_eq!(key.resource_version.as_deref(), Some("42"));
+    /// ```
+    #[must_use]
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        DeletedKey {
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+            uid: None,
+            resource_version: None,
+        }
+    }
+
+    /// With its uid.
+    #[must_use]
+    pub fn with_uid(mut self, uid: &str) -> Self {
+        self.uid = Some(uid.to_string());
+        self
+    }
+
+    /// With its last resourceVersion.
+    #[must_use]
+    pub fn with_resource_version(mut self, resource_version: &str) -> Self {
+        self.resource_version = Some(resource_version.to_string());
+        self
+    }
 }
 
 impl std::fmt::Display for DeletedKey {
@@ -226,8 +264,11 @@ where
 {
     /// The stream of events. Errors are yielded (and counted in [`crate::Stats::errors`]);
     /// the stream goes on after each, retrying with jittered exponential backoff, except
-    /// after an [`Error::Config`](crate::Error::Config) the API server gave (an invalid
-    /// shard selector): retrying cannot fix it, so the stream ends after yielding it.
+    /// after an [`Error::ShardRefused`](crate::Error::ShardRefused) (the API server refused
+    /// the shard selector), an [`Error::InvalidArgument`](crate::Error::InvalidArgument) (a
+    /// selector that does not fit in a request) or an
+    /// [`Error::ReadOnly`](crate::Error::ReadOnly): retrying cannot fix them, so the stream
+    /// ends after yielding it.
     ///
     /// An object the store refuses (it does not decode into `K`, exceeds
     /// [`StreamConfig::max_object_bytes`](super::StreamConfig::max_object_bytes), or the transform fails) is yielded as
@@ -272,10 +313,9 @@ where
         self.events(false).map(|item| match item {
             Ok(Touched::Event(ev)) => Ok(ev),
             // Only asked for with `refs`.
-            Ok(Touched::Changed(obj)) => Err(crate::model::Error::Config(format!(
-                "unexpected shared object {:?}",
-                obj.meta().name
-            ))),
+            Ok(Touched::Changed(obj)) => Err(crate::model::Error::Internal {
+                detail: format!("unexpected shared object {:?}", obj.meta().name),
+            }),
             Err(e) => Err(e),
         })
     }

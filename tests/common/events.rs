@@ -54,13 +54,16 @@ where
         let mut s = std::pin::pin!(watcher.stream());
         while let Some(ev) = s.next().await {
             let ev = match ev {
-                Ok(Event::Resumed { resource_version }) => Ev::Resumed(resource_version),
+                Ok(Event::Resumed {
+                    resource_version, ..
+                }) => Ev::Resumed(resource_version),
                 Ok(Event::Init) => Ev::Init,
                 Ok(Event::InitApply(k)) => Ev::InitApply(key(&k)),
                 Ok(Event::InitDone) => Ev::InitDone,
                 Ok(Event::Apply(k)) => Ev::Apply(key(&k)),
                 Ok(Event::Delete(k)) => Ev::Delete(key(&k)),
                 Ok(Event::DeleteKey(k)) => Ev::Delete(k.to_string()),
+                Ok(_) => panic!("an event this harness does not know"),
                 Err(e) => Ev::Error(e.to_string()),
             };
             if tx.send(ev).is_err() {

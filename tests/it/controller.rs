@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube_persist::controller::{Config, Controller, ControllerError};
+use kube_persist::controller::{Config, Controller, ControllerError, StartupMode};
 use kube_persist::{Db, Reader};
 use kube_persist_testkit::{ResourceType, ServerHandle, Verb};
 use serde_json::json;
@@ -693,13 +693,13 @@ async fn warm_restart_reconciles_every_stored_object_from_disk_without_list() {
     assert_eq!(book.count(SENTINEL), 1 + 2);
     assert_eq!(h.counts().list, 0, "a warm restart lists nothing");
 
-    // Without reconcile_all_on_start: only changes are reconciled.
+    // StartupMode::Nothing: only changes are reconciled.
     let book = Arc::new(Book::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let run = db
         .store("pods", fx.pods(), store_cfg())
         .map(|pair| {
-            Controller::for_store(pair).with_config(Config::default().reconcile_all_on_start(false))
+            Controller::for_store(pair).with_config(Config::default().startup(StartupMode::Nothing))
         })
         .unwrap()
         .graceful_shutdown_on(async move {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{Expression, Selector};
-use kube_persist::{Reader, StreamConfig};
+use kube_persist::{Error, Reader, StreamConfig};
 use kube_persist_testkit::{ResourceType, ServerHandle, make_pod};
 
 fn node_of(p: &Pod) -> Vec<String> {
@@ -116,10 +116,12 @@ async fn index_follows_updates_deletes_and_relists(engine: Engine) {
     converge(&reader, h, &ResourceType::pods()).await;
     assert_eq!(reader.stats().relists, 1);
     assert_index_matches(&reader, h);
-    assert!(
-        reader.by_index("nope", "x").is_err(),
-        "unknown index is an error"
-    );
+    match reader.by_index("nope", "x").err() {
+        Some(Error::IndexUnavailable { index, stream, .. }) => {
+            assert_eq!((index.as_str(), stream.as_str()), ("nope", "pods"))
+        }
+        other => panic!("unknown index: expected IndexUnavailable, got {other:?}"),
+    }
 }
 
 async fn index_added_later_is_built_from_disk_and_dropped_when_removed(engine: Engine) {

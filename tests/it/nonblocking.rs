@@ -254,7 +254,9 @@ fn hot_hits_of_the_async_point_reads_need_no_blocking_thread() {
     rt.block_on(async {
         let fx = Fixture::with_pods(600, 3).await;
         let db = Db::open(fx.path()).unwrap();
-        let (reader, watcher) = db.store("pods", fx.pods(), kube_persist::StreamConfig::default()).unwrap();
+        let (reader, watcher) = db
+            .store("pods", fx.pods(), kube_persist::StreamConfig::default())
+            .unwrap();
         let task = tokio::spawn(watcher.run());
         reader.wait_until_ready().await.unwrap();
         let hot = ObjectRef::new("pod-7").within("ns-1");

@@ -137,7 +137,7 @@ async fn without_the_server_feature_the_client_filters(engine: Engine) {
     // Similar names (ns-0 .. ns-15) share the high bits of their FNV-1a hash, so an even
     // split of the hash space would put them all in one half: cut at the median instead.
     let mut hashes: Vec<u64> = (0..16)
-        .map(|i| kube_persist::fnv1a64(format!("ns-{i}").as_bytes()))
+        .map(|i| Shard::hash(format!("ns-{i}").as_bytes()))
         .collect();
     hashes.sort_unstable();
     let shard = Shard::new(ShardKey::Namespace).range(0, u128::from(hashes[8]));
@@ -205,7 +205,7 @@ async fn narrowing_prunes_without_a_list_and_moving_relists(engine: Engine) {
 }
 
 /// An invalid shard is refused when the store opens; a selector the server refuses
-/// (HTTP 500 `invalid shard selector: ...`) is `Error::Config`, and the stream ends.
+/// (HTTP 500 `invalid shard selector: ...`) is `Error::ShardRefused`, and the stream ends.
 async fn refused_shards_are_configuration_errors(engine: Engine) {
     let fx = Fixture::with_pods(100, 2).await;
     let h = &fx.h;
@@ -217,8 +217,13 @@ async fn refused_shards_are_configuration_errors(engine: Engine) {
         StreamConfig::default().shard(Shard::new(ShardKey::Uid).range(10, 10)),
     ] {
         match db.store("pods", api(), bad) {
-            Err(Error::Config(why)) => assert!(why.contains("shard"), "{why}"),
-            other => panic!("expected Error::Config, got {:?}", other.map(|_| ())),
+            Err(Error::InvalidArgument { detail, .. }) => {
+                assert!(detail.contains("shard"), "{detail}")
+            }
+            other => panic!(
+                "expected Error::InvalidArgument, got {:?}",
+                other.map(|_| ())
+            ),
         }
     }
     h.faults().fail_next_with_message(
@@ -238,7 +243,7 @@ async fn refused_shards_are_configuration_errors(engine: Engine) {
     let evs = w.until(|e| matches!(e, Ev::Error(_))).await;
     match evs.last() {
         Some(Ev::Error(e)) => assert!(
-            e.contains("configuration") && e.contains("invalid shard selector"),
+            e.contains("refused the shard") && e.contains("invalid shard selector"),
             "{e}"
         ),
         other => panic!("{other:?}"),

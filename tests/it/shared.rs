@@ -248,6 +248,7 @@ async fn a_consumer_lagged_before_the_start_signal_still_gets_it() {
                 kube_persist::Event::InitDone => "InitDone".to_string(),
                 other => format!("{other:?}").chars().take(20).collect(),
             },
+            other => format!("{other:?}").chars().take(20).collect(),
         });
         if done {
             break;

@@ -7,6 +7,7 @@ use crate::common::{self, *};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::reflector::ObjectRef;
 use kube_persist::{Error, StreamConfig, SyncPhase};
 use kube_persist_testkit::{ResourceType, Verb, make_pod};
 
@@ -468,12 +469,13 @@ async fn server_errors_are_retried(engine: Engine) {
     assert!(stats.errors >= 3, "{stats:?}");
 }
 
-/// A second open of the same directory names it; the stream name is exclusive too.
+/// A second open of the same directory names it; the stream name is exclusive too. Each
+/// refusal is a variant a caller can match, naming what it refused.
 async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) {
     let fx = Fixture::new().await;
     let db = fx.open(engine);
     match try_open_db(engine, fx.path()) {
-        Err(Error::Locked { path }) => assert_eq!(path, fx.path()),
+        Err(Error::Locked { path, .. }) => assert_eq!(path, fx.path()),
         other => panic!("expected Locked, got {other:?}"),
     }
     let _pair = db
@@ -483,6 +485,38 @@ async fn locked_directory_and_duplicate_stream_are_clear_errors(engine: Engine) 
         .store("pods", fx.pods(), StreamConfig::default())
         .unwrap_err();
     assert!(err.to_string().contains("already open"), "{err}");
+    match &err {
+        Error::StreamInUse { path, stream, .. } => {
+            assert_eq!((path.as_path(), stream.as_str()), (fx.path(), "pods"))
+        }
+        other => panic!("expected StreamInUse, got {other:?}"),
+    }
+    assert!(!err.is_transient(), "another live writer is not waited out");
+    match db.drop_stream("pods") {
+        Err(Error::StreamInUse { stream, .. }) => assert_eq!(stream, "pods"),
+        other => panic!("expected StreamInUse, got {other:?}"),
+    }
+    match db.drop_stream("absent") {
+        Err(Error::NoSuchStream { stream, .. }) => assert_eq!(stream, "absent"),
+        other => panic!("expected NoSuchStream, got {other:?}"),
+    }
+    match db.reconcile_states("nobody").err() {
+        Some(Error::NoSuchController { controller, .. }) => assert_eq!(controller, "nobody"),
+        other => panic!("expected NoSuchController, got {other:?}"),
+    }
+    match db.store("", fx.pods(), StreamConfig::default()).err() {
+        Some(Error::InvalidArgument { detail, .. }) => {
+            assert!(detail.contains("empty"), "{detail}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let (keys, _w) = db
+        .store("keys", fx.pods(), StreamConfig::default().keys_only())
+        .unwrap();
+    match keys.get(&ObjectRef::new("web-0").within("default")) {
+        Err(Error::KeysOnly { stream, .. }) => assert_eq!(stream, "keys"),
+        other => panic!("expected KeysOnly, got {other:?}"),
+    }
 }
 
 /// A store closed in this process reopens once the last handle on its files is gone, however
@@ -664,7 +698,7 @@ fn a_periodic_writer_waits_for_a_reader_in_another_process() {
     let wait = Duration::from_millis(500);
     let t0 = std::time::Instant::now();
     match Db::open_with(&path, DbConfig::default().wait_for_readers(wait)) {
-        Err(Error::Locked { path: p }) => assert_eq!(p, path),
+        Err(Error::Locked { path: p, .. }) => assert_eq!(p, path),
         other => panic!("expected Locked past the wait, got {other:?}"),
     }
     assert!(t0.elapsed() >= wait, "{:?}", t0.elapsed());

@@ -461,7 +461,7 @@ async fn a_writer_waits_for_a_dump_that_holds_the_store() {
         // Waiting less than the tool holds the store: Locked, once the wait has passed.
         let t0 = Instant::now();
         match Db::open_with(&store, DbConfig::default().wait_for_readers(SHORT)) {
-            Err(kube_persist::Error::Locked { path }) => assert_eq!(path, store),
+            Err(kube_persist::Error::Locked { path, .. }) => assert_eq!(path, store),
             other => panic!(
                 "expected Locked after {SHORT:?}, got {:?}",
                 other.map(|_| ())

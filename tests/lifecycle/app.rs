@@ -504,7 +504,9 @@ impl Consumers {
                                 seen.traced(i, "InitDone".into());
                                 seen.started[i].fetch_add(1, Ordering::SeqCst);
                             }
-                            Event::Resumed { resource_version } => {
+                            Event::Resumed {
+                                resource_version, ..
+                            } => {
                                 seen.started[i].fetch_add(1, Ordering::SeqCst);
                                 reread(&format!("Resumed@{resource_version}"));
                             }
@@ -526,7 +528,9 @@ impl Consumers {
                                 seen.traced(i, format!("-{}", k.name));
                                 seen.held[i].lock().unwrap().remove(&k.name);
                             }
+                            other => panic!("an event this test does not know: {other:?}"),
                         },
+                        Ok(other) => panic!("an event this test does not know: {other:?}"),
                         Err(e) => seen.traced(
                             i,
                             format!(

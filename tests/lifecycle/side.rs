@@ -222,6 +222,7 @@ async fn consume<K>(
             Event::DeleteKey(k) => {
                 seen.held.lock().unwrap().remove(&k.name);
             }
+            _ => panic!("an event this test does not know"),
         }
     }
 }

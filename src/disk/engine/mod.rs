@@ -176,10 +176,10 @@ impl Engine {
 /// The error of a build without the `sled` feature asked to open a sled store.
 #[cfg(not(feature = "sled"))]
 fn no_sled(path: &Path) -> Error {
-    Error::Config(format!(
-        "{} is a sled store (or sled was asked for), and this build leaves out kube-persist's `sled` feature",
-        path.display()
-    ))
+    Error::FeatureNotBuilt {
+        feature: "sled",
+        detail: format!("{} is a sled store (or sled was asked for)", path.display()),
+    }
 }
 
 /// Open the storage of the store directory at `path` (which exists, with private
@@ -196,19 +196,18 @@ pub(crate) fn open(path: &Path, config: &DbConfig) -> Result<Arc<dyn Storage>> {
     let stored = match Engine::of_store(path)? {
         Some(stored) => stored,
         None if config.read_only => {
-            return Err(Error::Config(format!(
-                "no kube-persist store at {} to open read-only",
-                path.display()
-            )));
+            return Err(Error::NoStore {
+                path: path.to_path_buf(),
+                detail: "nothing to open read-only".into(),
+            });
         }
         None => record_engine(path, requested.unwrap_or_default())?,
     };
     if config.read_only && stored == Engine::Sled {
-        return Err(Error::Config(format!(
-            "{} is a sled store, and sled has no read-only mode: open it for writing, with its \
-             controller stopped",
-            path.display()
-        )));
+        return Err(Error::ReadOnlyUnavailable {
+            path: path.to_path_buf(),
+            detail: "it is a sled store, and sled has no read-only mode".into(),
+        });
     }
     match requested {
         Some(requested) if requested != stored => {
@@ -285,11 +284,9 @@ fn new_private_file(path: &Path) -> std::io::Result<std::fs::File> {
 /// else the store did not make (else [`Error::NotAStore`]; see [`Contents`]). Any failure
 /// other than a held lock (the corruption being wiped, say) does not prevent the removal.
 pub(crate) fn check_removable(path: &Path) -> Result<()> {
-    let refuse = |why: String| {
-        Error::Config(format!(
-            "refusing to remove {}: {why}, so it does not look like a kube-persist store",
-            path.display()
-        ))
+    let refuse = |why: String| Error::NoStore {
+        path: path.to_path_buf(),
+        detail: format!("refusing to remove it: {why}"),
     };
     let contents = Contents::read(path)?
         .ok_or_else(|| Error::from_io(path.to_path_buf(), std::io::ErrorKind::NotFound.into()))?;
@@ -313,7 +310,7 @@ pub(crate) fn check_removable(path: &Path) -> Result<()> {
         Err(Error::Locked { path }) => Err(Error::Locked { path }),
         Ok(()) => Ok(()),
         // This build cannot tell whether the store is open elsewhere.
-        Err(e @ Error::Config(_)) => Err(e),
+        Err(e @ Error::FeatureNotBuilt { .. }) => Err(e),
         Err(e) => {
             tracing::info!(path = %path.display(), error = %e, "removing a store that does not open");
             Ok(())

@@ -418,10 +418,10 @@ impl Iterator for ChunkedRange {
 
 /// The error of a write through a read-only handle.
 fn read_only(dir: &Path) -> Error {
-    Error::Config(format!(
-        "the store at {} is open read-only (DbConfig::read_only)",
-        dir.display()
-    ))
+    Error::ReadOnly {
+        path: dir.to_path_buf(),
+        detail: "a write".into(),
+    }
 }
 
 /// Open the database once: [`Error::Locked`] if another handle excludes this one.
@@ -437,11 +437,13 @@ fn open_handle(file: &Path, dir: &Path, config: &DbConfig) -> Result<Handle> {
                 .open_read_only(file)
                 .map(Handle::Read)
                 .map_err(|e| match e {
-                    redb::DatabaseError::RepairAborted => Error::Config(format!(
-                        "{} was not closed cleanly and cannot be read before its recovery: \
-                         open it for writing once (its controller does when it starts)",
-                        dir.display()
-                    )),
+                    redb::DatabaseError::RepairAborted => Error::ReadOnlyUnavailable {
+                        path: dir.to_path_buf(),
+                        detail: "it was not closed cleanly and cannot be read before its \
+                                 recovery: open it for writing once (its controller does when \
+                                 it starts)"
+                            .into(),
+                    },
                     e => from_redb(file, e.into()),
                 })
         } else {

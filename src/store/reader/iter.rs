@@ -50,9 +50,11 @@ where
     /// built.
     pub(super) fn new(reader: &Reader<K>, index: &str, value: &str) -> Result<ByIndex<K>> {
         if !reader.status.borrow().indexes.iter().any(|n| n == index) {
-            return Err(Error::Config(format!(
-                "index {index:?} is not configured on this stream, or is still being built"
-            )));
+            return Err(Error::IndexUnavailable {
+                path: reader.path.to_path_buf(),
+                stream: reader.stream.to_string(),
+                index: index.to_string(),
+            });
         }
         // An encrypted stream stores a keyed hash of each value: look that up.
         let prefix = match &reader.cipher {

@@ -145,17 +145,13 @@ where
         self
     }
 
-    /// Whether this reader's stream is keys-only (it can read no bodies).
-    pub(crate) fn is_keys_only(&self) -> bool {
-        self.keys_only
-    }
-
-    fn bodies(&self) -> Result<()> {
+    /// `Err(Error::KeysOnly)` on a keys-only stream, which can read no bodies.
+    pub(crate) fn bodies(&self) -> Result<()> {
         if self.keys_only {
-            return Err(Error::Config(format!(
-                "the stream in {} is keys-only: it stores no objects to read (use its events)",
-                self.path.display()
-            )));
+            return Err(Error::KeysOnly {
+                path: self.path.to_path_buf(),
+                stream: self.stream.to_string(),
+            });
         }
         Ok(())
     }
@@ -1198,9 +1194,9 @@ where
         let meta = written.meta();
         let (Some(name), Some(rv)) = (meta.name.as_deref(), meta.resource_version.as_deref())
         else {
-            return Err(Error::Config(
-                "wait_for_write needs an object with metadata.name and metadata.resourceVersion (as a write returns it)".into(),
-            ));
+            return Err(Error::InvalidArgument {
+                detail: "wait_for_write needs an object with metadata.name and metadata.resourceVersion (as a write returns it)".into(),
+            });
         };
         caught_up::wait_for_version(
             self,
@@ -1223,10 +1219,10 @@ where
     }
 
     pub(crate) fn dropped(&self) -> Error {
-        Error::Config(format!(
-            "the watcher of the store at {} was dropped before it got there",
-            self.path.display()
-        ))
+        Error::WatcherDropped {
+            path: self.path.to_path_buf(),
+            stream: self.stream.to_string(),
+        }
     }
 
     /// The resourceVersion and uid of the stored object (`None` when absent), read on the
@@ -1241,9 +1237,7 @@ where
             namespace.map(str::to_string),
             name.to_string(),
         );
-        tokio::task::spawn_blocking(move || reader.stored_version_and_uid(ns.as_deref(), &name))
-            .await
-            .map_err(|e| Error::Config(format!("reading a stored version failed: {e}")))?
+        blocking(move || reader.stored_version_and_uid(ns.as_deref(), &name)).await
     }
 }
 

@@ -30,7 +30,9 @@ pub(super) async fn blocking<T: Send + 'static>(
     match tokio::task::spawn_blocking(read).await {
         Ok(result) => result,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(Error::Config(format!("a read was cancelled: {e}"))),
+        Err(e) => Err(Error::ReadCancelled {
+            detail: e.to_string(),
+        }),
     }
 }
 
@@ -74,7 +76,9 @@ where
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 Err(e) => (
                     None,
-                    vec![Err(Error::Config(format!("a read was cancelled: {e}")))],
+                    vec![Err(Error::ReadCancelled {
+                        detail: e.to_string(),
+                    })],
                 ),
             };
             // Read the next chunk while this one is consumed.
@@ -84,4 +88,45 @@ where
     })
     .flatten()
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read still queued on the blocking pool when the runtime shuts down is cancelled:
+    /// [`Error::ReadCancelled`], which a caller retries on a running runtime
+    /// ([`Error::is_transient`]).
+    #[test]
+    fn a_read_cancelled_by_a_shutdown_is_transient() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        // Hold the only blocking thread, so that the read waits in the pool's queue.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        rt.spawn_blocking(move || {
+            started_tx.send(()).unwrap();
+            let _ = held.recv();
+        });
+        started.recv().unwrap();
+        let mut read = Box::pin(blocking(|| Ok(1u8)));
+        let waker = futures::task::noop_waker();
+        {
+            // The first poll queues the read, in the runtime's context.
+            let _in = rt.handle().enter();
+            let polled = read
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker));
+            assert!(polled.is_pending());
+        }
+        rt.shutdown_background();
+        // The held thread ends its task, sees the shutdown and cancels the queued read.
+        release.send(()).unwrap();
+        let err = futures::executor::block_on(read).unwrap_err();
+        assert!(matches!(err, Error::ReadCancelled { .. }), "{err:?}");
+        assert!(err.is_transient(), "{err}");
+    }
 }

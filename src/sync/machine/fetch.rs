@@ -21,7 +21,7 @@ use futures::AsyncReadExt;
 use kube::core::Request;
 
 use crate::exec::DiskWorker;
-use crate::model::{Counters, Error, Result, resource_version};
+use crate::model::{Counters, Error, RequestKind, Result, resource_version};
 use crate::sync::backoff::{Backoff, jitter};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::with_shard;
@@ -308,7 +308,11 @@ impl std::fmt::Display for Failure {
 impl Failure {
     fn into_error(self, context: String) -> Error {
         match self {
-            Failure::Kube(source) => Error::Kube { context, source },
+            Failure::Kube(source) => Error::Kube {
+                request: RequestKind::List,
+                context,
+                source,
+            },
             Failure::Read(e) => Error::Protocol {
                 context,
                 detail: format!("reading the answer: {e}"),

@@ -10,7 +10,7 @@ use super::core::{Core, Done};
 use super::transition::{InitialBurst, Returned, Status};
 use super::{Deferred, Held, INITIAL_LINGER};
 use crate::exec::{DiskWorker, PagePermit, compute};
-use crate::model::{Counters, Error, Result};
+use crate::model::{Counters, Error, RequestKind, Result};
 use crate::store::{Change, ListProgress, Op};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::{WatchConn, invalid_shard, with_shard};
@@ -316,7 +316,9 @@ impl Lister<'_> {
         } else {
             self.request.list(&lp)
         }
-        .map_err(|e| Error::Config(format!("{}: {e}", context())))?;
+        .map_err(|e| Error::InvalidArgument {
+            detail: format!("{}: {e}", context()),
+        })?;
         let req = with_shard(req, self.cfg)?;
         let body = match self.client.request_stream(req).await {
             Ok(b) => b,
@@ -328,6 +330,7 @@ impl Lister<'_> {
                     return Err(e);
                 }
                 return Err(Error::Kube {
+                    request: RequestKind::List,
                     context: context(),
                     source,
                 });

@@ -271,7 +271,7 @@ impl Driver {
     fn failed(&mut self, e: Error) -> Returned {
         let returned = Returned::Failed {
             status: watch::status_of(&e),
-            fatal: matches!(e, Error::Config(_)),
+            fatal: e.stops_watcher(),
             detail: e.to_string(),
         };
         self.core.error = Some(e);

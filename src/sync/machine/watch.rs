@@ -52,7 +52,7 @@ pub(super) fn connect_failed(core: &mut Core, failure: ConnectFailure) -> Return
     };
     let returned = Returned::Failed {
         status,
-        fatal: matches!(e, Error::Config(_)),
+        fatal: e.stops_watcher(),
         detail: e.to_string(),
     };
     core.error = Some(e);

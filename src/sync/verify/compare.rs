@@ -16,7 +16,7 @@ use super::window::{Now, Window};
 use crate::disk::DbConfig;
 use crate::disk::keys;
 use crate::model::Shard;
-use crate::model::{Error, Result};
+use crate::model::{Error, RequestKind, Result};
 use crate::store::{Dir, StoredVersions, StreamInfo};
 use crate::sync::params;
 use crate::sync::raw::StatusKind;
@@ -213,6 +213,7 @@ impl VerifyTarget {
                 }
                 Err(source) => {
                     return Err(Error::Kube {
+                        request: RequestKind::List,
                         context: match at {
                             At::Now => format!("listing {} to verify it", self.url),
                             At::Exactly(rv) => {
