@@ -85,7 +85,7 @@ impl Config {
     /// let cfg = kube_persist::controller::Config::default().concurrency(8);
     /// assert_eq!(cfg.get_concurrency(), 8);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn concurrency(mut self, concurrency: u16) -> Self {
         self.concurrency = concurrency;
         self
@@ -99,7 +99,7 @@ impl Config {
     /// let cfg = kube_persist::controller::Config::default().debounce(Duration::from_millis(50));
     /// assert_eq!(cfg.get_debounce(), Duration::from_millis(50));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
         self
@@ -125,7 +125,7 @@ impl Config {
     /// let eager = Config::default().catch_up_before_startup(None);
     /// assert_eq!(eager.get_catch_up_before_startup(), None);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn catch_up_before_startup(mut self, timeout: Option<Duration>) -> Self {
         self.startup_catch_up = timeout;
         self
@@ -144,7 +144,7 @@ impl Config {
     /// let cfg = Config::default().startup(StartupMode::ReconcileAll);
     /// assert_eq!(cfg.get_startup(), StartupMode::ReconcileAll);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn startup(mut self, mode: StartupMode) -> Self {
         self.startup = mode;
         self
@@ -163,7 +163,7 @@ impl Config {
     /// // At least one second.
     /// assert_eq!(Config::default().requeue_window(Duration::ZERO).get_requeue_window(), Duration::from_secs(1));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn requeue_window(mut self, window: Duration) -> Self {
         self.requeue_window = window.max(Duration::from_secs(1));
         self
@@ -180,7 +180,7 @@ impl Config {
     /// assert_eq!(Config::default().pass_chunk(100).get_pass_chunk(), 100);
     /// assert_eq!(Config::default().pass_chunk(0).get_pass_chunk(), 1);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn pass_chunk(mut self, refs: usize) -> Self {
         self.pass_chunk = refs.max(1);
         self

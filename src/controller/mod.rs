@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Objects come from a kube-persist [`Reader`] (disk, not RAM) and triggers from the
-//! persistent [`Watcher`]'s events. Scheduling is kube-runtime's own
+//! persistent [`Watcher`](crate::Watcher)'s events. Scheduling is kube-runtime's own
 //! [`scheduler`](mod@kube::runtime::scheduler): deduplication, debounce and timed requeues.
 //! What kube-runtime's `Controller` guarantees is kept: never two reconciles of one object
 //! at once, a concurrency limit, requeue after an [`Action`], retries through the error
@@ -27,14 +27,14 @@
 //! disk in chunks: they never hold all objects, nor all their references, in memory.
 //!
 //! For controllers that keep their main kind in kube-runtime's in-memory store and only
-//! move the big related kinds to disk, [`Watcher::touched_objects`] is a trigger stream for
+//! move the big related kinds to disk, [`Watcher::touched_objects`](crate::Watcher::touched_objects) is a trigger stream for
 //! kube-runtime's `Controller::owns_stream` / `watches_stream`.
 //!
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::Pod;
-//! use kube::{Api, Client, runtime::controller::Action};
+//! use kube::{Api, Client, runtime::{controller::Action, watcher}};
 //! use kube_persist::{Db, controller::{self, Controller}};
 //!
 //! #[derive(Debug, thiserror::Error)]
@@ -52,11 +52,11 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::try_default().await?;
-//! let db = Db::open("/var/lib/my-controller/cache")?;
+//! let db = Db::open_async("/var/lib/my-controller/cache").await?;
 //! // Was: Controller::new(Api::<Pod>::all(client), watcher::Config::default())
-//! Controller::for_store(&db, "pods", Api::<Pod>::all(client), kube_persist::StreamConfig::default(),
-//!         controller::Config::default().concurrency(16))?
-//!     .durable_state(&db, "my-controller")? // a restart reconciles only what changed
+//! Controller::new(&db, Api::<Pod>::all(client), watcher::Config::default())?
+//!     .with_config(controller::Config::default().concurrency(16))
+//!     .durable_state("my-controller")? // a restart reconciles only what changed
 //!     .shutdown_on_signal()
 //!     .run(reconcile, error_policy, Arc::new(()))
 //!     .for_each(|res| async move {
@@ -110,8 +110,9 @@ use triggers::TriggerStream;
 
 /// A controller for the objects of one persistent stream of kind `K`.
 ///
-/// Build it from the stream's [`Reader`] and [`Watcher`] (or let
-/// [`Controller::for_store`] open them), add related triggers, then
+/// Build it with [`Controller::new`] (kube-runtime's constructor with the store
+/// directory), or from a stream's [`Reader`] and [`Watcher`](crate::Watcher) with
+/// [`Controller::for_store`], add related triggers, then
 /// [`run`](Controller::run) it. Nothing happens until the returned stream is polled; the
 /// controller drives the watchers it was given (they must not be driven elsewhere).
 ///
@@ -123,7 +124,8 @@ use triggers::TriggerStream;
 ///
 /// let (replicasets, rs_watcher) = db.store("replicasets", Api::<ReplicaSet>::all(client.clone()), kube_persist::StreamConfig::default())?;
 /// let pods = db.store("pods", Api::<Pod>::all(client), kube_persist::StreamConfig::default())?;
-/// let controller = Controller::new(replicasets, rs_watcher, Config::default().concurrency(8))
+/// let controller = Controller::for_store((replicasets, rs_watcher))
+///     .with_config(Config::default().concurrency(8))
 ///     .owns_store(pods); // a Pod change reconciles its owning ReplicaSet
 /// # let _ = controller; Ok(()) }
 /// ```
@@ -247,7 +249,7 @@ where
     }
 
     /// A controller of the objects of a persistent stream: its [`Reader`] and its
-    /// [`Watcher`] as [`Db::store`] returns them (the stream named as you choose). The
+    /// [`Watcher`](crate::Watcher) as [`Db::store`] returns them (the stream named as you choose). The
     /// controller drives the watcher; related kinds added with [`owns`](Controller::owns) /
     /// [`watches`](Controller::watches) are opened in the same store directory.
     ///

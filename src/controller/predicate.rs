@@ -56,7 +56,7 @@ impl PredicateConfig {
     /// let config = kube_persist::controller::PredicateConfig::default().ttl(Duration::from_secs(60));
     /// assert_eq!(config.get_ttl(), Duration::from_secs(60));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self

@@ -162,7 +162,7 @@ where
     /// Reconciles the owners (of kind `K`, by `ownerReferences`) of each object a persistent
     /// stream of `Child` touches. The controller drives the child stream's watcher, and waits
     /// until its store is ready before the first reconcile. Keep a clone of the child
-    /// [`Reader`] to look children up from the reconciler.
+    /// [`Reader`](crate::Reader) to look children up from the reconciler.
     ///
     /// ```no_run
     /// # fn demo(db: kube_persist::Db, client: kube::Client, c: kube_persist::controller::Controller<k8s_openapi::api::apps::v1::ReplicaSet>) -> kube_persist::Result<()> {
@@ -191,8 +191,7 @@ where
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
     ///     Default::default(), &ar)?;
-    /// let controller = Controller::for_store(&db, "deployments", kube::Api::<Deployment>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("deployments", kube::Api::<Deployment>::all(client), kube_persist::StreamConfig::default())?)
     ///     .owns_store_with(widgets, ar);
     /// # let _ = controller; Ok(()) }
     /// ```
@@ -247,8 +246,7 @@ where
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
     ///     Default::default(), &ar)?;
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?)
     ///     .watches_store_with(widgets, ar, |w: DynamicObject| {
     ///         let pod = w.data["spec"]["pod"].as_str().map(|p| ObjectRef::<Pod>::new(p).within("default"));
     ///         pod.into_iter()
@@ -314,8 +312,7 @@ where
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let api = kube::Api::<DynamicObject>::all_with(client.clone(), &ar);
     /// let widgets = watcher(api, watcher::Config::default()).touched_objects();
-    /// let controller = Controller::for_store(&db, "deployments", kube::Api::<Deployment>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("deployments", kube::Api::<Deployment>::all(client), kube_persist::StreamConfig::default())?)
     ///     .owns_stream_with(widgets, ar);
     /// # let _ = controller; Ok(()) }
     /// ```
@@ -374,8 +371,7 @@ where
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let api = kube::Api::<DynamicObject>::all_with(client.clone(), &ar);
     /// let widgets = watcher(api, watcher::Config::default()).touched_objects();
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?)
     ///     .watches_stream_with(widgets, |w: DynamicObject| {
     ///         w.data["spec"]["pod"].as_str().map(|p| ObjectRef::<Pod>::new(p).within("default"))
     ///     }, ar);
@@ -414,8 +410,7 @@ where
     /// use kube_persist::controller::{Config, Controller};
     /// let (pods, pod_watcher) = db.store("pods", kube::Api::<Pod>::all(client.clone()), kube_persist::StreamConfig::default())?;
     /// let shared = pod_watcher.shared(1024);
-    /// let controller = Controller::for_store(&db, "replicasets", kube::Api::<ReplicaSet>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("replicasets", kube::Api::<ReplicaSet>::all(client), kube_persist::StreamConfig::default())?)
     ///     .owns_shared(&pods, shared.subscribe());
     /// tokio::spawn(shared.run());
     /// # let _ = controller; Ok(()) }
@@ -447,8 +442,7 @@ where
     /// use kube_persist::controller::{Config, Controller};
     /// let (cms, cm_watcher) = db.store("cms", kube::Api::<ConfigMap>::all(client.clone()), kube_persist::StreamConfig::default())?;
     /// let shared = cm_watcher.shared(1024);
-    /// let controller = Controller::for_store(&db, "pods", kube::Api::<Pod>::all(client),
-    ///         Default::default(), Config::default())?
+    /// let controller = Controller::for_store(db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?)
     ///     .watches_shared(&cms, shared.subscribe(), |cm: ConfigMap| {
     ///         let ns = cm.metadata.namespace.clone().unwrap_or_default();
     ///         cm.metadata.name.map(|n| ObjectRef::<Pod>::new(&n).within(&ns))

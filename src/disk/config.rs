@@ -121,7 +121,7 @@ impl DbConfig {
     /// let cfg = DbConfig::default().cache_capacity(64 << 20);
     /// assert_eq!(cfg.get_cache_capacity(), 64 << 20);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn cache_capacity(mut self, bytes: u64) -> Self {
         self.cache_capacity = bytes;
         self
@@ -140,7 +140,7 @@ impl DbConfig {
     /// db.flush()?; // durable now, whatever the setting
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
@@ -168,7 +168,7 @@ impl DbConfig {
     /// assert!(matches!(err, Error::Encryption { .. }));
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn encryption_key(mut self, key: EncryptionKey) -> Self {
         self.encryption = Some(key);
         self
@@ -204,7 +204,7 @@ impl DbConfig {
     /// assert!(matches!(refused, Err(Error::Locked { .. })));
     /// # drop(writer); Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
         self
@@ -228,7 +228,7 @@ impl DbConfig {
     /// assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o700);
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn strict_permissions(mut self, strict: bool) -> Self {
         self.strict_permissions = strict;
         self
@@ -243,7 +243,7 @@ impl DbConfig {
     /// ```
     /// let config = kube_persist::DbConfig::default().compression(false);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn compression(mut self, on: bool) -> Self {
         self.compression = if on {
             Compression::Lz4
@@ -267,7 +267,7 @@ impl DbConfig {
     /// # drop(db);
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn compression_codec(mut self, codec: Compression) -> Self {
         self.compression = codec;
         self
@@ -292,7 +292,7 @@ impl DbConfig {
     /// assert_eq!(Db::open(dir.path())?.engine(), Engine::Sled);
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn engine(mut self, engine: Engine) -> Self {
         self.engine = Some(engine);
         self
@@ -318,7 +318,7 @@ impl DbConfig {
     /// # drop(db);
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn wait_for_readers(mut self, wait: Duration) -> Self {
         self.reader_wait = wait;
         self

@@ -59,7 +59,7 @@ impl StreamConfig {
     /// let config = kube_persist::StreamConfig::default().labels_from(&selector);
     /// assert_eq!(config.get_label_selector(), Some("app=web"));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn labels_from(self, selector: &Selector) -> Self {
         self.labels(&selector.to_string())
     }

@@ -294,7 +294,7 @@ impl StreamConfig {
     /// let cfg = StreamConfig::default().shard(Shard::new(ShardKey::Uid).range(0, 1 << 63));
     /// assert!(cfg.get_shard().is_some());
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn shard(mut self, shard: Shard) -> Self {
         self.shard = Some(Ok(shard));
         self
@@ -308,7 +308,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().shards(1, 3);
     /// assert_eq!(cfg.get_shard().unwrap().ranges().len(), 1);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn shards(mut self, index: u32, count: u32) -> Self {
         self.shard = Some(Shard::even(ShardKey::Uid, index, count).map_err(|e| e.to_string()));
         self
@@ -333,7 +333,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().labels("app=web,tier!=cache");
     /// assert_eq!(cfg.get_label_selector(), Some("app=web,tier!=cache"));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn labels(mut self, selector: &str) -> Self {
         self.label_selector = Some(selector.to_string());
         self
@@ -345,7 +345,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().fields("spec.nodeName=node-1");
     /// assert_eq!(cfg.get_field_selector(), Some("spec.nodeName=node-1"));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn fields(mut self, selector: &str) -> Self {
         self.field_selector = Some(selector.to_string());
         self
@@ -367,7 +367,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().page_size(100).get_page_size(), 100);
     /// assert_eq!(StreamConfig::default().page_size(0).get_page_size(), 1); // never "no limit"
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn page_size(mut self, n: u32) -> Self {
         self.page_size = n.clamp(1, Self::MAX_PAGE_SIZE);
         self
@@ -387,7 +387,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().streaming_lists();
     /// assert!(cfg.get_streaming_lists());
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn streaming_lists(mut self) -> Self {
         self.streaming_lists = true;
         self
@@ -406,7 +406,7 @@ impl StreamConfig {
     ///     .initial_events_timeout(Duration::from_secs(120));
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn initial_events_timeout(mut self, d: Duration) -> Self {
         self.initial_events_timeout = d.max(Duration::from_millis(1));
         self
@@ -420,7 +420,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().timeout(120).get_timeout(), 120);
     /// assert_eq!(StreamConfig::default().timeout(0).get_timeout(), 1);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn timeout(mut self, seconds: u32) -> Self {
         self.timeout = seconds.clamp(1, Self::MAX_TIMEOUT);
         self
@@ -435,7 +435,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().validate(false);
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn validate(mut self, on: bool) -> Self {
         self.validate = on;
         self
@@ -449,7 +449,7 @@ impl StreamConfig {
     /// assert_eq!(StreamConfig::default().max_object_bytes(256 << 10).get_max_object_bytes(), 256 << 10);
     /// assert_eq!(StreamConfig::default().max_object_bytes(10).get_max_object_bytes(), 1 << 10);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn max_object_bytes(mut self, bytes: usize) -> Self {
         self.max_object_bytes = bytes.max(1 << 10);
         self
@@ -470,7 +470,7 @@ impl StreamConfig {
     /// assert_eq!(cfg.get_max_page_bytes(), 64 << 20);
     /// assert_eq!(cfg.max_page_bytes(0).get_max_page_bytes(), (1 << 20) + (64 << 10));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn max_page_bytes(mut self, bytes: usize) -> Self {
         self.max_page_bytes = bytes;
         self
@@ -494,7 +494,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().too_large_retries(0);
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn too_large_retries(mut self, n: u32) -> Self {
         self.too_large_retries = n;
         self
@@ -512,7 +512,7 @@ impl StreamConfig {
     ///     .backoff(Duration::from_millis(100), Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min.max(Duration::from_millis(1));
         self.max_backoff = max.max(self.min_backoff);
@@ -542,7 +542,7 @@ impl StreamConfig {
     /// assert_eq!((stats.hot_cache_misses, stats.hot_cache_hits), (2, 1));
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn hot_cache(mut self, bytes: usize) -> Self {
         self.hot_cache_bytes = bytes;
         self
@@ -556,7 +556,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().relist_jitter(Duration::from_secs(10));
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn relist_jitter(mut self, d: Duration) -> Self {
         self.relist_jitter = d;
         self
@@ -574,7 +574,7 @@ impl StreamConfig {
     /// let cfg = kube_persist::StreamConfig::default().relist_backoff_reset(Duration::from_secs(600));
     /// assert_eq!(cfg.get_relist_backoff_reset(), Duration::from_secs(600));
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn relist_backoff_reset(mut self, d: Duration) -> Self {
         self.relist_backoff_reset = d;
         self
@@ -620,7 +620,7 @@ impl StreamConfig {
     /// # assert!(on_server["status"].is_object());
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn transform(
         mut self,
         name: &str,
@@ -664,7 +664,7 @@ impl StreamConfig {
     /// assert!(matches!(err, Error::SensitiveKind { ref kind, .. } if kind == "ConfigMap"));
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn sensitive(mut self, sensitive: bool) -> Self {
         self.sensitive = Some(sensitive);
         self
@@ -691,7 +691,7 @@ impl StreamConfig {
     /// # let _ = reader;
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn allow_sensitive_data(mut self) -> Self {
         self.allow_sensitive_data = true;
         self
@@ -740,7 +740,7 @@ impl StreamConfig {
     /// assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn drop_secret_data(mut self) -> Self {
         self.drop_secret_data = true;
         self
@@ -797,7 +797,7 @@ impl StreamConfig {
     /// });
     /// # let _ = cfg;
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn index<K: 'static>(
         mut self,
         name: &str,
@@ -830,7 +830,7 @@ impl StreamConfig {
     /// assert_eq!(reader.by_index("label:app", "web")?.count(), 2);
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn label_index<K: Resource + 'static>(self, key: &str) -> Self {
         let k = key.to_string();
         self.index(&format!("label:{key}"), move |obj: &K| {
@@ -887,7 +887,7 @@ impl StreamConfig {
     /// assert!(reader.get(&ObjectRef::new("web-0").within("default")).is_err()); // no bodies
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn keys_only(mut self) -> Self {
         self.keys_only = true;
         self
@@ -914,7 +914,7 @@ impl StreamConfig {
     /// # assert!(on_server["metadata"]["managedFields"].is_array());
     /// # Ok(()) }
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn drop_managed_fields(self) -> Self {
         self.transform("drop-managed-fields", |v| {
             if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
@@ -982,7 +982,7 @@ impl StreamConfig {
     /// let cfg = StreamConfig::default().relist_mode(RelistMode::Full);
     /// assert_eq!(cfg.get_relist_mode(), RelistMode::Full);
     /// ```
-    #[must_use]
+    #[must_use = "a setter returns the changed configuration, and changes nothing else"]
     pub fn relist_mode(mut self, mode: RelistMode) -> Self {
         self.relist_mode = mode;
         self
