@@ -38,6 +38,21 @@ impl Count {
     }
 }
 
+/// Runs `controller` with a reconciler that counts its reconciles by name and awaits the
+/// next change.
+fn run_counting(controller: Controller<Pod>) -> (Count, tokio::task::JoinHandle<()>) {
+    let count = Count::default();
+    let run = controller.run(
+        |pod: Arc<Pod>, count: Arc<Count>| async move {
+            count.add(pod.metadata.name.as_deref().unwrap_or_default());
+            Ok::<_, Never>(Action::await_change())
+        },
+        |_, _, _| Action::await_change(),
+        Arc::new(count.clone()),
+    );
+    (count, tokio::spawn(run.for_each(|_| async {})))
+}
+
 /// Sets `metadata.<field>` of pod `ns/name` on the server.
 fn set_meta(h: &ServerHandle, ns: &str, name: &str, field: &str, value: serde_json::Value) {
     let pods = ResourceType::pods();
@@ -54,20 +69,11 @@ fn set_meta(h: &ServerHandle, ns: &str, name: &str, field: &str, value: serde_js
 async fn a_predicate_filters_changes_in_memory_and_a_create_passes() {
     let fx = Fixture::with_pods(2, 1).await; // ns-0/pod-0, ns-0/pod-1
     let db = Db::open(fx.path()).unwrap();
-    let count = Count::default();
     let controller = Controller::new(&db, fx.pods(), watcher::Config::default())
         .unwrap()
         .predicate_filter(predicates::labels, Default::default());
     let stats = controller.stats();
-    let run = controller.run(
-        |pod: Arc<Pod>, count: Arc<Count>| async move {
-            count.add(pod.metadata.name.as_deref().unwrap_or_default());
-            Ok::<_, Never>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        Arc::new(count.clone()),
-    );
-    let task = tokio::spawn(run.for_each(|_| async {}));
+    let (count, task) = run_counting(controller);
     common::eventually("both pods reconciled", || {
         count.of("pod-0") == 1 && count.of("pod-1") == 1
     })
@@ -148,16 +154,7 @@ async fn related_streams_are_named_after_their_selection() {
             watcher::Config::default(),
         );
     // Every store is ready before the first reconcile starts.
-    let count = Count::default();
-    let run = controller.run(
-        |pod: Arc<Pod>, count: Arc<Count>| async move {
-            count.add(pod.metadata.name.as_deref().unwrap_or_default());
-            Ok::<_, Never>(Action::await_change())
-        },
-        |_, _, _| Action::await_change(),
-        Arc::new(count.clone()),
-    );
-    let task = tokio::spawn(run.for_each(|_| async {}));
+    let (count, task) = run_counting(controller);
     common::eventually("the pod reconciled", || count.of("pod-0") == 1).await;
     let mut names: Vec<String> = db.streams().unwrap().into_iter().map(|s| s.name).collect();
     names.sort();
