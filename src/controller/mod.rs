@@ -222,7 +222,9 @@ where
     where
         K::DynamicType: Default,
     {
-        Self::new_with(db, main_api, wc, Default::default())
+        let dyntype = K::DynamicType::default();
+        let pair = crate::sync::open_derived(&db.dir, main_api, wc.into(), &dyntype)?;
+        Ok(Self::for_store_with(pair, dyntype))
     }
 
     /// Like [`Controller::new`], for kinds with a runtime type (e.g. `DynamicObject` with its

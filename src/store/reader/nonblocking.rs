@@ -99,33 +99,18 @@ mod tests {
     /// ([`Error::is_transient`]).
     #[test]
     fn a_read_cancelled_by_a_shutdown_is_transient() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .max_blocking_threads(1)
+        // A runtime that is gone never runs the read: `blocking` reports it cancelled (not
+        // a panic, not a lost result), and a retry on a running runtime can succeed.
+        let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        // Hold the only blocking thread, so that the read waits in the pool's queue.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let (started_tx, started) = std::sync::mpsc::channel::<()>();
-        rt.spawn_blocking(move || {
-            started_tx.send(()).unwrap();
-            let _ = held.recv();
-        });
-        started.recv().unwrap();
-        let mut read = Box::pin(blocking(|| Ok(1u8)));
-        let waker = futures::task::noop_waker();
-        {
-            // The first poll queues the read, in the runtime's context.
-            let _in = rt.handle().enter();
-            let polled = read
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(&waker));
-            assert!(polled.is_pending());
-        }
-        rt.shutdown_background();
-        // The held thread ends its task, sees the shutdown and cancels the queued read.
-        release.send(()).unwrap();
-        let err = futures::executor::block_on(read).unwrap_err();
+        let handle = rt.handle().clone();
+        drop(rt);
+        let err = futures::executor::block_on(async {
+            let _in = handle.enter();
+            blocking(|| Ok(1u8)).await
+        })
+        .unwrap_err();
         assert!(matches!(err, Error::ReadCancelled { .. }), "{err:?}");
         assert!(err.is_transient(), "{err}");
     }
