@@ -96,7 +96,7 @@ impl Db {
     /// let dir = tempfile::tempdir().unwrap();
     /// std::fs::write(dir.path().join("notes.txt"), "keep me").unwrap();
     /// match Db::open_with(dir.path(), DbConfig::default()) {
-    ///     Err(Error::NotAStore { path, found }) => {
+    ///     Err(Error::NotAStore { path, found, .. }) => {
     ///         assert_eq!((path.as_path(), found), (dir.path(), vec![dir.path().join("notes.txt")]));
     ///     }
     ///     other => panic!("expected NotAStore, got {other:?}"),

@@ -190,7 +190,7 @@ where
     /// use kube_persist::controller::{Config, Controller};
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
-    ///     Default::default(), &ar)?;
+    ///     kube_persist::StreamConfig::default(), &ar)?;
     /// let controller = Controller::for_store(db.store("deployments", kube::Api::<Deployment>::all(client), kube_persist::StreamConfig::default())?)
     ///     .owns_store_with(widgets, ar);
     /// # let _ = controller; Ok(()) }
@@ -245,7 +245,7 @@ where
     /// use kube_persist::controller::{Config, Controller};
     /// let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let widgets = db.store_with("widgets", kube::Api::<DynamicObject>::all_with(client.clone(), &ar),
-    ///     Default::default(), &ar)?;
+    ///     kube_persist::StreamConfig::default(), &ar)?;
     /// let controller = Controller::for_store(db.store("pods", kube::Api::<Pod>::all(client), kube_persist::StreamConfig::default())?)
     ///     .watches_store_with(widgets, ar, |w: DynamicObject| {
     ///         let pod = w.data["spec"]["pod"].as_str().map(|p| ObjectRef::<Pod>::new(p).within("default"));

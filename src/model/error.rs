@@ -368,7 +368,7 @@ pub enum Error {
     },
     /// There is no stored reconcile state of that controller in the store.
     #[non_exhaustive]
-    #[error("no state of controller {controller:?} in the store at {}", path.display())]
+    #[error("no controller state {controller:?} in the store at {}", path.display())]
     NoSuchController {
         /// The store directory.
         path: PathBuf,
