@@ -15,11 +15,11 @@ use crate::model::Error;
 /// Version of the on-disk format. Part of the store identity: a store written with a
 /// format version this one cannot read is not resumed but rebuilt.
 ///
-/// 5: written with redb 5 (the crate moved from redb 4.6, issue 57). Records and keys are
-/// laid out as in format 4, and redb 5 opens redb 4's files (its file format is unchanged),
-/// but a stream of an older format is not resumed: it starts clean and is listed again
-/// once, so that no stream carries records across the engine's major version (a sled
-/// stream too: the version is the stream's, whatever its engine). The test
+/// 5: issue 57's format, made for a move to redb 5 (not made: BENCHMARKS.md, *redb 4.6 and
+/// 5.0*). Records and keys are laid out as in format 4, but a stream of an older format is
+/// not resumed: it starts clean and is listed again once (a sled stream too: the version is
+/// the stream's, whatever its engine), so that the next engine move needs no reader of
+/// older records. The test
 /// `format_fixture` opens a committed store of format 4 written by redb 4.6.
 /// 4: an encrypted stream seals with keys of its own, derived from the store's key, its
 /// name and the random id its keyspace got when it was started clean

@@ -310,7 +310,7 @@ mod tests {
             plan(&stored(Some(&id), None, Some(&synced)), &id, None),
             resume(false, false)
         );
-        // Format 5 (redb 5) resumes no older format: format 4 is listed again.
+        // Format 5 resumes no older format: format 4 is listed again.
         let old = identity(FORMAT_VERSION - 1);
         let why = match plan(&stored(Some(&old), None, Some(&synced)), &id, None) {
             OpenPlan::Wipe { why } => why,
@@ -414,7 +414,7 @@ mod tests {
     }
 
     /// A stream of an older format (2: zstd bodies, 3, 4: the formats of redb 4) is not
-    /// resumed since format 5 (redb 5): it starts clean (a relist), its records removed.
+    /// resumed since format 5: it starts clean (a relist), its records removed.
     #[test]
     fn previous_format_stores_start_clean() {
         let json = br#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"7"},"spec":{"x":"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy"}}"#;

@@ -5,7 +5,7 @@
 //!
 //! - kube-persist: the `engine` file, written through a temporary `engine.new.<pid>`
 //!   linked into place (`record_engine`); nothing else (its leases are in memory).
-//! - redb 5: `data.redb`, one file; its locks are byte ranges of that file, no lock file.
+//! - redb: `data.redb`, one file; its locks are byte ranges of that file, no lock file.
 //! - sled 0.34: `conf` (its configuration), `db` (its log, whose file lock is the store's
 //!   lock), the directory `blobs` (one file per large value, named by its decimal log
 //!   sequence number) and its snapshot, `snap.<16 hex digits>` (written as

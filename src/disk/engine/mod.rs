@@ -3,7 +3,7 @@
 //! atomic batch, point get, ordered range scan, clear). Everything above this module
 //! (writer, reader, indexes, hot cache) is engine-agnostic.
 //!
-//! redb 5 is the default engine for new stores, always built; sled 0.34 is the other, built
+//! redb is the default engine for new stores, always built; sled 0.34 is the other, built
 //! with the `sled` feature (a build without it recognises a sled store and refuses it). A
 //! store directory records which engine wrote it in its `engine` file, and is
 //! reopened with that engine unless the caller asks for another one.

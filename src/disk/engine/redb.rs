@@ -1,4 +1,4 @@
-//! The redb 5 engine: one redb file per store directory, one table per stream.
+//! The redb engine: one redb file per store directory, one table per stream.
 //!
 //! Every batch is one write transaction. With [`Durability::EveryBatch`] each commit is
 //! durable (fsync); with [`Durability::Periodic`] commits are non-durable and a background
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
 
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
 use super::held::Held;
 use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
