@@ -73,6 +73,11 @@ pub struct Args {
     /// exclusively, so the tool is refused (`Error::Locked`) meanwhile.
     #[arg(long, value_enum, default_value_t = DurabilityArg::EveryBatch)]
     pub durability: DurabilityArg,
+    /// How log lines are written on stderr: `text`, or `json` (one object per line, with
+    /// the span fields that name the stream, controller and directory), for a log
+    /// pipeline. Also read from `LOG_FORMAT`.
+    #[arg(long, value_enum, env = "LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// `--durability`.
@@ -116,17 +121,31 @@ impl Args {
     }
 }
 
-/// Logs to stderr (`RUST_LOG`, default `warn`), then runs the operator on a multi-thread
-/// tokio runtime until SIGTERM; exit 2 on a usage error.
+/// The format of the operator's log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// tracing-subscriber's human format: `watcher{stream=pods dir=..}: message fields`.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`, `span`,
+    /// `spans`).
+    Json,
+}
+
+/// Logs to stderr (`RUST_LOG`, default `warn`; `--log-format`), then runs the operator on
+/// a multi-thread tokio runtime until SIGTERM; exit 2 on a usage error.
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
+    let filter =
+        || tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .try_init();
+        .with_env_filter(filter());
+    let _ = match args.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => logs.json().try_init(),
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

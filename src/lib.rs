@@ -98,7 +98,7 @@ pub use controller::keyspace::{ControllerStateInfo, ReconcileStateInfo, Reconcil
 pub use db::watcher;
 pub use disk::{Compression, DbConfig, Durability, EncryptionKey};
 pub use model::resource_version;
-pub use model::{Engine, Error, RequestKind, Result, Shard, ShardKey, Stats};
+pub use model::{Engine, Error, ErrorKind, RequestKind, Result, Shard, ShardKey, Stats};
 pub use store::{
     ByIndex, CatchUpRule, Db, Freshness, Iter, RawObjects, Reader, Removed, StreamInfo, SyncPhase,
 };

@@ -346,7 +346,7 @@ pub async fn run(client: Client, opts: ClusterOpts) -> ExitCode {
         registry: {
             let mut registry = prometheus_client::registry::Registry::default();
             let metrics = kube_persist::metrics::Metrics::register(&mut registry);
-            metrics.add("pods", &reader);
+            metrics.add(&reader);
             metrics.add_controller(super::CONTROLLER_NAME, &controller.stats());
             std::sync::Arc::new(registry)
         },

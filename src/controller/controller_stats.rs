@@ -7,27 +7,59 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::model::Histogram;
+
 /// Upper bounds (seconds) of the reconcile duration histogram's buckets (and `+Inf`).
 pub const RECONCILE_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-#[derive(Debug, Default)]
+/// Upper bounds (seconds) of the queue wait histogram's buckets (and `+Inf`): the time a
+/// due request waits before its reconcile starts (controller-runtime's
+/// `workqueue_queue_duration_seconds`).
+pub const QUEUE_WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0, 600.0,
+];
+
+#[derive(Debug)]
 struct Counters {
     ok: AtomicU64,
     requeued: AtomicU64,
     failed: AtomicU64,
     skipped: AtomicU64,
-    /// Per bucket of [`RECONCILE_BUCKETS`], then `+Inf`: reconciles that took at most it
-    /// (not cumulative here; cumulated when read).
-    buckets: [AtomicU64; RECONCILE_BUCKETS.len() + 1],
-    duration_micros: AtomicU64,
+    /// Reconcile durations, in [`RECONCILE_BUCKETS`].
+    durations: Histogram,
+    /// Queue waits, in [`QUEUE_WAIT_BUCKETS`].
+    waits: Histogram,
+    adds: AtomicU64,
+    retries: AtomicU64,
     active: AtomicU64,
     queued: AtomicU64,
     requeues: AtomicU64,
     pass_running: AtomicU64,
     pass_objects: AtomicU64,
     pass_read: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            ok: AtomicU64::default(),
+            requeued: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            skipped: AtomicU64::default(),
+            durations: Histogram::new(&RECONCILE_BUCKETS, 1e6),
+            waits: Histogram::new(&QUEUE_WAIT_BUCKETS, 1e6),
+            adds: AtomicU64::default(),
+            retries: AtomicU64::default(),
+            active: AtomicU64::default(),
+            queued: AtomicU64::default(),
+            requeues: AtomicU64::default(),
+            pass_running: AtomicU64::default(),
+            pass_objects: AtomicU64::default(),
+            pass_read: AtomicU64::default(),
+        }
+    }
 }
 
 /// A handle on a controller's live counters ([`Controller::stats`](crate::Controller::stats)),
@@ -78,6 +110,17 @@ pub struct ControllerCounts {
     pub startup_pass_objects: u64,
     /// Objects the startup passes have read so far (of `startup_pass_objects` each).
     pub startup_pass_read: u64,
+    /// Requests added to the queue: a request for an object that had none waiting
+    /// (controller-runtime's `workqueue_adds_total`).
+    pub queue_adds: u64,
+    /// Retries the error policy asked for (controller-runtime's `workqueue_retries_total`).
+    pub queue_retries: u64,
+    /// Cumulative queue wait counts per bucket: `(upper bound in seconds, requests that
+    /// waited at most that)` from being due to their reconcile's start (or their skip),
+    /// ending with `f64::INFINITY`.
+    pub queue_wait_buckets: Vec<(f64, u64)>,
+    /// Time requests waited in the queue once due, summed.
+    pub queue_wait_sum: Duration,
 }
 
 impl ControllerCounts {
@@ -100,30 +143,25 @@ impl ControllerStats {
     /// The counters as of now.
     pub fn get(&self) -> ControllerCounts {
         let c = &*self.inner;
-        let mut total = 0;
-        let duration_buckets = RECONCILE_BUCKETS
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .zip(&c.buckets)
-            .map(|(bound, n)| {
-                total += n.load(Relaxed);
-                (bound, total)
-            })
-            .collect();
+        let durations = c.durations.snapshot();
+        let waits = c.waits.snapshot();
         ControllerCounts {
             reconciled: c.ok.load(Relaxed),
             requeued: c.requeued.load(Relaxed),
             failed: c.failed.load(Relaxed),
             skipped: c.skipped.load(Relaxed),
-            duration_buckets,
-            duration_sum: Duration::from_micros(c.duration_micros.load(Relaxed)),
+            duration_buckets: durations.buckets,
+            duration_sum: Duration::from_secs_f64(durations.sum),
             active: c.active.load(Relaxed),
             queue_depth: c.queued.load(Relaxed),
             pending_requeues: c.requeues.load(Relaxed),
             startup_pass_running: c.pass_running.load(Relaxed) > 0,
             startup_pass_objects: c.pass_objects.load(Relaxed),
             startup_pass_read: c.pass_read.load(Relaxed),
+            queue_adds: c.adds.load(Relaxed),
+            queue_retries: c.retries.load(Relaxed),
+            queue_wait_buckets: waits.buckets,
+            queue_wait_sum: Duration::from_secs_f64(waits.sum),
         }
     }
 
@@ -142,14 +180,22 @@ impl ControllerStats {
             (false, _) => &c.failed,
         }
         .fetch_add(1, Relaxed);
-        let secs = took.as_secs_f64();
-        let bucket = RECONCILE_BUCKETS
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(RECONCILE_BUCKETS.len());
-        c.buckets[bucket].fetch_add(1, Relaxed);
-        c.duration_micros
-            .fetch_add(took.as_micros().min(u64::MAX as u128) as u64, Relaxed);
+        c.durations.observe(took.as_secs_f64());
+    }
+
+    /// A request was added for an object that had none waiting.
+    pub(crate) fn added(&self) {
+        self.inner.adds.fetch_add(1, Relaxed);
+    }
+
+    /// The error policy asked for a retry.
+    pub(crate) fn retried(&self) {
+        self.inner.retries.fetch_add(1, Relaxed);
+    }
+
+    /// A due request waited `waited` before its dispatch.
+    pub(crate) fn waited(&self, waited: Duration) {
+        self.inner.waits.observe(waited.as_secs_f64());
     }
 
     /// A running reconcile was aborted (its controller was dropped).

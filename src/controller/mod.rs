@@ -99,7 +99,9 @@ use serde::de::DeserializeOwned;
 pub use crate::sync::to_watcher_error;
 pub use config::{Config, StartupMode};
 pub use controller_error::ControllerError;
-pub use controller_stats::{ControllerCounts, ControllerStats, RECONCILE_BUCKETS};
+pub use controller_stats::{
+    ControllerCounts, ControllerStats, QUEUE_WAIT_BUCKETS, RECONCILE_BUCKETS,
+};
 pub use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 pub use predicate::PredicateConfig;
 
@@ -646,6 +648,14 @@ where
         });
         let main = kind_of::<K>(&self.dyntype);
         let window = self.config.requeue_window;
+        // Every line of the controller (and of its reconciles) names it, its stream and its
+        // directory: the durable state's name, else the controlled kind.
+        let span = tracing::info_span!(
+            "controller",
+            controller = %self.durable.as_ref().map_or(main.as_str(), |(_, _, name)| name.as_str()),
+            stream = %self.reader.stream_name(),
+            dir = %self.reader.path().display()
+        );
         let durable = self.durable.map(|(ks, worker, name)| {
             let identity =
                 crate::controller::keyspace::ControllerIdentity::new(&name, main, self.related);
@@ -664,6 +674,7 @@ where
             ctx,
             predicate: self.predicate,
             stats: self.stats,
+            span,
         })
         .right_stream()
     }

@@ -17,7 +17,7 @@ pub use config::{Compression, DbConfig, Durability};
 pub use crypto::EncryptionKey;
 pub(crate) use crypto::{Cipher, StoreKey};
 pub(crate) use engine::{
-    Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
+    Backend, CONTROLLERS, Entry, OpenReads, STREAMS, Storage, WriteBatch, check_removable,
     open as open_storage, refuse_foreign, remove_own_files, wait_released,
 };
 pub(crate) use lease::{LeaseCloser, Leases, Refused, StreamLease};

@@ -62,7 +62,10 @@ impl Threads {
 
     /// Queue `job`; false if the threads are gone (it then never runs).
     pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) -> bool {
-        self.tx.send(Box::new(job)).is_ok()
+        // The job runs in the caller's span: a log line of a disk or CPU thread names the
+        // stream (or controller) and directory its caller's does.
+        let span = tracing::Span::current();
+        self.tx.send(Box::new(move || span.in_scope(job))).is_ok()
     }
 
     /// Queue `job` now; the returned future, which borrows nothing, yields its result
@@ -239,6 +242,11 @@ impl DiskWorker {
         drop(pool);
         // Freed outside the lock.
         drop(buffer);
+    }
+
+    /// The store directory this worker writes.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Mark a stream of this directory as listing until the guard is dropped: list-page

@@ -9,6 +9,8 @@
 
 mod engine;
 mod error;
+mod error_kind;
+mod histogram;
 mod json;
 pub mod resource_version;
 mod shard;
@@ -16,6 +18,8 @@ mod stats;
 
 pub use engine::Engine;
 pub use error::{Error, RequestKind, Result};
+pub use error_kind::ErrorKind;
+pub(crate) use histogram::{Histogram, HistogramSnapshot};
 pub(crate) use json::{decode_copy, decode_in_place, describe, unnamed};
 pub(crate) use shard::fnv1a64;
 pub use shard::{Shard, ShardKey};

@@ -1,6 +1,12 @@
 //! Counters a user can read to see what the store and its watcher did.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::error::Error;
+use super::error_kind::ErrorKind;
+use super::histogram::{BATCH_BYTES_BUCKETS, COMMIT_BUCKETS, Histogram};
 
 /// A snapshot of a stream's counters since the process opened it.
 ///
@@ -32,7 +38,8 @@ pub struct Stats {
     pub resumes: u64,
     /// Objects or events from the server that were skipped because they could not be decoded.
     pub bad_objects: u64,
-    /// Errors seen (each followed by a retry with backoff).
+    /// Errors seen (each followed by a retry with backoff). By kind and HTTP status: the
+    /// metric `kube_persist_errors_total{kind,code}` ([`ErrorKind`](crate::ErrorKind)).
     pub errors: u64,
     /// Times the store was wiped because it was opened with a different identity.
     pub identity_resets: u64,
@@ -100,11 +107,56 @@ pub(crate) struct Counters {
     /// When the watch last delivered an event or bookmark: milliseconds since the Unix
     /// epoch, 0 for never.
     pub(crate) last_watch_activity_ms: AtomicU64,
+    /// `errors` by kind and HTTP status (0: none).
+    errors_by: Mutex<BTreeMap<(ErrorKind, u16), u64>>,
+    /// The batches' commit times and sizes.
+    pub(crate) writes: Writes,
+}
+
+/// The histograms of a stream's batches.
+#[derive(Debug)]
+pub(crate) struct Writes {
+    /// Seconds each batch's commit took (the engine's write, and its fsync when the
+    /// durability makes every commit durable).
+    pub(crate) commit_seconds: Histogram,
+    /// Bytes of keys and values each batch wrote.
+    pub(crate) batch_bytes: Histogram,
+}
+
+impl Default for Writes {
+    fn default() -> Self {
+        Writes {
+            commit_seconds: Histogram::new(COMMIT_BUCKETS, 1e6),
+            batch_bytes: Histogram::new(BATCH_BYTES_BUCKETS, 1.0),
+        }
+    }
 }
 
 impl Counters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// Count error `e` (in `errors`, and by its kind and status).
+    pub(crate) fn error(&self, e: &Error) {
+        self.errors.fetch_add(1, Relaxed);
+        let key = (e.kind(), e.status_code().unwrap_or(0));
+        *self
+            .errors_by
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    /// The errors counted so far by kind and HTTP status (`None`: no status).
+    pub(crate) fn errors_by_kind(&self) -> Vec<(ErrorKind, Option<u16>, u64)> {
+        self.errors_by
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(&(kind, code), &n)| (kind, (code != 0).then_some(code), n))
+            .collect()
     }
 
     /// Note that the watch delivered something now.

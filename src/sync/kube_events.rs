@@ -147,7 +147,8 @@ where
                 )),
                 None => Some((Ok(watcher::Event::InitDone), (Replay::Done, reader))),
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "replay of the stored objects failed, starting it over");
+                    tracing::warn!(stream = %reader.stream_name(), dir = %reader.path().display(), error = %e,
+                        "replay of the stored objects failed, starting it over");
                     let wait = (wait * 2).clamp(REPLAY_RETRY.0, REPLAY_RETRY.1);
                     Some((Err(to_watcher_error(e)), (Replay::Start { wait }, reader)))
                 }

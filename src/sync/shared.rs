@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::watcher::{Event, Watcher};
 use crate::model::{Error, Result};
@@ -253,14 +254,22 @@ where
             hub,
             max_stall,
         } = self;
+        // A lagged subscriber's warning names the stream and directory.
+        let span = tracing::info_span!(
+            "shared",
+            stream = %watcher.reader.stream_name(),
+            dir = %watcher.path().display()
+        );
         let mut events = std::pin::pin!(watcher.stream());
-        while let Some(item) = events.next().await {
+        while let Some(item) = events.next().instrument(span.clone()).await {
             let item: Item<K> = match item {
                 Ok(ev) => Ok(SharedEvent::Event(Arc::new(ev))),
                 Err(e) => Err(Error::Shared(Arc::new(e))),
             };
             let mut subs = std::mem::take(&mut *lock(&hub.subs));
-            deliver(&mut subs, &item, max_stall).await;
+            deliver(&mut subs, &item, max_stall)
+                .instrument(span.clone())
+                .await;
             subs.retain(|s| !s.tx.is_closed());
             *lock(&hub.subs) = subs;
         }

@@ -380,7 +380,7 @@ where
         let obj = |body: &[u8]| match self.decode_counted(body) {
             Ok(k) => Some(k),
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "event object does not decode, skipped");
+                tracing::warn!(stream = %self.reader.stream_name(), dir = %self.path.display(), error = %e, "event object does not decode, skipped");
                 None
             }
         };
@@ -416,12 +416,12 @@ where
                 Ok(k) => Event::Delete(k),
                 Err(e) => match serde_json::from_slice::<KeyOnly>(&b) {
                     Ok(k) => {
-                        tracing::debug!(path = %self.path.display(), object = %k.metadata, error = %e,
+                        tracing::debug!(stream = %self.reader.stream_name(), dir = %self.path.display(), object = %k.metadata, error = %e,
                             "deleted object does not decode; its key is delivered");
                         Event::DeleteKey(k.metadata)
                     }
                     Err(_) => {
-                        tracing::warn!(path = %self.path.display(), error = %e,
+                        tracing::warn!(stream = %self.reader.stream_name(), dir = %self.path.display(), error = %e,
                             "deleted object has no readable metadata, skipped");
                         return None;
                     }

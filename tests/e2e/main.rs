@@ -23,6 +23,7 @@ mod delta_seams;
 mod deploy;
 mod fresh;
 mod kill;
+mod monitoring;
 mod pod_security;
 mod scale;
 mod shard;
@@ -323,6 +324,9 @@ async fn default_server(suite: &mut Suite, a: Arc<Server>) {
         .await;
     suite
         .run("pod-security", pod_security::pod_security(a.clone()))
+        .await;
+    suite
+        .run("prometheus", monitoring::prometheus(a.clone()))
         .await;
     suite.run("scale-2-3-2", scale::scale(a.clone())).await;
 }

@@ -39,6 +39,7 @@ mod held_pass;
 mod indexes;
 mod kube_shapes;
 mod list_bound;
+mod logs;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod msrv;

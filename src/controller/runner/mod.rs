@@ -92,6 +92,9 @@ pub(crate) struct Parts<K: Resource, Ctx, E> {
     pub error_policy: ErrorPolicyFn<K, Ctx, E>,
     pub ctx: Arc<Ctx>,
     pub durable: Option<Durable>,
+    /// The controller's span: entered at every poll, so that its lines (and its
+    /// reconciles' spans) name the controller, its stream and its directory.
+    pub span: tracing::Span,
     /// [`Controller::predicate_filter`](super::Controller::predicate_filter).
     pub predicate: Option<Filter<K>>,
     pub stats: ControllerStats,
@@ -506,6 +509,8 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        let span = this.p.span.clone();
+        let _entered = span.enter();
         for _ in 0..TURNS {
             if let Some(item) = this.out.pop_front() {
                 return Poll::Ready(Some(item));

@@ -132,11 +132,15 @@ where
             self.forced.insert(obj_ref.clone());
         }
         let kind = waiting_kind(&reason);
+        if matches!(reason, ReconcileReason::ErrorPolicyRequestedRetry) {
+            stats.retried();
+        }
         let at = run_at.checked_add(self.debounce).unwrap_or(run_at);
         match self.waiting.entry(obj_ref.clone()) {
             Entry::Vacant(v) => {
                 v.insert((at, kind));
                 stats.enqueued(kind);
+                stats.added();
             }
             Entry::Occupied(mut o) if o.get().0 >= run_at => {
                 let (_, old) = o.insert((at, kind));
@@ -177,8 +181,9 @@ where
 
     /// `obj_ref` is dispatched: it no longer waits. Whether it had to run.
     pub(crate) fn take(&mut self, obj_ref: &ObjectRef<K>, stats: &ControllerStats) -> bool {
-        if let Some((_, kind)) = self.waiting.remove(obj_ref) {
+        if let Some((due, kind)) = self.waiting.remove(obj_ref) {
             stats.dequeued(kind);
+            stats.waited(Instant::now().saturating_duration_since(due));
         }
         self.forced.remove(obj_ref)
     }

@@ -10,12 +10,14 @@
 
 mod files;
 mod held;
+mod open_reads;
 mod redb;
 #[cfg(feature = "sled")]
 mod sled;
 
 pub(crate) use files::{Contents, refuse_foreign};
 pub(crate) use held::wait_released;
+pub(crate) use open_reads::{OpenReads, ReadGuard};
 
 use files::{ENGINE_FILE, ENGINE_FILE_NEW, REDB_FILE, SLED_REQUIRED};
 
@@ -53,6 +55,14 @@ impl WriteBatch {
         self.ops.len()
     }
 
+    /// Bytes of the keys and values this batch writes (a deletion: its key).
+    pub(crate) fn bytes(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum()
+    }
+
     /// The keys this batch writes or deletes.
     pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
         self.ops.iter().map(|(k, _)| k.as_slice())
@@ -81,6 +91,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: WriteBatch) -> Result<()>;
     /// Ordered scan of keys in `[start, end)`, lazily, without collecting.
     fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send>;
+    /// The engine this keyspace is kept in.
+    fn engine(&self) -> Engine;
+    /// The scans open on this keyspace's directory (shared by its keyspaces).
+    fn open_reads(&self) -> Arc<OpenReads>;
     /// Remove every key of this keyspace.
     fn clear(&self) -> Result<()>;
     /// Bytes this keyspace occupies: for redb the table's stored, metadata and fragmented
@@ -371,16 +385,19 @@ pub(crate) fn catch_open<T>(path: &Path, open: impl FnOnce() -> Result<T>) -> Re
 }
 
 /// An engine's range iterator with panics turned into [`Error::Corrupt`]; it ends after one.
+/// It counts as an open read of its directory until dropped.
 pub(crate) struct Guarded<I> {
     inner: Option<I>,
     path: std::path::PathBuf,
+    _read: ReadGuard,
 }
 
 impl<I> Guarded<I> {
-    pub(crate) fn new(inner: I, path: &Path) -> Self {
+    pub(crate) fn new(inner: I, path: &Path, read: ReadGuard) -> Self {
         Guarded {
             inner: Some(inner),
             path: path.to_path_buf(),
+            _read: read,
         }
     }
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 
 use super::held::Held;
-use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
+use super::{
+    Backend, Engine, Entry, Guarded, OpenReads, Storage, WriteBatch, catch_open, catch_panic,
+};
 use crate::disk::{DbConfig, Durability};
 use crate::model::{Error, Result};
 
@@ -73,6 +75,8 @@ struct Shared {
     /// A write failed for lack of space. redb then answers `PreviousIo` until reopened,
     /// which is reported as the disk-full error it stands for.
     disk_full: AtomicBool,
+    /// The scans open on the directory.
+    reads: Arc<OpenReads>,
     /// Dropped last, after `db` has closed the file.
     _held: Held,
 }
@@ -103,6 +107,7 @@ impl RedbStorage {
             dirty: AtomicBool::new(false),
             flushing: std::sync::Mutex::new(()),
             disk_full: AtomicBool::new(false),
+            reads: Arc::default(),
             _held: held,
         });
         if let Some(every) = periodic {
@@ -328,7 +333,19 @@ impl Backend for RedbTable {
             end: end.to_vec(),
             buf: VecDeque::new(),
         };
-        Box::new(Guarded::new(chunks, &self.shared.dir))
+        Box::new(Guarded::new(
+            chunks,
+            &self.shared.dir,
+            self.shared.reads.begin(),
+        ))
+    }
+
+    fn engine(&self) -> Engine {
+        Engine::Redb
+    }
+
+    fn open_reads(&self) -> Arc<OpenReads> {
+        self.shared.reads.clone()
     }
 
     fn clear(&self) -> Result<()> {

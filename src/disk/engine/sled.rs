@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::held::Held;
-use super::{Backend, Engine, Entry, Guarded, Storage, WriteBatch, catch_open, catch_panic};
+use super::{
+    Backend, Engine, Entry, Guarded, OpenReads, Storage, WriteBatch, catch_open, catch_panic,
+};
 use crate::disk::{DbConfig, Durability};
 use crate::model::{Error, Result};
 
@@ -15,6 +17,8 @@ pub(super) struct SledStorage {
     flush_every_batch: bool,
     /// Shared with every tree; dropped after the last of them.
     held: Arc<Held>,
+    /// The scans open on the directory, shared with every tree.
+    reads: Arc<OpenReads>,
 }
 
 impl SledStorage {
@@ -42,6 +46,7 @@ impl SledStorage {
             path: path.to_path_buf(),
             flush_every_batch: config.durability == Durability::EveryBatch,
             held: Arc::new(Held::new(path)),
+            reads: Arc::default(),
         })
     }
 
@@ -61,6 +66,7 @@ impl Storage for SledStorage {
             path: self.path.clone(),
             flush_every_batch: self.flush_every_batch,
             held: self.held.clone(),
+            reads: self.reads.clone(),
         }))
     }
 
@@ -104,6 +110,7 @@ struct SledTree {
     flush_every_batch: bool,
     /// Dropped after `tree` (and after each scan's iterator, which holds a clone).
     held: Arc<Held>,
+    reads: Arc<OpenReads>,
 }
 
 impl SledTree {
@@ -159,7 +166,15 @@ impl Backend for SledTree {
                     Err(e) => Err(sled_error(&path, e)),
                 }
             });
-        Box::new(Guarded::new(entries, &self.path))
+        Box::new(Guarded::new(entries, &self.path, self.reads.begin()))
+    }
+
+    fn engine(&self) -> Engine {
+        Engine::Sled
+    }
+
+    fn open_reads(&self) -> Arc<OpenReads> {
+        self.reads.clone()
     }
 
     fn clear(&self) -> Result<()> {

@@ -160,7 +160,24 @@ where
         &self.status
     }
 
-    pub(super) fn path(&self) -> &std::path::Path {
+    /// The name of the stream this reader reads (its keyspace in the store directory).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse()?))?;
+    /// # let dir = tempfile::tempdir()?;
+    /// let db = kube_persist::Db::open(dir.path())?;
+    /// let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+    /// let (reader, _watcher) = db.store("pods", api, kube_persist::StreamConfig::default())?;
+    /// assert_eq!(reader.stream_name(), "pods");
+    /// # Ok(()) }
+    /// ```
+    pub fn stream_name(&self) -> &str {
+        &self.stream
+    }
+
+    pub(crate) fn path(&self) -> &std::path::Path {
         &self.path
     }
 
@@ -1293,7 +1310,12 @@ fn decode_value<T: DeserializeOwned>(
 #[cfg(feature = "metrics")]
 /// A stream's live counters and status, without its object type: what a scrape reads.
 pub(crate) struct MetricsSource {
+    /// The stream's name.
+    pub(crate) stream: Arc<str>,
     pub(crate) path: Arc<PathBuf>,
+    /// The engine of its directory, and the scans open on it.
+    pub(crate) engine: crate::model::Engine,
+    pub(crate) reads: Arc<crate::disk::OpenReads>,
     pub(crate) status: watch::Receiver<Status>,
     pub(crate) stats: Arc<Counters>,
     pub(crate) cache: Arc<HotCache>,
@@ -1326,7 +1348,10 @@ impl<K> Reader<K> {
     /// What the metrics collector reads of this stream at each scrape.
     pub(crate) fn metrics_source(&self) -> MetricsSource {
         MetricsSource {
+            stream: self.stream.clone(),
             path: self.path.clone(),
+            engine: self.backend.engine(),
+            reads: self.backend.open_reads(),
             status: self.status.clone(),
             stats: self.stats.clone(),
             cache: self.cache.clone(),

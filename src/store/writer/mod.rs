@@ -536,12 +536,17 @@ impl Writer {
         // it covers, never in a batch of its own.
         batch.put(STATE_KEY.to_vec(), record::encode(&next));
         let ops = batch.len();
+        let bytes = batch.bytes();
         // Readers must not keep (or re-insert) cached versions of what this batch changes.
         self.cache
             .begin_write(batch.keys().filter(|k| k.first() == Some(&OBJECT)));
+        let began = std::time::Instant::now();
         let applied = self.ks.backend.apply(batch);
+        let took = began.elapsed();
         self.cache.end_write();
         applied?;
+        self.stats.writes.commit_seconds.observe(took.as_secs_f64());
+        self.stats.writes.batch_bytes.observe(bytes as f64);
         Counters::add(&self.stats.objects_written, tally.written);
         Counters::add(&self.stats.objects_unchanged, tally.unchanged);
         Counters::add(&self.stats.objects_deleted, tally.deleted);

@@ -196,7 +196,9 @@ impl Driver {
     pub(crate) async fn step(&mut self) -> Result<()> {
         let action = std::mem::take(&mut self.action);
         self.core.error = None;
-        let span = tracing::debug_span!("kube_persist", stream = %self.core.stream, url = %self.core.url(), stage = self.at.stage.name());
+        // At info: every line of the step (and of the disk and CPU threads it uses) names the
+        // stream and its directory.
+        let span = tracing::info_span!("watcher", stream = %self.core.stream, dir = %self.core.writer.worker.path().display(), url = %self.core.url(), stage = self.at.stage.name());
         let returned = self.perform(action).instrument(span.clone()).await;
         let listing = matches!(self.core.writer.state.phase, Phase::Listing { .. });
         if listing != self.listing.is_some() {
@@ -212,7 +214,7 @@ impl Driver {
         self.action = effect.action;
         self.core.cold = self.at.signal == StartSignal::FirstList;
         self.held.keep_for(&self.at.stage);
-        self.keep_books(effect.book)
+        span.in_scope(|| self.keep_books(effect.book))
     }
 
     /// The store as the transition sees it.
@@ -322,12 +324,12 @@ impl Driver {
         if !book.fail {
             return Ok(());
         }
-        Counters::add(&core.stats.errors, 1);
         core.catch_up.lost("list/watch error");
         let e = core.error.take().unwrap_or_else(|| Error::Protocol {
             context: core.described(),
             detail: "a step failed without an error".into(),
         });
+        core.stats.error(&e);
         if self.at.stage == Stage::Stopped {
             // Retrying cannot fix a configuration the server refuses.
             tracing::error!(stream = %core.stream, url = %core.url(), error = %e, "configuration error: the watcher stops");
