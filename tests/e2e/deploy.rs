@@ -1,5 +1,6 @@
 //! The `deploy/` manifests checked against a real API server (issue 27, item 5): every YAML
-//! document under `deploy/` (subfolders included) is applied with server-side apply in dry
+//! document under `deploy/` (subfolders included, `deploy/monitoring/` excepted:
+//! [`NOT_MANIFESTS`]) is applied with server-side apply in dry
 //! run (`dryRun=All`) and strict field validation, so the server runs its defaulting,
 //! validation and admission on it (RBAC included) and refuses unknown or misspelled fields,
 //! without persisting anything.
@@ -36,8 +37,16 @@ pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
 }
 
+/// The subfolders of `deploy/` that hold no manifests for the API server, skipped by
+/// [`documents`]: `monitoring/` holds a Prometheus rules file and its unit tests (not
+/// Kubernetes objects), a Grafana dashboard, and prometheus-operator objects (PodMonitor,
+/// PrometheusRule) whose CRDs a bare API server does not serve; `tests/monitoring.rs`
+/// checks them with promtool.
+pub const NOT_MANIFESTS: &[&str] = &["monitoring"];
+
 /// Every YAML document under `dir` (files ending `.yaml` or `.yml`, subfolders included,
-/// in path order), each with `file#index` for messages; empty documents are skipped.
+/// in path order, [`NOT_MANIFESTS`] excepted), each with `file#index` for messages; empty
+/// documents are skipped.
 pub fn documents(dir: &Path) -> Result<Vec<(String, Value)>, String> {
     let mut files = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
@@ -46,7 +55,13 @@ pub fn documents(dir: &Path) -> Result<Vec<(String, Value)>, String> {
         for entry in entries {
             let path = entry.map_err(|e| format!("{}: {e}", d.display()))?.path();
             if path.is_dir() {
-                dirs.push(path);
+                let skipped = d == dir
+                    && path
+                        .file_name()
+                        .is_some_and(|n| NOT_MANIFESTS.iter().any(|m| n == *m));
+                if !skipped {
+                    dirs.push(path);
+                }
             } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
                 files.push(path);
             }
