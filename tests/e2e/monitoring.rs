@@ -303,10 +303,11 @@ pub async fn prometheus(s: std::sync::Arc<Server>) -> Outcome {
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     let names: Vec<String> = (0..3).map(|i| format!("prom-{i}")).collect();
     for name in &names {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": {SELECTOR.0: SELECTOR.1}},
-            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
-        }))?;
+        let mut pod = deploy::test_pod(name, None).map_err(Fail::Error)?;
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(SELECTOR.0.into(), SELECTOR.1.into());
         let _ = pods.delete(name, &DeleteParams::default()).await;
         pods.create(&PostParams::default(), &pod).await?;
     }
