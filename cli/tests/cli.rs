@@ -854,6 +854,42 @@ async fn dump_into_a_blocked_pipe_does_not_keep_a_writer_out() {
     drop(db);
 }
 
+/// Issue 58 item 5: a controller ships the commands in its own binary through the package's
+/// library: `main_from_args` runs them in the calling process with the tool's exit
+/// statuses, as often as it is called (the second call finds a log subscriber set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_run_embedded_in_a_controllers_binary() {
+    use std::process::ExitCode;
+    let server = TestServer::start().await;
+    server.handle().seed_pods(20, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    synced_store(Engine::Redb, &server, &dir).await;
+    let d = dir.to_str().unwrap().to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || kube_persist_cli::main_from_args(args))
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // As `my-operator kube-persist ...` passes them on: the tool's name first.
+    let code = run(args(&[
+        "kube-persist",
+        "get",
+        &d,
+        "pods",
+        "ns-0/pod-0",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code.await.unwrap(), ExitCode::SUCCESS);
+    let code = run(args(&["kube-persist", "get", &d, "pods", "ns-0/nothing"]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(1));
+    let missing = tmp.path().join("missing");
+    let code = run(args(&["kube-persist", "stats", missing.to_str().unwrap()]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(2));
+    let code = run(args(&["kube-persist", "stats", "--no-such-flag"]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(2));
+}
+
 #[test]
 fn every_command_has_help() {
     for command in [

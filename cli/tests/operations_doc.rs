@@ -242,8 +242,7 @@ fn check(doc: &str) -> Result<(), Vec<String>> {
         Some(undecided) => {
             let (verify, _) = parse_help(&help(&["verify", "--help"]));
             let doc = parts.get("verify").map(|u| &u.exits);
-            if !verify.exits.contains(undecided) || !doc.is_some_and(|d| d.contains(undecided))
-            {
+            if !verify.exits.contains(undecided) || !doc.is_some_and(|d| d.contains(undecided)) {
                 failures.push(format!(
                     "verify's undecided status {undecided} (the code's) is not in its --help \
                      {:?} and its table {doc:?}",
@@ -343,10 +342,7 @@ fn the_check_sees_a_drifted_doc() {
             "#### `kube-persist dump DIR STREAM`",
             "#### `kube-persist dumps DIR STREAM`",
         ),
-        (
-            "| 3 | undecided: ",
-            "| 1 | undecided: ",
-        ),
+        ("| 3 | undecided: ", "| 1 | undecided: "),
         (
             "| 2 | an error, a store locked by a controller",
             "| 2 | an error, a store locked by a controller (\"locked\") included |\n| 4 | x",
