@@ -72,7 +72,7 @@ Exit status:
   1  the object is not in the stream (a line on stderr, nothing on stdout)
   2  an error";
 
-/// `verify`'s exit statuses (see `verify::passed`).
+/// `verify`'s exit statuses (see `verify::answer`).
 const VERIFY_EXIT_STATUS: &str = "\
 Exit status:
   0  the store equals the server at its checkpoint, or is behind it only by changes newer
@@ -125,7 +125,7 @@ pub(crate) enum Output {
 enum Command {
     /// List the streams of a store.
     ///
-    /// Per stream: kind, URL, selectors, encryption, phase, checkpoint, object count.
+    /// Per stream: kind, URL, selectors, encryption, phase, checkpoint, object count, format.
     Inspect {
         /// The store directory.
         dir: PathBuf,

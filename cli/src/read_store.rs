@@ -29,11 +29,11 @@ pub(crate) struct ReadStore {
     /// The store's directory, as given.
     path: PathBuf,
     /// The copy `db` is opened on, for a sled store: removed on drop.
-    copy: Option<Copy>,
+    copy: Option<PrivateCopy>,
 }
 
 /// The private copy of a sled store.
-struct Copy {
+struct PrivateCopy {
     /// Removed with everything in it on drop.
     _dir: tempfile::TempDir,
     /// The store's own size on disk (its `db` file and blobs, as sled counts it), before
@@ -112,7 +112,7 @@ impl ReadStore {
         Ok(ReadStore {
             db,
             path: dir.to_path_buf(),
-            copy: Some(Copy { _dir: tmp, bytes }),
+            copy: Some(PrivateCopy { _dir: tmp, bytes }),
         })
     }
 
