@@ -3,9 +3,12 @@
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kube_persist::{ControllerStateInfo, Db, StreamInfo};
+use std::rc::Rc;
+
+use kube_persist::{ControllerStateInfo, StreamInfo};
 use serde_json::{Value, json};
 
+use crate::read_store::ReadStore;
 use crate::term::{self, Text};
 use crate::{Failure, Outcome, Output};
 
@@ -73,7 +76,7 @@ fn contents(s: &StreamInfo) -> &'static str {
     }
 }
 
-pub(crate) fn inspect(db: &Db, output: Output) -> Outcome {
+pub(crate) fn inspect(db: &ReadStore, output: Output) -> Outcome {
     let streams = db.streams()?;
     if output == Output::Json {
         return print_json(&json!({
@@ -114,12 +117,13 @@ pub(crate) fn inspect(db: &Db, output: Output) -> Outcome {
         let cp = s.checkpoint.as_deref().unwrap_or("-");
         writeln!(out, "  checkpoint: {cp}")?;
         writeln!(out, "  objects:    {}", s.objects)?;
+        writeln!(out, "  format:     {}", s.format_version)?;
     }
     out.print()?;
     Ok(())
 }
 
-pub(crate) fn stats(db: &Db, output: Output) -> Outcome {
+pub(crate) fn stats(db: &ReadStore, output: Output) -> Outcome {
     let streams = db.streams()?;
     let total = db.size_on_disk()?;
     let engine = db.engine().name();
@@ -197,7 +201,7 @@ fn controllers_text(out: &mut impl Write, controllers: &[ControllerStateInfo]) -
     Ok(())
 }
 
-pub(crate) fn controller_states(db: &Db, output: Output) -> Outcome {
+pub(crate) fn controller_states(db: &ReadStore, output: Output) -> Outcome {
     let controllers = db.controller_states()?;
     match output {
         Output::Json => print_json(&json!(
@@ -233,7 +237,7 @@ fn describe_due(t: SystemTime) -> String {
 }
 
 /// Not found is the answer "no" (exit status 1), with a line on stderr.
-pub(crate) fn get(db: &Db, stream: &str, object: &str, output: Output) -> Outcome {
+pub(crate) fn get(db: &ReadStore, stream: &str, object: &str, output: Output) -> Outcome {
     let (ns, name) = match object.split_once('/') {
         Some((ns, name)) => (Some(ns), name),
         None => (None, object),
@@ -278,7 +282,7 @@ const DUMP_PIECE_BYTES: usize = 4 << 20;
 /// Every object of `stream`, read in pieces: `open` opens the store for each piece, which
 /// is closed before it is written out, so that a reader of stdout that does not read (a
 /// pager left open) never keeps a controller from opening the store.
-pub(crate) fn dump(open: impl Fn() -> Result<Db, Failure>, stream: &str) -> Outcome {
+pub(crate) fn dump(open: impl Fn() -> Result<Rc<ReadStore>, Failure>, stream: &str) -> Outcome {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut after: Option<String> = None;

@@ -6,14 +6,15 @@ use kube::config::KubeConfigOptions;
 use kube_persist::{Db, DbConfig, Verdict, Verification};
 use serde_json::json;
 
+use crate::read_store::ReadStore;
 use crate::{Failure, Outcome, Output};
 
 /// The store a verification reads.
 pub(crate) enum Store {
     /// A redb store, opened read-only for each read and closed during the LISTs.
     At(std::path::PathBuf, DbConfig),
-    /// A sled store (no read-only mode, slow to open), held throughout.
-    Held(Db),
+    /// A sled store's private copy (sled has no read-only mode), held throughout.
+    Held(ReadStore),
 }
 
 pub(crate) fn verify(
@@ -56,10 +57,18 @@ pub(crate) fn verify(
     }
 }
 
-/// Whether the answer is yes: equal, or behind only by newer changes, with a consistent
-/// object count.
-fn passed(r: &Verification) -> bool {
-    r.count_consistent() && matches!(r.verdict, Verdict::Equal | Verdict::Behind { .. })
+/// The answer, as the exit status says it: yes (equal, or behind only by changes newer than
+/// the checkpoint, with a consistent object count), no (different at the checkpoint, or an
+/// object count that drifted from the records: wrong whatever the server says), or
+/// undecided (different from the server's current collection, and the server no longer
+/// has the checkpoint to tell; or a verdict this tool does not know).
+fn answer(r: &Verification) -> Outcome {
+    match &r.verdict {
+        _ if !r.count_consistent() => Err(Failure::No),
+        Verdict::Equal | Verdict::Behind { .. } => Ok(()),
+        Verdict::Differs => Err(Failure::No),
+        _ => Err(Failure::Undecided),
+    }
 }
 
 /// One JSON document; the exit status as with text.
@@ -77,7 +86,7 @@ fn print_json(r: &Verification) -> Outcome {
     };
     let doc = json!({
         "stream": r.stream,
-        "ok": passed(r),
+        "ok": answer(r).is_ok(),
         "verdict": verdict,
         "checkpoint": r.checkpoint,
         "server_resource_version": server_rv,
@@ -91,7 +100,7 @@ fn print_json(r: &Verification) -> Outcome {
         "explained_by_delta_relist": r.explained_by_delta_relist,
     });
     writeln!(std::io::stdout().lock(), "{doc:#}")?;
-    if passed(r) { Ok(()) } else { Err(Failure::No) }
+    answer(r)
 }
 
 fn print(r: &Verification) -> Outcome {
@@ -142,7 +151,7 @@ fn print(r: &Verification) -> Outcome {
             out,
             "verify failed: the stream's object count differs from its records"
         )?;
-        Err(Failure::No)
+        answer(r)
     };
     match &r.verdict {
         Verdict::Equal | Verdict::Behind { .. } if !r.count_consistent() => {
@@ -155,7 +164,7 @@ fn print(r: &Verification) -> Outcome {
                 "verify ok: {} objects equal at resourceVersion {}",
                 r.server_objects, r.checkpoint
             )?;
-            Ok(())
+            answer(r)
         }
         Verdict::Behind {
             server_resource_version,
@@ -173,7 +182,7 @@ fn print(r: &Verification) -> Outcome {
                  server only by {} changes newer than it",
                 r.server_objects, r.checkpoint, r.difference_count
             )?;
-            Ok(())
+            answer(r)
         }
         Verdict::Differs => {
             writeln!(
@@ -188,7 +197,7 @@ fn print(r: &Verification) -> Outcome {
                 "verify failed: the store differs from the server at resourceVersion {}",
                 r.checkpoint
             )?;
-            Err(Failure::No)
+            answer(r)
         }
         Verdict::Undecided {
             server_resource_version,
@@ -206,11 +215,11 @@ fn print(r: &Verification) -> Outcome {
                  (compacted), so whether these changes are newer than it cannot be told",
                 r.checkpoint
             )?;
-            Err(Failure::No)
+            answer(r)
         }
         _ => {
             writeln!(out, "verify failed: {:?}", r.verdict)?;
-            Err(Failure::No)
+            answer(r)
         }
     }
 }

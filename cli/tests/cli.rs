@@ -152,11 +152,25 @@ async fn verify_equal_stale_compacted_and_damaged_stores(engine: Engine) {
         run.out
     );
 
-    // After a compaction the server cannot list at the checkpoint: not provable.
+    // After a compaction the server cannot list at the checkpoint: not provable either
+    // way, which has its own exit status (3), apart from "differs" (1).
     h.compact();
     let run = tool(&["verify", d, "pods", "--context", "testkit"], &env, None);
-    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert_eq!(run.code, Some(3), "{}{}", run.out, run.err);
     assert!(run.last_line().contains("compacted"), "{}", run.out);
+    let verify_help = tool(&["verify", "--help"], &[], None).out;
+    assert_eq!(run.code, Some(documented_status(&verify_help, "undecided")));
+    let run = tool(
+        &["verify", d, "pods", "--context", "testkit", "-o", "json"],
+        &env,
+        None,
+    );
+    assert_eq!(run.code, Some(3), "{}{}", run.out, run.err);
+    let doc: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    assert_eq!(
+        (&doc["ok"], &doc["verdict"], &doc["checkpoint"]),
+        (&false.into(), &"undecided".into(), &cp.clone().into())
+    );
 
     // Damaged on disk: one object removed, one copied under a name the server lacks.
     let dir = tmp.path().join("b");
@@ -655,6 +669,7 @@ async fn reading_commands_on_a_live_store(engine: Engine) {
                 Some(2),
                 "sled: no read-only mode, and the store is held"
             );
+            assert!(run.err.contains("locked"), "{}", run.err);
         }
     }
     w.stop().await;
@@ -667,6 +682,82 @@ async fn reading_commands_on_a_live_store(engine: Engine) {
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o750, "a reading command changes no permission");
     }
+}
+
+/// Every file below `dir` by path: its permission bits and a hash of its bytes.
+fn files_below(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (u32, u64)> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    modes_below(dir)
+        .into_iter()
+        .map(|(path, mode)| {
+            let mut hash = DefaultHasher::new();
+            if path.is_file() {
+                std::fs::read(&path).unwrap().hash(&mut hash);
+            }
+            (path, (mode, hash.finish()))
+        })
+        .collect()
+}
+
+/// Issue 58 item 5: a reading command never writes to a store. After each reading command
+/// every file of the store is byte for byte what it was, with its permissions, on either
+/// engine: redb's are opened read-only, and sled's (no read-only mode) are copied into a
+/// private temporary directory (under TMPDIR) that is gone when the command ends. The
+/// output names the store, not its copy.
+async fn reading_commands_leave_every_file_of_the_store_unchanged(engine: Engine) {
+    let server = TestServer::start().await;
+    server.handle().seed_pods(200, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = kubeconfig(tmp.path(), &server);
+    let scratch = tmp.path().join("tmp");
+    std::fs::create_dir(&scratch).unwrap();
+    let env = [
+        ("KUBECONFIG", config.as_str()),
+        ("TMPDIR", scratch.to_str().unwrap()),
+    ];
+    let dir = tmp.path().join("cache");
+    let d = dir.to_str().unwrap();
+    synced_store(engine, &server, &dir).await;
+    let before = files_below(&dir);
+    assert!(before.len() > 2, "{before:?}");
+    for args in [
+        &["inspect", d][..],
+        &["inspect", d, "-o", "json"],
+        &["stats", d],
+        &["stats", d, "-o", "json"],
+        &["get", d, "pods", "ns-0/pod-0"],
+        &["get", d, "pods", "ns-0/no-such-pod"],
+        &["dump", d, "pods"],
+        &["controller-states", d],
+        &["verify", d, "pods", "--context", "testkit"],
+    ] {
+        let run = tool(args, &env, None);
+        let want = if args.contains(&"ns-0/no-such-pod") {
+            1
+        } else {
+            0
+        };
+        assert_eq!(run.code, Some(want), "{args:?}: {}{}", run.out, run.err);
+        assert!(
+            files_below(&dir) == before,
+            "{args:?} changed the store's files"
+        );
+        assert_eq!(
+            std::fs::read_dir(&scratch).unwrap().count(),
+            0,
+            "{args:?} left a copy behind"
+        );
+        if args[0] == "inspect" || args[0] == "stats" {
+            assert!(run.out.contains(d), "{args:?} names the store: {}", run.out);
+            assert!(
+                !run.out.contains(scratch.to_str().unwrap()),
+                "{args:?}: {}",
+                run.out
+            );
+        }
+    }
+    let run = tool(&["dump", d, "pods"], &env, None);
+    assert_eq!(run.out.lines().count(), 200);
 }
 
 /// Issue 56 item 6: a store directory that also holds a user's files (a script, a folder)
@@ -761,6 +852,42 @@ async fn dump_into_a_blocked_pipe_does_not_keep_a_writer_out() {
             .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
     );
     drop(db);
+}
+
+/// Issue 58 item 5: a controller ships the commands in its own binary through the package's
+/// library: `main_from_args` runs them in the calling process with the tool's exit
+/// statuses, as often as it is called (the second call finds a log subscriber set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_run_embedded_in_a_controllers_binary() {
+    use std::process::ExitCode;
+    let server = TestServer::start().await;
+    server.handle().seed_pods(20, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    synced_store(Engine::Redb, &server, &dir).await;
+    let d = dir.to_str().unwrap().to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || kube_persist_cli::main_from_args(args))
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // As `my-operator kube-persist ...` passes them on: the tool's name first.
+    let code = run(args(&[
+        "kube-persist",
+        "get",
+        &d,
+        "pods",
+        "ns-0/pod-0",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code.await.unwrap(), ExitCode::SUCCESS);
+    let code = run(args(&["kube-persist", "get", &d, "pods", "ns-0/nothing"]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(1));
+    let missing = tmp.path().join("missing");
+    let code = run(args(&["kube-persist", "stats", missing.to_str().unwrap()]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(2));
+    let code = run(args(&["kube-persist", "stats", "--no-such-flag"]));
+    assert_eq!(code.await.unwrap(), ExitCode::from(2));
 }
 
 #[test]
@@ -961,6 +1088,7 @@ async fn secrets_are_announced_and_control_characters_escaped(engine: Engine) {
 engine_tests! {
     async: verify_equal_stale_compacted_and_damaged_stores,
         commands_refuse_a_store_beside_other_files_and_change_nothing,
+        reading_commands_leave_every_file_of_the_store_unchanged,
         stats_text_and_json,
         stats_shows_controller_state,
         destroy_confirms_and_refuses_non_stores,

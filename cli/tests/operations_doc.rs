@@ -133,10 +133,12 @@ fn parse_doc(doc: &str) -> BTreeMap<String, Usage> {
     parts
 }
 
-/// The exit codes the tool's code returns: `ExitCode::from(N)`, and 0 (`SUCCESS`).
-fn code_exits() -> BTreeSet<u8> {
+/// The exit codes the tool's code returns, by the `Failure` variant each answers
+/// (`Err(Failure::No) => ExitCode::from(1)`; `SUCCESS` as 0): every `ExitCode::from(N)` of
+/// cli/src, under the name of the nearest `Failure::` before it.
+fn code_exits() -> BTreeMap<String, u8> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut out = BTreeSet::from([0]);
+    let mut out = BTreeMap::from([("SUCCESS".to_string(), 0)]);
     for entry in std::fs::read_dir(&src).expect("cli/src") {
         let text = std::fs::read_to_string(entry.expect("an entry").path()).expect("a file");
         for (at, _) in text.match_indices("ExitCode::from(") {
@@ -144,7 +146,19 @@ fn code_exits() -> BTreeSet<u8> {
                 .chars()
                 .take_while(char::is_ascii_digit)
                 .collect();
-            out.insert(digits.parse().expect("a literal exit code"));
+            let Ok(code) = digits.parse() else {
+                continue; // clap's own status for --help and usage errors
+            };
+            let variant = text[..at]
+                .rfind("Failure::")
+                .map(|v| {
+                    text[v + "Failure::".len()..]
+                        .chars()
+                        .take_while(char::is_ascii_alphanumeric)
+                        .collect::<String>()
+                })
+                .unwrap_or_else(|| panic!("ExitCode::from({code}) answers no Failure"));
+            out.insert(variant, code);
         }
     }
     out
@@ -204,13 +218,46 @@ fn check(doc: &str) -> Result<(), Vec<String>> {
         "exit statuses",
         &mut failures,
     );
-    // Every exit code the code returns is documented (2 is also clap's usage error).
-    let code = code_exits();
+    // Every exit code the code returns is documented (2 is also clap's usage error), and
+    // the doc lists no other.
+    let by_variant = code_exits();
+    let code: BTreeSet<u8> = by_variant.values().copied().collect();
     if !code.is_subset(&every.exits) {
         failures.push(format!(
             "the tool's code returns exit statuses {code:?}, the doc lists {:?}",
             every.exits
         ));
+    }
+    for (part, usage) in &parts {
+        if !usage.exits.is_subset(&code) {
+            failures.push(format!(
+                "the doc lists exit statuses {:?} for {part:?}, the code returns {code:?}",
+                usage.exits
+            ));
+        }
+    }
+    // `verify` answers "could not tell" with a status of its own, which its help and its
+    // table list.
+    match by_variant.get("Undecided") {
+        Some(undecided) => {
+            let (verify, _) = parse_help(&help(&["verify", "--help"]));
+            let doc = parts.get("verify").map(|u| &u.exits);
+            if !verify.exits.contains(undecided) || !doc.is_some_and(|d| d.contains(undecided)) {
+                failures.push(format!(
+                    "verify's undecided status {undecided} (the code's) is not in its --help \
+                     {:?} and its table {doc:?}",
+                    verify.exits
+                ));
+            }
+            if [by_variant.get("No"), by_variant.get("Error")].contains(&Some(undecided)) {
+                failures.push(format!(
+                    "verify's undecided status {undecided} is also another answer's: {by_variant:?}"
+                ));
+            }
+        }
+        None => failures.push(format!(
+            "no exit status for Failure::Undecided in the code: {by_variant:?}"
+        )),
     }
     for c in helped.intersection(&documented) {
         let (usage, _) = parse_help(&help(&[c, "--help"]));
@@ -294,6 +341,11 @@ fn the_check_sees_a_drifted_doc() {
         (
             "#### `kube-persist dump DIR STREAM`",
             "#### `kube-persist dumps DIR STREAM`",
+        ),
+        ("| 3 | undecided: ", "| 1 | undecided: "),
+        (
+            "| 2 | an error, a store locked by a controller",
+            "| 2 | an error, a store locked by a controller (\"locked\") included |\n| 4 | x",
         ),
     ];
     for (from, to) in edits {
