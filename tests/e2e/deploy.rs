@@ -238,7 +238,10 @@ fn impersonating(admin: &kube::Config, user: &str) -> Result<kube::Client, Strin
 
 /// A Pod of `deploy/`'s namespace (which enforces Pod Security `restricted`), owned by
 /// ReplicaSet `owner` when given.
-pub fn test_pod(name: &str, owner: Option<&str>) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+pub fn test_pod(
+    name: &str,
+    owner: Option<&str>,
+) -> Result<k8s_openapi::api::core::v1::Pod, String> {
     let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "kube-persist-e2e"}},
         "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
