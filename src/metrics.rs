@@ -546,30 +546,27 @@ fn encode_streams(
             })
         }),
     )?;
-    encode_family(
-        encoder,
-        "kube_persist_commit_duration_seconds",
-        "How long each batch's commit took (the engine's write, and its fsync where every commit is durable).",
-        MetricType::Histogram,
-        samples.iter().map(|s| {
-            (
-                stream(s),
-                ConstHistogram::of(&s.commits.buckets, s.commits.sum),
-            )
-        }),
-    )?;
-    encode_family(
-        encoder,
-        "kube_persist_batch_bytes",
-        "Bytes of keys and values each batch wrote.",
-        MetricType::Histogram,
-        samples.iter().map(|s| {
-            (
-                stream(s),
-                ConstHistogram::of(&s.batch_bytes.buckets, s.batch_bytes.sum),
-            )
-        }),
-    )?;
+    let histograms: [Metric<Sample, ConstHistogram>; 2] = [
+        (
+            "commit_duration_seconds",
+            "How long each batch's commit took (the engine's write, and its fsync where every commit is durable).",
+            |s| ConstHistogram::of(&s.commits.buckets, s.commits.sum),
+        ),
+        (
+            "batch_bytes",
+            "Bytes of keys and values each batch wrote.",
+            |s| ConstHistogram::of(&s.batch_bytes.buckets, s.batch_bytes.sum),
+        ),
+    ];
+    for (metric, help, value) in histograms {
+        encode_family(
+            encoder,
+            &format!("kube_persist_{metric}"),
+            help,
+            MetricType::Histogram,
+            samples.iter().map(|s| (stream(s), value(s))),
+        )?;
+    }
     Ok(())
 }
 

@@ -23,6 +23,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
+#[path = "common/metric_names.rs"]
+mod metric_names;
+use metric_names::metric_names;
+
 /// The metrics docs/operations.md, *Metrics*, lists (the table a test of the `it` suite
 /// holds equal to a scrape, `metrics::the_metric_tables_and_a_scrape_name_the_same_metrics`):
 /// every name, and the histograms among them (a scrape returns those as `_bucket`, `_sum`,
@@ -338,28 +342,6 @@ fn every_alert_says_what_to_do() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-}
-
-/// The `kube_persist_*` names in `text`, histogram series (`_bucket`, `_sum`, `_count`)
-/// named by their histogram.
-fn metric_names(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("kube_persist_") {
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
-            .unwrap_or(tail.len());
-        let name = &tail[..end];
-        let base = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .filter(|base| documented_metrics().1.contains(*base))
-            .unwrap_or(name);
-        names.insert(base.to_string());
-        rest = &tail[end..];
-    }
-    names
 }
 
 #[test]

@@ -19,6 +19,7 @@ mod child;
 mod disk;
 mod events;
 mod fixture;
+pub mod metric_names;
 mod server;
 mod store;
 mod wait;

@@ -25,6 +25,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::Value;
 
+use crate::common::metric_names::metric_names;
 use crate::deploy;
 use crate::support::{Fail, Outcome, Server};
 
@@ -148,26 +149,6 @@ fn shortened(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The `kube_persist_*` metric names a text queries (a histogram's by its family name).
-fn metric_names(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("kube_persist_") {
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        let name = &tail[..end];
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
-        names.insert(family.to_string());
-        rest = &tail[end..];
-    }
-    names
 }
 
 /// The example operator built beside this test binary by `cargo test`.
