@@ -16,8 +16,10 @@ pub(crate) mod record;
 pub use config::{Compression, DbConfig, Durability};
 pub use crypto::EncryptionKey;
 pub(crate) use crypto::{Cipher, StoreKey};
+#[cfg(feature = "metrics")]
+pub(crate) use engine::OpenReads;
 pub(crate) use engine::{
-    Backend, CONTROLLERS, Entry, OpenReads, STREAMS, Storage, WriteBatch, check_removable,
+    Backend, CONTROLLERS, Entry, STREAMS, Storage, WriteBatch, check_removable,
     open as open_storage, refuse_foreign, remove_own_files, wait_released,
 };
 pub(crate) use lease::{LeaseCloser, Leases, Refused, StreamLease};

@@ -19,7 +19,9 @@ mod stats;
 pub use engine::Engine;
 pub use error::{Error, RequestKind, Result};
 pub use error_kind::ErrorKind;
-pub(crate) use histogram::{Histogram, HistogramSnapshot};
+pub(crate) use histogram::Histogram;
+#[cfg(feature = "metrics")]
+pub(crate) use histogram::HistogramSnapshot;
 pub(crate) use json::{decode_copy, decode_in_place, describe, unnamed};
 pub(crate) use shard::fnv1a64;
 pub use shard::{Shard, ShardKey};

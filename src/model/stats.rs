@@ -149,7 +149,9 @@ impl Counters {
             .or_default() += 1;
     }
 
-    /// The errors counted so far by kind and HTTP status (`None`: no status).
+    /// The errors counted so far by kind and HTTP status (`None`: no status), for the
+    /// `metrics` feature.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn errors_by_kind(&self) -> Vec<(ErrorKind, Option<u16>, u64)> {
         self.errors_by
             .lock()

@@ -91,9 +91,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: WriteBatch) -> Result<()>;
     /// Ordered scan of keys in `[start, end)`, lazily, without collecting.
     fn range(&self, start: &[u8], end: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + Send>;
-    /// The engine this keyspace is kept in.
+    /// The engine this keyspace is kept in (read by the `metrics` feature).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn engine(&self) -> Engine;
-    /// The scans open on this keyspace's directory (shared by its keyspaces).
+    /// The scans open on this keyspace's directory (shared by its keyspaces; their age is
+    /// read by the `metrics` feature).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn open_reads(&self) -> Arc<OpenReads>;
     /// Remove every key of this keyspace.
     fn clear(&self) -> Result<()>;

@@ -36,6 +36,7 @@ impl OpenReads {
     }
 
     /// How long the oldest open read has been open; `None` if none is.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn oldest(&self) -> Option<Duration> {
         self.lock().values().next().map(Instant::elapsed)
     }
