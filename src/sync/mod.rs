@@ -13,6 +13,7 @@ mod config;
 mod conn;
 mod indexers;
 mod kube_events;
+mod list_head;
 mod machine;
 mod naming;
 mod pacing;

@@ -132,7 +132,7 @@ fn bin_cache() -> PathBuf {
 #[derive(Debug)]
 pub struct RealK8s {
     /// The shared folder and the instance's directory, when this guard runs the server.
-    local: Option<(PathBuf, tempfile::TempDir)>,
+    local: Option<(PathBuf, Instance)>,
     extra_flags: String,
     kubeconfig: PathBuf,
     running: bool,
@@ -149,9 +149,37 @@ impl RealK8s {
             .map_err(|e| err("creating the server's directory", e))?;
         let kubeconfig = dir.path().join("kubeconfig");
         let mut me = RealK8s {
-            local: Some((folder.to_path_buf(), dir)),
+            local: Some((folder.to_path_buf(), Instance::Temporary(dir))),
             extra_flags: extra_flags.to_string(),
             kubeconfig,
+            running: false,
+        };
+        me.restart()?;
+        Ok(me)
+    }
+
+    /// Starts (or starts again) a kube-apiserver and its etcd from `folder` in `dir`, which
+    /// is kept: its data outlives this guard, whose `Drop` only stops the servers. For
+    /// benchmarks that load their data once and reuse it between runs. Blocks until ready.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), kube_persist_testkit::realk8s::Error> {
+    /// let folder = std::path::Path::new("/opt/realk8s");
+    /// let server = kube_persist_testkit::realk8s::RealK8s::start_kept(folder, "/var/tmp/k8s", "")?;
+    /// assert_eq!(server.dir(), Some(std::path::Path::new("/var/tmp/k8s")));
+    /// # Ok(()) }
+    /// ```
+    pub fn start_kept(
+        folder: &Path,
+        dir: impl Into<PathBuf>,
+        extra_flags: &str,
+    ) -> Result<Self, Error> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(|e| err(format!("creating {}", dir.display()), e))?;
+        let mut me = RealK8s {
+            kubeconfig: dir.join("kubeconfig"),
+            local: Some((folder.to_path_buf(), Instance::Kept(dir))),
+            extra_flags: extra_flags.to_string(),
             running: false,
         };
         me.restart()?;
@@ -284,11 +312,31 @@ impl RealK8s {
 
 impl Drop for RealK8s {
     fn drop(&mut self) {
+        let wipe = matches!(self.local, Some((_, Instance::Temporary(_))));
         if let Ok((mut cmd, _)) = self.script("stop.sh") {
-            cmd.arg("--wipe");
-            if let Err(e) = Self::run("stop.sh --wipe", cmd) {
+            if wipe {
+                cmd.arg("--wipe");
+            }
+            if let Err(e) = Self::run("stop.sh", cmd) {
                 eprintln!("realk8s: {e}");
             }
+        }
+    }
+}
+
+/// The directory a local server runs in: a temporary one (wiped with the guard) or one the
+/// caller keeps ([`RealK8s::start_kept`]).
+#[derive(Debug)]
+enum Instance {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Instance {
+    fn path(&self) -> &Path {
+        match self {
+            Instance::Temporary(d) => d.path(),
+            Instance::Kept(p) => p,
         }
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Core {
     pub(crate) pacing: Pacing,
     /// The body size of the last LIST page (see `Lister`).
     pub(crate) last_page_bytes: AtomicUsize,
+    /// The next LIST page's request, sent ahead (see `ahead`).
+    pub(crate) ahead: std::sync::Mutex<Option<super::ahead::Ahead>>,
     /// Whether the store has caught up with the server (not only connected).
     pub(crate) catch_up: CatchUp,
     /// Whether to produce events (a stream consumer exists).
@@ -86,6 +88,7 @@ impl Core {
             stats,
             pacing,
             last_page_bytes: Default::default(),
+            ahead: Default::default(),
             catch_up,
             emit: true,
             pending: VecDeque::new(),

@@ -3,9 +3,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use futures::AsyncReadExt;
+use futures::AsyncBufReadExt;
 use kube::core::Request;
 
+use super::ahead::{Ahead, Body};
 use super::core::{Core, Done};
 use super::transition::{InitialBurst, Returned, Status};
 use super::{Deferred, Held, INITIAL_LINGER};
@@ -14,6 +15,7 @@ use crate::model::{Counters, Error, RequestKind, Result};
 use crate::store::{Change, ListProgress, Op};
 use crate::sync::config::StreamConfig;
 use crate::sync::conn::{WatchConn, invalid_shard, with_shard};
+use crate::sync::list_head::{self, Head};
 use crate::sync::params;
 use crate::sync::parse::{Ingest, Page, Rejected};
 use crate::sync::raw::StatusKind;
@@ -41,6 +43,7 @@ impl Core {
             stats: &self.stats,
             worker: &self.writer.worker,
             last_page_bytes: &self.last_page_bytes,
+            ahead: &self.ahead,
             page_size: self
                 .pacing
                 .page_size(self.cfg.page_size, StreamConfig::MAX_PAGE_SIZE),
@@ -281,11 +284,98 @@ pub(super) struct Lister<'a> {
     last_page_bytes: &'a AtomicUsize,
     /// The directory's page budget, and where page buffers are reused from.
     worker: &'a DiskWorker,
+    /// The next page's request, sent once this page's head named its continue token.
+    ahead: &'a std::sync::Mutex<Option<Ahead>>,
 }
 
 impl Lister<'_> {
     fn url(&self) -> &str {
         &self.request.url_path
+    }
+
+    /// The LIST request of `lp` (as metadata only if `metadata`), narrowed to the shard.
+    fn request_for(
+        &self,
+        lp: &kube::api::ListParams,
+        metadata: bool,
+        context: &(dyn Fn() -> String + Sync),
+    ) -> Result<http::Request<Vec<u8>>> {
+        let req = if metadata {
+            self.request.list_metadata(lp)
+        } else {
+            self.request.list(lp)
+        }
+        .map_err(|e| Error::InvalidArgument {
+            detail: format!("{}: {e}", context()),
+        })?;
+        with_shard(req, self.cfg)
+    }
+
+    /// Read a page's body into `bytes` (at most `bound` bytes). As soon as its head names
+    /// the next page's continue token, that page's request is sent ahead.
+    async fn read_body(
+        &self,
+        mut body: Body,
+        bytes: &mut Vec<u8>,
+        bound: usize,
+        metadata: bool,
+        context: &(dyn Fn() -> String + Sync),
+    ) -> Result<()> {
+        /// A head not found in this many bytes is not looked for further.
+        const HEAD_MAX: usize = 64 << 10;
+        let mut head_read = false;
+        loop {
+            let chunk = body.fill_buf().await.map_err(|e| Error::Protocol {
+                context: context(),
+                detail: format!("reading the list body: {e}"),
+            })?;
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let n = chunk.len();
+            if bytes.len() + n > bound {
+                return Err(Error::Protocol {
+                    context: context(),
+                    detail: format!(
+                        "the page is larger than StreamConfig::max_page_bytes ({bound} bytes); \
+                         not read further (lower page_size, or raise max_page_bytes)"
+                    ),
+                });
+            }
+            bytes.extend_from_slice(chunk);
+            body.as_mut().consume(n);
+            if head_read {
+                continue;
+            }
+            match list_head::head(bytes) {
+                Head::More if bytes.len() < HEAD_MAX => {}
+                Head::Meta(meta) => {
+                    head_read = true;
+                    if let Some(token) = meta.continue_token.filter(|t| !t.is_empty()) {
+                        self.send_ahead(token, metadata, context)?;
+                    }
+                }
+                Head::More | Head::Unknown => head_read = true,
+            }
+        }
+    }
+
+    /// Send the request of the page at `token` now, for the next read to take.
+    fn send_ahead(
+        &self,
+        token: String,
+        metadata: bool,
+        context: &(dyn Fn() -> String + Sync),
+    ) -> Result<()> {
+        let lp = params::list(
+            params::Selectors::of(self.cfg),
+            self.page_size,
+            params::From::Continue(&token),
+        );
+        let req = self.request_for(&lp, metadata, context)?;
+        let ahead = Ahead::send(self.client, req, token, metadata);
+        *self.ahead.lock().unwrap_or_else(|p| p.into_inner()) = Some(ahead);
+        Ok(())
     }
 
     fn described(&self) -> String {
@@ -311,16 +401,25 @@ impl Lister<'_> {
             let shape = if metadata { ", metadata only" } else { "" };
             format!("LIST {} ({at}{shape})", self.described())
         };
-        let req = if metadata {
-            self.request.list_metadata(&lp)
-        } else {
-            self.request.list(&lp)
-        }
-        .map_err(|e| Error::InvalidArgument {
-            detail: format!("{}: {e}", context()),
-        })?;
-        let req = with_shard(req, self.cfg)?;
-        let body = match self.client.request_stream(req).await {
+        // A request sent ahead is for exactly one page; any other read drops (aborts) it.
+        let ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let sent = match (from, ahead) {
+            (params::From::Continue(token), Some(a)) if a.is_for(token, metadata) => {
+                a.response().await
+            }
+            _ => None,
+        };
+        let response = match sent {
+            Some(response) => response,
+            None => {
+                let req = self.request_for(&lp, metadata, &context)?;
+                self.client
+                    .request_stream(req)
+                    .await
+                    .map(|b| Box::pin(b) as Body)
+            }
+        };
+        let body = match response {
             Ok(b) => b,
             Err(kube::Error::Api(s)) if StatusKind::of(s.code, false) == StatusKind::Gone => {
                 return Ok(None);
@@ -342,23 +441,8 @@ impl Lister<'_> {
         let hint = self.last_page_bytes.load(Ordering::Relaxed).min(MAX_HINT);
         let bound = self.cfg.get_max_page_bytes();
         let mut bytes = self.worker.page_buffer((hint + hint / 16).min(bound));
-        Box::pin(body)
-            .take(bound as u64 + 1)
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| Error::Protocol {
-                context: context(),
-                detail: format!("reading the list body: {e}"),
-            })?;
-        if bytes.len() > bound {
-            return Err(Error::Protocol {
-                context: context(),
-                detail: format!(
-                    "the page is larger than StreamConfig::max_page_bytes ({bound} bytes); \
-                     not read further (lower page_size, or raise max_page_bytes)"
-                ),
-            });
-        }
+        self.read_body(body, &mut bytes, bound, metadata, &context)
+            .await?;
         Counters::add(&self.stats.list_pages, 1);
         if metadata && !self.metadata_only {
             Counters::add(&self.stats.metadata_pages, 1);

@@ -35,6 +35,7 @@ use crate::exec::{DiskWorker, ListingGuard};
 use crate::model::{Counters, Error, Result, resource_version};
 use crate::store::{Phase, Writer};
 
+mod ahead;
 mod core;
 mod delta;
 mod fetch;
