@@ -510,8 +510,18 @@ async fn floor_stream(client: kube::Client) -> Measured {
 
 async fn persist(client: kube::Client, store: &Path, streaming: bool, pods: usize) -> Measured {
     let start = Instant::now();
-    let db = Db::open(store).expect("store opens");
+    // Knobs for experiments (unset in the recorded runs): the engine's cache and the hot
+    // cache, in bytes.
+    let knob = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let mut dbc = kube_persist::DbConfig::default();
+    if let Some(c) = knob("KP_CACHE") {
+        dbc = dbc.cache_capacity(c);
+    }
+    let db = Db::open_with(store, dbc).expect("store opens");
     let mut cfg = StreamConfig::default();
+    if let Some(h) = knob("KP_HOT") {
+        cfg = cfg.hot_cache(h as usize);
+    }
     if streaming {
         cfg = cfg.streaming_lists();
     }

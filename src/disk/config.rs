@@ -100,7 +100,7 @@ const READER_WAIT: Duration = Duration::from_secs(30);
 impl Default for DbConfig {
     fn default() -> Self {
         DbConfig {
-            cache_capacity: 8 << 20,
+            cache_capacity: 4 << 20,
             durability: Durability::Periodic(Duration::from_millis(500)),
             encryption: None,
             strict_permissions: false,
@@ -113,11 +113,13 @@ impl Default for DbConfig {
 }
 
 impl DbConfig {
-    /// Bytes of the engine's page cache (default 8 MiB). Larger speeds up reads, costs RSS.
+    /// Bytes of the engine's page cache (default 4 MiB). Larger speeds up reads, costs RSS:
+    /// with glibc's allocator about twice its size once reads have filled it
+    /// (BENCHMARKS.md, *Cold sync against kube-apiserver*).
     ///
     /// ```
     /// use kube_persist::DbConfig;
-    /// assert_eq!(DbConfig::default().get_cache_capacity(), 8 << 20);
+    /// assert_eq!(DbConfig::default().get_cache_capacity(), 4 << 20);
     /// let cfg = DbConfig::default().cache_capacity(64 << 20);
     /// assert_eq!(cfg.get_cache_capacity(), 64 << 20);
     /// ```

@@ -26,7 +26,7 @@ pub use iter::{ByIndex, Iter};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
-use nonblocking::{blocking, scan};
+use nonblocking::{point, scan};
 
 use super::cache::HotCache;
 use super::caught_up::{self, Freshness};
@@ -878,14 +878,17 @@ where
         ByIndex::new(self, index, value)
     }
 
-    // The async forms, on tokio's blocking pool (`reader/nonblocking.rs`); a point read
-    // that the hot cache answers is answered at once, on the calling task.
+    // The async forms (`reader/nonblocking.rs`): scans on tokio's blocking pool, point reads
+    // on kube-persist's CPU threads; a point read that the hot cache answers is answered at
+    // once, on the calling task.
 
     /// [`Reader::get`] without blocking the calling task's worker: a hot-cache hit (an
     /// object written by a recent watch event, or read again) is answered at once on the
     /// calling task, with no disk read and no decode (well under 2 µs: [BENCHMARKS.md,
     /// *Lookups, iteration and apply*](https://github.com/kube-persist/kube-persist/blob/main/BENCHMARKS.md#lookups-iteration-and-apply));
-    /// a miss reads and decodes on tokio's blocking pool. The replacement for
+    /// a miss reads and decodes on kube-persist's CPU threads (one per core, whose allocator
+    /// arenas already hold the list's freed memory; during a list a miss may wait for a
+    /// page's parse). The replacement for
     /// kube-runtime's `Store::get` in async code.
     ///
     /// ```
@@ -911,11 +914,11 @@ where
             return Ok(Some(hit));
         }
         let (reader, obj_ref) = (self.clone(), obj_ref.clone());
-        blocking(move || reader.get(&obj_ref)).await
+        point(move || reader.get(&obj_ref)).await
     }
 
     /// [`Reader::get_named`] without blocking the calling task's worker: a hot-cache hit
-    /// at once on the calling task, a miss on tokio's blocking pool (as
+    /// at once on the calling task, a miss on kube-persist's CPU threads (as
     /// [`Reader::get_async`]).
     ///
     /// ```
@@ -947,7 +950,7 @@ where
             namespace.map(str::to_string),
             name.to_string(),
         );
-        blocking(move || reader.get_named(namespace.as_deref(), &name)).await
+        point(move || reader.get_named(namespace.as_deref(), &name)).await
     }
 
     /// Every object, in key order, read on tokio's blocking pool: the async form of
@@ -1242,8 +1245,8 @@ where
         }
     }
 
-    /// The resourceVersion and uid of the stored object (`None` when absent), read on the
-    /// blocking pool.
+    /// The resourceVersion and uid of the stored object (`None` when absent), read on
+    /// kube-persist's CPU threads.
     pub(crate) async fn stored_version(
         &self,
         namespace: Option<&str>,
@@ -1254,7 +1257,7 @@ where
             namespace.map(str::to_string),
             name.to_string(),
         );
-        blocking(move || reader.stored_version_and_uid(ns.as_deref(), &name)).await
+        point(move || reader.stored_version_and_uid(ns.as_deref(), &name)).await
     }
 }
 
