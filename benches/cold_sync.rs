@@ -538,7 +538,8 @@ async fn persist(client: kube::Client, store: &Path, streaming: bool, pods: usiz
         "cpu_s={ready_cpu:.2} list_pages={} batches={} objects_written={}",
         s.list_pages, s.batches, s.objects_written
     );
-    if !streaming {
+    // `KP_COLD_SYNC_NO_READS`: the sync alone (for a profile of it).
+    if !streaming && std::env::var_os("KP_COLD_SYNC_NO_READS").is_none() {
         // Iterate all (decoding every Pod), on the blocking pool as a caller should.
         let t = Instant::now();
         let r = reader.clone();

@@ -38,6 +38,11 @@ pub(crate) struct FaultState {
     gone_next_watch: bool,
     too_large_next_watch: bool,
     page_delay: Duration,
+    /// A LIST page with a continue token sends its head and holds its items until a LIST
+    /// with that token arrives.
+    pub(crate) hold_list_bodies: bool,
+    /// The continue tokens LISTs have asked for (for `hold_list_bodies`).
+    pub(crate) continues_asked: std::collections::HashSet<String>,
     malformed_next_list: bool,
     malformed_next_watch: bool,
     inject_list: Vec<Vec<u8>>,
@@ -305,6 +310,14 @@ impl Faults {
     /// Every LIST response is delayed by `d` (`Duration::ZERO` clears it).
     pub fn page_delay(&self, d: Duration) {
         self.shared.faults().page_delay = d;
+    }
+
+    /// While `on`, a LIST page that has a continue token is sent in two parts: its head
+    /// (`apiVersion`, `kind`, `metadata`) at once, and its items only once a LIST asking for
+    /// that continue token has arrived. A client that asks for the next page only after it
+    /// has read the whole page never gets it; one that asks as soon as it has the token does.
+    pub fn hold_list_bodies(&self, on: bool) {
+        self.shared.faults().hold_list_bodies = on;
     }
 
     /// The next LIST page carries one extra item whose `metadata.name` is a number.

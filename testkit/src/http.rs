@@ -68,6 +68,7 @@ async fn dispatch(
     if shared.opts.gzip
         && accepts_gzip(&headers)
         && res.extensions().get::<watch::WatchStream>().is_none()
+        && res.extensions().get::<HeldPage>().is_none()
     {
         gzip(res, shared.opts.gzip_min_bytes).await
     } else {
@@ -617,7 +618,10 @@ async fn list(
     }
     let rv = rv::parse_param(rv, opaque)?;
     let token = match params.get("continue").filter(|c| !c.is_empty()) {
-        Some(c) => Some(decode_token(c)?),
+        Some(c) => {
+            shared.faults().continues_asked.insert(c.clone());
+            Some(decode_token(c)?)
+        }
         None => None,
     };
     if token.is_some() && matches!(rv, RvParam::Rev(_)) {
@@ -713,6 +717,7 @@ async fn list(
     };
 
     let served_now = served + page.items.len();
+    let mut next_token = None;
     let mut meta = serde_json::Map::new();
     meta.insert(
         "resourceVersion".into(),
@@ -729,6 +734,7 @@ async fn list(
             started_ms,
         };
         let token = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&token).unwrap_or_default());
+        next_token = Some(token.clone());
         meta.insert("continue".into(), Value::String(token));
         if filter.is_trivial() {
             meta.insert(
@@ -755,6 +761,7 @@ async fn list(
     let mut out = serde_json::to_vec(&head).unwrap_or_default();
     out.pop(); // the closing brace
     out.extend_from_slice(b",\"items\":[");
+    let head_len = out.len();
     let mut first = true;
     for obj in &page.items {
         if !first {
@@ -778,5 +785,41 @@ async fn list(
         out.extend_from_slice(raw);
     }
     out.extend_from_slice(b"]}");
-    Ok(json_response(StatusCode::OK, out))
+    match next_token.filter(|_| shared.faults().hold_list_bodies) {
+        Some(token) => Ok(held_until_asked(shared, out, head_len, token)),
+        None => Ok(json_response(StatusCode::OK, out)),
+    }
+}
+
+/// Marks a held page's response: it is streamed, never buffered to be compressed.
+#[derive(Clone, Copy)]
+struct HeldPage;
+
+/// A page whose items are sent once a LIST has asked for `token` (`Faults::hold_list_bodies`).
+fn held_until_asked(shared: Arc<Shared>, out: Vec<u8>, head_len: usize, token: String) -> Response {
+    let mut out = Bytes::from(out);
+    let head = out.split_to(head_len);
+    let items = async move {
+        loop {
+            {
+                let f = shared.faults();
+                if f.continues_asked.contains(&token) || !f.hold_list_bodies {
+                    break;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        Ok::<_, std::io::Error>(out)
+    };
+    let body = futures::StreamExt::chain(
+        futures::stream::once(async move { Ok::<_, std::io::Error>(head) }),
+        futures::stream::once(items),
+    );
+    let mut res = Response::new(Body::from_stream(body));
+    res.extensions_mut().insert(HeldPage);
+    res.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    res
 }

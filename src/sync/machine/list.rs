@@ -461,6 +461,51 @@ mod tests {
 
     use crate::exec::pages_in_flight;
 
+    /// Issue 59: the next page's LIST is sent as soon as a page's head names its continue
+    /// token, while that page's items are still being read: against a server that sends a
+    /// page's items only once the next page is asked for, a paged sync completes, and so
+    /// does a delta relist's metadata listing. (When the next page was asked for only after
+    /// a page was read and parsed, the first held page never ended.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_next_page_is_asked_for_while_a_page_is_read() {
+        let server = kube_persist_testkit::TestServer::start().await;
+        server.handle().seed_pods(300, 3);
+        let faults = server.handle().faults();
+        faults.hold_list_bodies(true);
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Dir::open(dir.path(), Default::default()).unwrap();
+        let cfg = crate::sync::StreamConfig::default()
+            .page_size(50)
+            .relist_mode(crate::sync::RelistMode::Delta)
+            .relist_jitter(Duration::ZERO);
+        let api = kube::Api::<Pod>::all(server.client());
+        let (reader, watcher) = crate::sync::open_store(&store, "pods", api, cfg, &()).unwrap();
+        let task = tokio::spawn(watcher.run());
+        tokio::time::timeout(Duration::from_secs(60), reader.wait_until_ready())
+            .await
+            .expect("the held pages were read: each next page was asked for early")
+            .unwrap();
+        assert_eq!(reader.len(), 300);
+        assert_eq!(reader.stats().list_pages, 6);
+        // A relist past the watch history, by metadata pages (the delta relist).
+        server.handle().churn(10, 0, 0, 7);
+        server.handle().compact();
+        faults.gone_next_watch();
+        faults.close_watches();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while reader.stats().relists == 0 || !reader.is_caught_up() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the delta relist's held metadata pages were read");
+        let stats = reader.stats();
+        assert_eq!(stats.metadata_pages, 6, "{stats:?}");
+        assert_eq!(stats.delta_fallbacks, 0, "{stats:?}");
+        task.abort();
+        let _ = task.await;
+    }
+
     /// Every list page, a paginated LIST's or a streaming list's burst of initial events, is
     /// parsed on the CPU threads while it holds a place in its directory's page budget.
     /// (Streaming lists' bursts were parsed on the disk thread, outside the budget.)
