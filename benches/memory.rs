@@ -12,7 +12,11 @@
 //! The last lines are one `RESULT n=<N> ... engine=<E>` line per N. Besides the sync and
 //! relist peaks, a fresh kube-persist process opens the synced store (a warm restart:
 //! `warm_ready_ms`, and the LIST calls it made, which must be 0) and makes 100,000
-//! uniformly random `get`s: `persist_read_rss_mib` is its RSS after them.
+//! uniformly random `get`s: `persist_read_rss_mib` is its RSS after them. The cold sync's
+//! own process, once ready, runs the cold sync bench's reads phase (`iter()` over every
+//! object, 10,000 random and 10,000 hot `get_named_async`): its peak RSS after them is on
+//! stderr (`cold sync process: ... after its reads phase`); `persist_peak_mib` stays the
+//! peak when ready.
 //! `--persist-only` leaves out kube-runtime's reflector and the bare watcher (at 1M Pods
 //! the reflector would need tens of GiB) and prints
 //! `RESULT n=<N> persist_peak_mib=.. persist_read_rss_mib=.. warm_ready_ms=.. persist_disk_bytes_per_object=.. engine=<E>`
@@ -78,7 +82,24 @@ pub fn main() {
             );
             r
         };
-        let persist = run(ClientKind::Persist, &persist_opts, "kube-persist cold sync");
+        // 100,000 uniformly random keys: the cold sync's process reads 10,000 of them (its
+        // reads phase), and a fresh process reads them all after it resumes the store.
+        let keys_file = dir.path().join("keys");
+        write_random_keys(&url, &keys_file, 100_000);
+        let persist = run(
+            ClientKind::Persist,
+            &ClientOpts {
+                gets_from: Some(keys_file.clone()),
+                reads: true,
+                ..persist_opts.clone()
+            },
+            "kube-persist cold sync",
+        );
+        eprintln!(
+            "   cold sync process: peak {:.1} MiB when ready, {:.1} MiB after its reads phase (iter(), 10,000 random and 10,000 hot get_named_async)",
+            mib(persist.peak_rss_kib),
+            mib(persist.reads_peak_kib)
+        );
         let (reflector, floor) = if persist_only {
             Default::default()
         } else {
@@ -95,9 +116,6 @@ pub fn main() {
                 ),
             )
         };
-        // 100,000 uniformly random keys, read by a fresh process after it resumes the store.
-        let keys_file = dir.path().join("keys");
-        write_random_keys(&url, &keys_file, 100_000);
         let lists_before = block_on(support::list_calls(&url));
         let reads = run(
             ClientKind::Persist,

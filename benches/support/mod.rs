@@ -209,6 +209,10 @@ pub struct ClientReport {
     /// The most threads the process had at once while syncing (`--streams` runs).
     #[serde(default)]
     pub threads: u64,
+    /// With `--reads`: the peak RSS (VmHWM) after the reads phase, KiB (`peak_rss_kib` is
+    /// then the peak when ready).
+    #[serde(default)]
+    pub reads_peak_kib: u64,
 }
 
 /// Which client a child process runs.
@@ -255,6 +259,10 @@ pub struct ClientOpts {
     pub streams: usize,
     /// With `streams`: start each stream once the one before it is ready.
     pub sequential: bool,
+    /// Once synced, in the same process: `iter()` over every object, then `get_named_async`
+    /// of the first 10,000 keys of `gets_from`, then 10,000 gets of its first 100 keys (the
+    /// cold sync bench's reads phase).
+    pub reads: bool,
 }
 
 /// Run a client variant as a child process and return its report. `on_line` sees every
@@ -291,6 +299,9 @@ pub fn run_client(
     }
     if opts.sequential {
         cmd.arg("--sequential");
+    }
+    if opts.reads {
+        cmd.arg("--reads");
     }
     let mut child = cmd
         .env(
@@ -352,6 +363,7 @@ pub fn client_main() -> bool {
         kill_when_live: args.iter().any(|a| a == "--hang-when-live"),
         streams: get("--streams").and_then(|s| s.parse().ok()).unwrap_or(0),
         sequential: args.iter().any(|a| a == "--sequential"),
+        reads: args.iter().any(|a| a == "--reads"),
     };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -436,10 +448,37 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
                 println!("client-live");
                 std::future::pending::<()>().await;
             }
+            if opts.reads {
+                report.peak_rss_kib = rss_kib().0;
+                let keys = std::fs::read_to_string(opts.gets_from.as_ref().expect("--gets-from"))
+                    .expect("read the keys file");
+                let keys: Vec<(String, String)> = keys
+                    .lines()
+                    .map(|k| k.split_once('/').expect("namespace/name"))
+                    .map(|(ns, name)| (ns.to_string(), name.to_string()))
+                    .collect();
+                let r = reader.clone();
+                let n = tokio::task::spawn_blocking(move || {
+                    r.iter().map(|p| p.expect("decodes")).count()
+                })
+                .await
+                .expect("iterate");
+                assert_eq!(n as u64, report.objects, "iterated");
+                let hot = &keys[..100.min(keys.len())];
+                for (ns, name) in keys
+                    .iter()
+                    .take(10_000)
+                    .chain(hot.iter().cycle().take(10_000))
+                {
+                    let got = reader.get_named_async(Some(ns), name).await.expect("get");
+                    assert!(got.is_some(), "{ns}/{name} missing");
+                }
+                report.reads_peak_kib = rss_kib().0;
+            }
             task.abort();
             let _ = task.await;
             db.flush().expect("flush");
-            if let Some(file) = &opts.gets_from {
+            if let Some(file) = opts.gets_from.as_ref().filter(|_| !opts.reads) {
                 let keys = std::fs::read_to_string(file).expect("read the keys file");
                 let t = Instant::now();
                 for key in keys.lines() {
@@ -510,7 +549,9 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
         }
     }
     let (hwm, rss) = rss_kib();
-    report.peak_rss_kib = hwm;
+    if report.reads_peak_kib == 0 {
+        report.peak_rss_kib = hwm;
+    }
     report.rss_kib = rss;
     report
 }

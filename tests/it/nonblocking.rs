@@ -306,13 +306,13 @@ fn hot_hits_of_the_async_point_reads_need_no_blocking_thread() {
         assert!(miss.unwrap().is_none());
         let miss = tokio::time::timeout(
             Duration::from_secs(30),
-            reader.get_named_async(Some("ns-1"), "pod-8"),
+            reader.get_named_async(Some("ns-1"), "pod-10"),
         )
         .await
         .expect("a miss is answered while the blocking pool is held");
         assert_eq!(
             miss.unwrap().expect("stored").metadata.name.as_deref(),
-            Some("pod-8")
+            Some("pod-10")
         );
         release.send(()).unwrap();
         holder.await.unwrap();
