@@ -45,6 +45,8 @@ use kube_persist::{Db, StreamConfig};
 use kube_persist_testkit::realk8s::{self, RealK8s, Target};
 use serde_json::json;
 
+mod support;
+
 const NAMESPACES: usize = 10;
 /// Creates in flight while loading.
 const PARALLEL: usize = 32;
@@ -388,12 +390,7 @@ fn cpu_s() -> f64 {
 
 /// This process's peak RSS (VmHWM) in KiB.
 fn peak_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    support::rss_kib().0
 }
 
 /// The list's `metadata.continue` from the head of a page (kube-apiserver writes the list's
@@ -540,44 +537,28 @@ async fn persist(client: kube::Client, store: &Path, streaming: bool, pods: usiz
     );
     // `KP_COLD_SYNC_NO_READS`: the sync alone (for a profile of it).
     if !streaming && std::env::var_os("KP_COLD_SYNC_NO_READS").is_none() {
-        // Iterate all (decoding every Pod), on the blocking pool as a caller should.
-        let t = Instant::now();
-        let r = reader.clone();
-        let n = tokio::task::spawn_blocking(move || r.iter().map(|p| p.expect("decodes")).count())
-            .await
-            .expect("iterate");
-        assert_eq!(n, pods, "iterated");
-        let iter_s = t.elapsed().as_secs_f64();
-        let iter_peak = peak_kib();
-        // Random gets (xorshift, fixed seed), then gets of a hot set.
+        // Random keys (xorshift, fixed seed), then a hot set spread over the Pods.
+        let key = |i: usize| (namespace(i), name(i));
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let t = Instant::now();
-        for _ in 0..READS {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let i = (seed % pods as u64) as usize;
-            let got = reader
-                .get_named_async(Some(&namespace(i)), &name(i))
-                .await
-                .expect("get");
-            assert!(got.is_some(), "pod {i}");
-        }
-        let random_s = t.elapsed().as_secs_f64();
-        let random_peak = peak_kib();
-        let t = Instant::now();
-        for k in 0..READS {
-            let i = (k % HOT) * (pods / HOT);
-            let got = reader
-                .get_named_async(Some(&namespace(i)), &name(i))
-                .await
-                .expect("get");
-            assert!(got.is_some(), "pod {i}");
-        }
-        let hot_s = t.elapsed().as_secs_f64();
+        let random: Vec<_> = (0..READS)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                key((seed % pods as u64) as usize)
+            })
+            .collect();
+        let hot: Vec<_> = (0..HOT).map(|k| key(k * (pods / HOT))).collect();
+        let r = support::reads::run(&reader, &random, &hot).await;
+        assert_eq!(r.iterated, pods, "iterated");
         rest = format!(
-            "{rest} reads_peak_kib={} iter_s={iter_s:.2} random_gets_s={random_s:.2} hot_gets_s={hot_s:.2} peak_after_iter_kib={iter_peak} peak_after_random_kib={random_peak} hot_cache_hits={}",
-            peak_kib(),
+            "{rest} reads_peak_kib={} iter_s={:.2} random_gets_s={:.2} hot_gets_s={:.2} peak_after_iter_kib={} peak_after_random_kib={} hot_cache_hits={}",
+            r.peak_kib,
+            r.iter_s,
+            r.random_s,
+            r.hot_s,
+            r.peak_after_iter_kib,
+            r.peak_after_random_kib,
             reader.stats().hot_cache_hits,
         );
     }

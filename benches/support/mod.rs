@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod reads;
 pub mod streams;
 
 use std::collections::BTreeMap;
@@ -457,23 +458,10 @@ async fn run_as(kind: ClientKind, url: &str, opts: &ClientOpts) -> ClientReport 
                     .map(|k| k.split_once('/').expect("namespace/name"))
                     .map(|(ns, name)| (ns.to_string(), name.to_string()))
                     .collect();
-                let r = reader.clone();
-                let n = tokio::task::spawn_blocking(move || {
-                    r.iter().map(|p| p.expect("decodes")).count()
-                })
-                .await
-                .expect("iterate");
-                assert_eq!(n as u64, report.objects, "iterated");
                 let hot = &keys[..100.min(keys.len())];
-                for (ns, name) in keys
-                    .iter()
-                    .take(10_000)
-                    .chain(hot.iter().cycle().take(10_000))
-                {
-                    let got = reader.get_named_async(Some(ns), name).await.expect("get");
-                    assert!(got.is_some(), "{ns}/{name} missing");
-                }
-                report.reads_peak_kib = rss_kib().0;
+                let reads = reads::run(&reader, &keys[..10_000.min(keys.len())], hot).await;
+                assert_eq!(reads.iterated as u64, report.objects, "iterated");
+                report.reads_peak_kib = reads.peak_kib;
             }
             task.abort();
             let _ = task.await;
