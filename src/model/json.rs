@@ -27,10 +27,31 @@ pub(crate) fn decode_in_place<T: DeserializeOwned>(
 /// Decode `json` into `T` without touching it: simd-json on a reused scratch copy, then
 /// serde_json on the original when simd-json refuses (for its error message).
 pub(crate) fn decode_copy<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_json::Error> {
-    let fast = SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
+    decode_scratch(json, |json, s| {
         s.clear();
         s.extend_from_slice(json);
+    })
+}
+
+/// Decode `json` into `T` to check it and read its metadata, not to keep it: as
+/// [`decode_copy`], from a copy whose `metadata.managedFields[*].fieldsV1` values are `{}`
+/// (see [`lean`](super::lean)), which `ObjectMeta` accepts exactly when it accepts the
+/// original. Its managed fields are then empty maps.
+pub(crate) fn decode_lean<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_json::Error> {
+    decode_scratch(json, |json, s| {
+        super::lean::without_fields_v1(json, s);
+    })
+}
+
+/// Decode what `fill` copies of `json` into the thread's scratch buffer, with serde_json
+/// on `json` itself when simd-json refuses the copy.
+fn decode_scratch<T: DeserializeOwned>(
+    json: &[u8],
+    fill: impl FnOnce(&[u8], &mut Vec<u8>),
+) -> Result<T, serde_json::Error> {
+    let fast = SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        fill(json, &mut s);
         let t = decode_in_place::<T>(&mut s);
         // Do not keep a rare huge object's buffer alive for the thread's lifetime.
         if s.capacity() > 1 << 20 {

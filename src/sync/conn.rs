@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{AsyncBufRead, FutureExt, Stream, StreamExt};
 use kube::core::Request;
 use kube::core::params::WatchParams;
-use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, Decoder, FramedRead};
+use tokio_util::codec::{Decoder, FramedRead};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::config::StreamConfig;
@@ -30,36 +30,30 @@ pub(crate) enum Line {
 
 type Lines = Pin<Box<dyn Stream<Item = std::io::Result<Line>> + Send>>;
 
-/// Split a body into lines of at most `max` bytes with tokio-util's codec machinery
-/// (`FramedRead`, `AnyDelimiterCodec`). A longer line is reported as [`Line::TooLong`] and
-/// consumed and dropped as it arrives (memory stays bounded by `max`). Lines are bytes, not
-/// `LinesCodec`'s `String`: a line that is not UTF-8 must not end the stream (the store still
-/// identifies the object in it and refuses it, see `Ingest::lines`), and the JSON parsers
-/// take bytes anyway.
+/// Split a body into lines of at most `max` bytes with tokio-util's `FramedRead` and
+/// [`LineCodec`]. A longer line is reported as [`Line::TooLong`] and consumed and dropped as
+/// it arrives (memory stays bounded by `max`). Lines are bytes, not `LinesCodec`'s `String`:
+/// a line that is not UTF-8 must not end the stream (the store still identifies the object
+/// in it and refuses it, see `Ingest::lines`), and the JSON parsers take bytes anyway.
 fn bounded_lines(body: impl AsyncBufRead + Send + 'static, max: usize) -> Lines {
-    let codec = LineCodec(AnyDelimiterCodec::new_with_max_length(
-        b"\n".to_vec(),
-        Vec::new(),
+    let codec = LineCodec {
         max,
-    ));
+        scanned: 0,
+        discarding: false,
+    };
     Box::pin(FramedRead::new(Box::pin(body).compat(), codec))
 }
 
-/// `AnyDelimiterCodec` with its "line too long" error turned into an item: the codec then
-/// skips to the next newline, and the stream goes on (`FramedRead` ends a stream after a
-/// decoder error).
-struct LineCodec(AnyDelimiterCodec);
-
-impl LineCodec {
-    fn lift(
-        decoded: std::result::Result<Option<Bytes>, AnyDelimiterCodecError>,
-    ) -> std::io::Result<Option<Line>> {
-        match decoded {
-            Ok(line) => Ok(line.map(Line::Data)),
-            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => Ok(Some(Line::TooLong)),
-            Err(AnyDelimiterCodecError::Io(e)) => Err(e),
-        }
-    }
+/// Lines of at most `max` bytes, found with `memchr` (tokio-util's `AnyDelimiterCodec`
+/// compares each byte with a list of delimiters: 1.4 ms of a 500-event burst of 7.5 KB
+/// lines, against 0.2 ms). A line over the limit is one [`Line::TooLong`] item, and the
+/// stream goes on after it (`FramedRead` ends a stream after a decoder error).
+struct LineCodec {
+    max: usize,
+    /// How many bytes of the buffer are known to hold no newline.
+    scanned: usize,
+    /// Dropping the rest of a line over the limit, up to its newline.
+    discarding: bool,
 }
 
 impl Decoder for LineCodec {
@@ -67,12 +61,53 @@ impl Decoder for LineCodec {
     type Error = std::io::Error;
 
     fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
-        Self::lift(self.0.decode(buf))
+        if self.discarding {
+            match memchr::memchr(b'\n', buf) {
+                Some(at) => {
+                    let _ = buf.split_to(at + 1);
+                    self.discarding = false;
+                }
+                None => {
+                    buf.clear();
+                    return Ok(None);
+                }
+            }
+        }
+        // A line of `max` bytes has its newline at `max`: no further byte need be looked at.
+        let end = buf.len().min(self.max.saturating_add(1));
+        match memchr::memchr(b'\n', &buf[self.scanned.min(end)..end]) {
+            Some(offset) => {
+                let at = self.scanned + offset;
+                self.scanned = 0;
+                let mut line = buf.split_to(at + 1);
+                line.truncate(at);
+                Ok(Some(Line::Data(line.freeze())))
+            }
+            None if end > self.max => {
+                // `max + 1` bytes without a newline: too long. Its bytes are dropped from
+                // here up to its newline, wherever that comes.
+                let _ = buf.split_to(end);
+                self.scanned = 0;
+                self.discarding = true;
+                Ok(Some(Line::TooLong))
+            }
+            None => {
+                self.scanned = end;
+                Ok(None)
+            }
+        }
     }
 
     fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
         // A last line without newline still counts.
-        Self::lift(self.0.decode_eof(buf))
+        match self.decode(buf)? {
+            Some(line) => Ok(Some(line)),
+            None if buf.is_empty() => Ok(None),
+            None => {
+                self.scanned = 0;
+                Ok(Some(Line::Data(buf.split().freeze())))
+            }
+        }
     }
 }
 
@@ -381,6 +416,57 @@ mod tests {
                 self.1 += 1;
             }
             std::task::Poll::Ready(Ok(n))
+        }
+    }
+
+    /// Against the plain definition (split at each newline, a line over `max` bytes is one
+    /// too-long item, a last line without newline counts), for bodies of short and long
+    /// lines arriving in reads of every size (a fixed seed).
+    #[test]
+    fn lines_are_split_as_defined_whatever_the_reads() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..300 {
+            let max = 1 + next(12) as usize;
+            let mut input = Vec::new();
+            for _ in 0..next(8) {
+                input.extend(std::iter::repeat_n(b'x', next(2 * max as u64 + 2) as usize));
+                input.push(b'\n');
+            }
+            input.extend(std::iter::repeat_n(b'y', next(2 * max as u64) as usize));
+            let want: Vec<String> = input
+                .split(|b| *b == b'\n')
+                .enumerate()
+                .filter(|(i, l)| !(l.is_empty() && *i == input.split(|b| *b == b'\n').count() - 1))
+                .map(|(_, l)| match l.len() > max {
+                    true => "<too long>".to_string(),
+                    false => String::from_utf8(l.to_vec()).unwrap(),
+                })
+                .collect();
+            let read = 1 + next(2 * max as u64) as usize;
+            let body = futures::io::BufReader::with_capacity(
+                read,
+                futures::io::Cursor::new(input.clone()),
+            );
+            let got: Vec<String> = futures::executor::block_on(
+                bounded_lines(body, max)
+                    .map(|l| match l.unwrap() {
+                        Line::Data(d) => String::from_utf8(d.to_vec()).unwrap(),
+                        Line::TooLong => "<too long>".into(),
+                    })
+                    .collect(),
+            );
+            assert_eq!(
+                got,
+                want,
+                "max {max}, reads of {read}: {:?}",
+                String::from_utf8_lossy(&input)
+            );
         }
     }
 

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::config::StreamConfig;
-use super::indexers::Inspector;
+use super::indexers::{Decode, Inspector};
 use crate::disk::keys::object_suffix;
 use crate::model::{describe, unnamed};
 use crate::store::Incoming;
@@ -198,7 +198,7 @@ pub(crate) fn incoming(
 ) -> Result<Incoming, BadObject> {
     let check = |f: &Inspector, body: &[u8]| {
         decodes.fetch_add(1, Relaxed);
-        f(body)
+        f(body, if keep { Decode::Keep } else { Decode::Check })
     };
     let json = raw.get();
     // Validating decodes the object into the stream's type anyway: that one decode also

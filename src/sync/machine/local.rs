@@ -2,6 +2,7 @@
 //! build, a list's new epoch and the sweep at its end. Each is one atomic batch on the disk
 //! thread.
 
+use super::super::indexers::Decode;
 use super::core::Core;
 use super::transition::Returned;
 use crate::model::Result;
@@ -40,7 +41,9 @@ pub(super) async fn build_index(core: &mut Core, after: Option<Vec<u8>>) -> Resu
     let names = core.cfg.index_names();
     core.writer
         .run(move |w| {
-            let last = w.index_chunk(after, page, &|b| inspect(b).map(|i| i.entries))?;
+            let last = w.index_chunk(after, page, &|b| {
+                inspect(b, Decode::Check).map(|i| i.entries)
+            })?;
             if last.is_none() {
                 tracing::info!(indexes = ?names, "indexes built");
                 w.set_built_indexes(&names)?;
