@@ -15,8 +15,10 @@
 //! lists of their own. Every reopen relists in a `RelistMode` of its own (Auto, Full or
 //! Delta), and each of these changes between runs; so do the page size, the durability
 //! (fsync every batch, or a background flush: a SIGKILL then loses the last commits and
-//! the store reopens in an older phase), kube's retry layer in the stream's client, and
-//! every delta fetch refused (403) for a run.
+//! the store reopens in an older phase), kube's retry layer in the stream's client,
+//! every delta fetch refused (403) for a run, and the stream's list pages held by the server
+//! until their next page is asked for (`RunCfg::hold`: the store asks for the next page as
+//! soon as a page's head names its continue token, or never syncs).
 //!
 //! Operations: server churn (creates, updates, deletes, of objects the controller requeues or
 //! fails on too; moves of objects to another `tier`, in or out of a label selection),

@@ -41,6 +41,8 @@ pub(crate) struct FaultState {
     /// A LIST page with a continue token sends its head and holds its items until a LIST
     /// with that token arrives.
     pub(crate) hold_list_bodies: bool,
+    /// Only pages of LISTs that ask for this `limit` are held.
+    pub(crate) hold_only_limit: Option<usize>,
     /// The continue tokens LISTs have asked for (for `hold_list_bodies`).
     pub(crate) continues_asked: std::collections::HashSet<String>,
     malformed_next_list: bool,
@@ -75,6 +77,11 @@ pub(crate) struct WatchFaults {
 }
 
 impl FaultState {
+    /// Whether a page of a LIST asking for `limit` items is held (`hold_list_bodies`).
+    pub(crate) fn holds(&self, limit: Option<usize>) -> bool {
+        self.hold_list_bodies && self.hold_only_limit.is_none_or(|l| Some(l) == limit)
+    }
+
     /// The failure of a LIST of metadata only, while [`Faults::fail_metadata_lists`] is set.
     pub(crate) fn metadata_list_failure(&self) -> Option<ApiError> {
         let code = self.fail_metadata_lists?;
@@ -317,7 +324,18 @@ impl Faults {
     /// that continue token has arrived. A client that asks for the next page only after it
     /// has read the whole page never gets it; one that asks as soon as it has the token does.
     pub fn hold_list_bodies(&self, on: bool) {
-        self.shared.faults().hold_list_bodies = on;
+        let mut f = self.shared.faults();
+        f.hold_list_bodies = on;
+        f.hold_only_limit = None;
+    }
+
+    /// As [`hold_list_bodies`](Self::hold_list_bodies)`(true)`, for the pages of LISTs that
+    /// ask for `limit` items a page only: other clients' LISTs (a probe with `limit=1`, a
+    /// verify's pages of another size) are answered whole. `hold_list_bodies(false)` ends it.
+    pub fn hold_list_bodies_of_limit(&self, limit: usize) {
+        let mut f = self.shared.faults();
+        f.hold_list_bodies = true;
+        f.hold_only_limit = Some(limit);
     }
 
     /// The next LIST page carries one extra item whose `metadata.name` is a number.

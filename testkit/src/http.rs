@@ -785,7 +785,7 @@ async fn list(
         out.extend_from_slice(raw);
     }
     out.extend_from_slice(b"]}");
-    match next_token.filter(|_| shared.faults().hold_list_bodies) {
+    match next_token.filter(|_| shared.faults().holds(limit)) {
         Some(token) => Ok(held_until_asked(shared, out, head_len, token)),
         None => Ok(json_response(StatusCode::OK, out)),
     }

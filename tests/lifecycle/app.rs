@@ -98,6 +98,10 @@ pub struct RunCfg {
     /// Every LIST narrowed to one object (a delta relist's fetch) is refused (403) while
     /// this run lasts: its delta relists list in full from the refused page on.
     pub refuse: bool,
+    /// Every page of the stream's paginated LISTs (those of `page` items) holds its items
+    /// until its next page is asked for (`Faults::hold_list_bodies_of_limit`): a store that
+    /// asked for the next page only after reading the whole page would never sync.
+    pub hold: bool,
 }
 
 /// The key of an encrypted model store.
@@ -113,7 +117,11 @@ impl RunCfg {
             _ => "auto",
         };
         let (t, e, y, x) = (self.transform, self.encrypt, self.retry, self.refuse);
-        format!("{s} {} {i} {p} {f} {r} {t} {e} {y} {x}", self.sel.encode())
+        let h = self.hold;
+        format!(
+            "{s} {} {i} {p} {f} {r} {t} {e} {y} {x} {h}",
+            self.sel.encode()
+        )
     }
 
     pub fn decode(s: &str) -> RunCfg {
@@ -133,6 +141,7 @@ impl RunCfg {
             encrypt: f[7] == "true",
             retry: f[8] == "true",
             refuse: f[9] == "true",
+            hold: f[10] == "true",
         }
     }
 

@@ -57,6 +57,8 @@ enum Change {
     Retry,
     /// Every delta fetch refused (403) for the next run, or no longer.
     Refuse,
+    /// The stream's list pages held until their next page is asked for, or no longer.
+    Hold,
     /// Another configuration of the side stream (`side.rs`).
     Side,
 }
@@ -224,6 +226,8 @@ pub struct Model {
     unders: usize,
     /// Side streams opened, by kind.
     side_opened: BTreeMap<&'static str, usize>,
+    /// The runs whose stream's list pages the server held (`RunCfg::hold`).
+    held_runs: std::collections::BTreeSet<usize>,
 }
 
 impl Model {
@@ -265,6 +269,7 @@ impl Model {
                 encrypt,
                 retry: true,
                 refuse: false,
+                hold: false,
             },
             run: 0,
             step: 0,
@@ -287,6 +292,7 @@ impl Model {
             timing: BTreeMap::new(),
             unders: 0,
             side_opened: BTreeMap::new(),
+            held_runs: Default::default(),
         };
         for _ in 0..OBJECTS {
             m.create();
@@ -324,11 +330,13 @@ impl Model {
             .collect();
         let encrypted = if m.cfg.encrypt { "" } else { "not " };
         let kills = format!(
-            "{kills}; slowest step {} ({:.1} s); {}; shards filtered by the {}; {encrypted}encrypted; side streams {:?}; time in {}",
+            "{kills}; slowest step {} ({:.1} s); {}; shards filtered by the {}; list pages held in {} of {} runs; {encrypted}encrypted; side streams {:?}; time in {}",
             slowest.1,
             slowest.0.as_secs_f64(),
             m.delta,
             if m.sharded_server { "server" } else { "store" },
+            m.held_runs.len(),
+            m.run,
             m.side_opened,
             timing.join(", ")
         );
@@ -360,6 +368,7 @@ impl Model {
             10 => Change::Retry,
             11 => Change::Refuse,
             12 => Change::Side,
+            13 => Change::Hold,
             _ => Change::Nothing,
         };
         if restart {
@@ -545,6 +554,7 @@ impl Model {
             Change::Transform => cfg.transform = !cfg.transform,
             Change::Retry => cfg.retry = !cfg.retry,
             Change::Refuse => cfg.refuse = !cfg.refuse,
+            Change::Hold => cfg.hold = !cfg.hold,
             Change::Side => self.side_cfg = side::SideCfg::draw(&mut self.rng, created),
             Change::Index => cfg.index = !cfg.index,
             Change::Page => cfg.page = self.rng.random_range(5..60),
@@ -579,14 +589,21 @@ impl Model {
         *self.timing.entry(what).or_default() += since.elapsed();
     }
 
-    /// The faults a run keeps: every delta fetch refused (403) while it lasts, if its
-    /// configuration says so (the others cleared).
-    fn run_faults(&self) {
+    /// The faults a run keeps, if its configuration says so (the others cleared): every
+    /// delta fetch refused (403) while it lasts, the stream's list pages held until their
+    /// next page is asked for.
+    fn run_faults(&mut self) {
         let faults = self.h.faults();
         if self.cfg.refuse {
             faults.fail_named_lists(1, 403);
         } else {
             faults.fail_named_lists(0, 0);
+        }
+        if self.cfg.hold {
+            self.held_runs.insert(self.run);
+            faults.hold_list_bodies_of_limit(self.cfg.page as usize);
+        } else {
+            faults.hold_list_bodies(false);
         }
     }
 }
