@@ -115,26 +115,37 @@ impl<'a> Scan<'a> {
     /// The members of the object at the cursor, each given to `member` with the cursor on
     /// its value (which `member` must move past); `Some(true)` from `member` stops early.
     fn members(&mut self, mut member: impl FnMut(&mut Self, &[u8]) -> Option<bool>) -> Option<()> {
-        self.expect(b'{')?;
-        if self.peek()? == b'}' {
-            self.at += 1;
+        if self.open(b'{', b'}')? {
             return Some(());
         }
         loop {
             // The key's bytes as written, without its quotes.
             let key = self.string()?;
             self.expect(b':')?;
-            if member(self, key)? {
+            if member(self, key)? || self.next(b'}')? {
                 return Some(());
             }
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+        }
+    }
+
+    /// Past the opening `open` of an object or array: whether `close` follows at once.
+    fn open(&mut self, open: u8, close: u8) -> Option<bool> {
+        self.expect(open)?;
+        Some(self.peek()? == close && self.expect(close).is_some())
+    }
+
+    /// Past what follows a member or element: a `,` (false: more follow) or `close` (true).
+    fn next(&mut self, close: u8) -> Option<bool> {
+        match self.peek()? {
+            b',' => {
+                self.at += 1;
+                Some(false)
             }
+            c if c == close => {
+                self.at += 1;
+                Some(true)
+            }
+            _ => None,
         }
     }
 
@@ -162,9 +173,7 @@ impl<'a> Scan<'a> {
 
     /// The `managedFields` array: each entry's `fieldsV1` value.
     fn entries(&mut self, spans: &mut Vec<(usize, usize)>) -> Option<()> {
-        self.expect(b'[')?;
-        if self.peek()? == b']' {
-            self.at += 1;
+        if self.open(b'[', b']')? {
             return Some(());
         }
         loop {
@@ -179,13 +188,8 @@ impl<'a> Scan<'a> {
             } else {
                 self.value()?;
             }
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if self.next(b']')? {
+                return Some(());
             }
         }
     }
