@@ -16,7 +16,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::model::{Error, Result};
 
@@ -26,24 +26,22 @@ type Job = Box<dyn FnOnce() + Send>;
 /// to clone; the threads end when the last handle is dropped and the queue is drained.
 #[derive(Clone, Debug)]
 pub(crate) struct Threads {
-    tx: mpsc::Sender<Job>,
+    tx: crossbeam_channel::Sender<Job>,
 }
 
 impl Threads {
     /// Start `n` threads named `name` (at least one: fewer are kept if the system refuses
     /// more, with a debug log; an error only if none could start).
     pub(crate) fn start(name: &str, n: usize) -> std::io::Result<Threads> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        // Every thread waits on the queue itself: a job wakes one of them, and only one.
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..n.max(1) {
             let rx = rx.clone();
             let spawned = std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || {
-                    loop {
-                        // One thread waits in `recv`, the others for the lock.
-                        let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        let Ok(job) = job else { return };
+                    // Ends once every handle is dropped and the queue is drained.
+                    while let Ok(job) = rx.recv() {
                         // A panicking job drops its answer channel; the caller gets an error.
                         let _ = catch_unwind(AssertUnwindSafe(job));
                     }
