@@ -384,6 +384,39 @@ mod tests {
         assert_eq!(worker.kept_page_buffers(), (0, 0));
     }
 
+    /// The threads run every job queued before the last handle is dropped, then end.
+    #[test]
+    fn threads_drain_their_queue_and_end_with_the_last_handle() {
+        thread_local! {
+            /// Dropped when the thread that set it ends.
+            static ENDS: std::cell::RefCell<Option<std::sync::mpsc::Sender<()>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let threads = Threads::start("kube-persist-test", 2).unwrap();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (ended, ends) = std::sync::mpsc::channel::<()>();
+        for _ in 0..200 {
+            let (ran, ended) = (ran.clone(), ended.clone());
+            assert!(threads.spawn(move || {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                ENDS.with(|e| *e.borrow_mut() = Some(ended));
+            }));
+        }
+        drop(ended);
+        let clone = threads.clone();
+        drop(threads);
+        assert!(clone.spawn(|| {}), "a handle keeps the threads");
+        drop(clone);
+        // Every sender is gone once each thread that ran a job has ended.
+        let waited = ends.recv_timeout(std::time::Duration::from_secs(30));
+        assert_eq!(
+            waited,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected),
+            "the threads ended"
+        );
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 200);
+    }
+
     #[test]
     fn cpu_threads_are_a_fixed_set_shared_by_all_jobs() {
         let rt = tokio::runtime::Builder::new_current_thread()
